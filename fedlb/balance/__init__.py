@@ -1,0 +1,43 @@
+"""fedlb.balance: speed estimators, batch-size tuners, the BatchSizeManager, ideal-time maths.
+
+numpy only; torch is imported lazily when a NARX model trains. Knows nothing of Flower or
+torch.distributed: both the federated strategy and the cluster coordinator drive it.
+"""
+
+from .estimators import EMA, Memoryless, NotReadyError, SpeedEstimator
+from .ideal import (
+    balance_efficiency,
+    ideal_round_time,
+    ideal_sizes,
+    idle_fraction,
+    modelled_round_time,
+)
+from .manager import BatchSizeManager
+from .narx import NARX
+from .reports import ReportError, WorkerReport
+from .traces import Trace, competing_load_trace, prediction_rmse
+from .tuners import Deadband, LeaderStraggler, Proportional, Tuner, TuningInput
+
+__all__ = [
+    "EMA",
+    "NARX",
+    "BatchSizeManager",
+    "Deadband",
+    "LeaderStraggler",
+    "Memoryless",
+    "NotReadyError",
+    "Proportional",
+    "ReportError",
+    "SpeedEstimator",
+    "Trace",
+    "Tuner",
+    "TuningInput",
+    "WorkerReport",
+    "balance_efficiency",
+    "competing_load_trace",
+    "ideal_round_time",
+    "ideal_sizes",
+    "idle_fraction",
+    "modelled_round_time",
+    "prediction_rmse",
+]

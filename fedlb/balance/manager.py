@@ -169,11 +169,12 @@ class BatchSizeManager:
         return self.sizes
 
     def _note_given(self) -> None:
-        # Accept the newest size and the one before: in non-blocking mode a report arrives
-        # one iteration late, measured at the previous size.
+        # Accept the newest size and the one before it: in non-blocking mode a report
+        # arrives one iteration late, measured at the previous size.
         for name, size in self._sizes.items():
-            before = self._given.get(name, [size])[-1]
-            self._given[name] = [size] if before == size else [before, size]
+            given = self._given.setdefault(name, [size])
+            if given[-1] != size:
+                self._given[name] = [given[-1], size]
 
     def _check_proposal(self, given: TuningInput, proposal: Mapping[str, int]) -> None:
         # A tuner that breaks these is a bug: fail loudly rather than train on wrong sizes.
@@ -213,7 +214,7 @@ class BatchSizeManager:
             raise ValueError(f"worker {name!r} is already present")
         n = len(self._sizes) + 1
         lo, hi = self.tuner.bounds(name)
-        share = size if size is not None else max(lo, min(int(hi), self.total // n))
+        share = size if size is not None else int(max(lo, min(hi, self.total // n)))
         if self.total - share < lo * (n - 1) or share < lo:
             raise ValueError(
                 f"cannot add worker {name!r}: a total of {self.total} cannot give {n} workers "

@@ -300,8 +300,11 @@ class Deadband(Tuner):
         min_batch: smallest size. Default 1.
         max_batch: initial upper bound for every worker. Default None (no limit).
         alpha: EWMA weight of the newest round time. Default 0.5.
-        drop_tolerance: relative throughput drop that counts as a fall (noise margin).
-            Default 0.02.
+        drop_tolerance: relative throughput drop that counts as a fall. Default 0.1:
+            measured times jitter by a few percent, and a cap set on noise would freeze a
+            worker below its share for good.
+        drop_evidence: measurements needed at both sizes before a fall is believed.
+            Default 2.
     """
 
     kind = "deadband"
@@ -312,7 +315,8 @@ class Deadband(Tuner):
         min_batch: int = 1,
         max_batch: int | None = None,
         alpha: float = 0.5,
-        drop_tolerance: float = 0.02,
+        drop_tolerance: float = 0.1,
+        drop_evidence: int = 2,
     ) -> None:
         super().__init__()
         _check_bounds(min_batch, max_batch)
@@ -325,9 +329,11 @@ class Deadband(Tuner):
         self.max_batch = max_batch
         self.alpha = alpha
         self.drop_tolerance = drop_tolerance
+        self.drop_evidence = drop_evidence
         self.changes = 0
         self._smoothed: dict[str, float] = {}  # round time at the current size
-        self._throughput: dict[str, dict[int, float]] = {}  # size -> samples/s seen there
+        # size -> [mean samples/s measured there, how many measurements]
+        self._throughput: dict[str, dict[int, list[float]]] = {}
         self._previous: dict[str, int] = {}  # size before the last change
         self._ceiling: dict[str, int] = {}  # b_max lowered by observed throughput drops
 
@@ -341,19 +347,20 @@ class Deadband(Tuner):
         self._smoothed[name] = (
             t if name not in self._smoothed else a * t + (1 - a) * self._smoothed[name]
         )
-        seen = self._throughput.setdefault(name, {})
-        v = report.speed
-        seen[report.batch_size] = (
-            v if report.batch_size not in seen else a * v + (1 - a) * seen[report.batch_size]
-        )
+        mean_count = self._throughput.setdefault(name, {}).setdefault(report.batch_size, [0.0, 0.0])
+        mean_count[1] += 1
+        mean_count[0] += (report.speed - mean_count[0]) / mean_count[1]
 
     def _lower_ceilings(self, sizes: Mapping[str, int], total: int) -> None:
         for name, size in sizes.items():
             before = self._previous.get(name)
             seen = self._throughput.get(name, {})
-            if before is None or size <= before or size not in seen or before not in seen:
+            if before is None or size <= before:
                 continue
-            if seen[size] < seen[before] * (1 - self.drop_tolerance):
+            (now, n_now), (then, n_then) = seen.get(size, [0.0, 0.0]), seen.get(before, [0.0, 0.0])
+            if min(n_now, n_then) < self.drop_evidence:
+                continue
+            if now < then * (1 - self.drop_tolerance):
                 ceiling = before
                 others = sum(self.bounds(n)[1] for n in sizes if n != name)
                 if ceiling + others < total:
@@ -363,8 +370,8 @@ class Deadband(Tuner):
                         "worker %s: throughput fell from %.1f to %.1f samples/s going from "
                         "batch %d to %d; its batch size is capped at %d",
                         name,
-                        seen[before],
-                        seen[size],
+                        then,
+                        now,
                         before,
                         size,
                         ceiling,
@@ -410,7 +417,7 @@ class Deadband(Tuner):
             "changes": self.changes,
             "smoothed": dict(self._smoothed),
             "throughput": {
-                n: {str(b): v for b, v in t.items()} for n, t in self._throughput.items()
+                n: {str(b): list(v) for b, v in t.items()} for n, t in self._throughput.items()
             },
             "previous": dict(self._previous),
             "ceiling": dict(self._ceiling),
@@ -421,7 +428,8 @@ class Deadband(Tuner):
         self.changes = int(state["changes"])
         self._smoothed = {n: float(v) for n, v in state["smoothed"].items()}
         self._throughput = {
-            n: {int(b): float(v) for b, v in t.items()} for n, t in state["throughput"].items()
+            n: {int(b): [float(v[0]), float(v[1])] for b, v in t.items()}
+            for n, t in state["throughput"].items()
         }
         self._previous = {n: int(v) for n, v in state["previous"].items()}
         self._ceiling = {n: int(v) for n, v in state["ceiling"].items()}

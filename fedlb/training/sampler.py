@@ -1,0 +1,141 @@
+"""A batch sampler whose batch size can change between iterations.
+
+LB-BSP changes a worker's batch size at iteration (or round) boundaries; PyTorch's
+BatchSampler fixes it at construction. This one reads the size at every batch, so a
+DataLoader built once keeps working while the balancer retunes it:
+
+    sampler = ResizableBatchSampler(len(dataset), batch_size=32, seed=7)
+    loader = DataLoader(dataset, batch_sampler=sampler)
+    batches = iter(loader)
+    ...
+    sampler.batch_size = 57      # the next batch drawn has 57 samples
+
+With `num_workers > 0` the DataLoader prefetches `prefetch_factor` batches per worker at the
+old size; a new size then shows after those. Use `num_workers=0` (the default) when every
+iteration must use the newest size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+
+class ResizableBatchSampler(Sampler[list[int]]):
+    """Yields lists of dataset indices, `batch_size` of them, read afresh at every batch.
+
+    Args:
+        data: the dataset (anything with len()) or its number of samples.
+        batch_size: samples per batch, changeable at any time. Must be >= 1.
+        shuffle: draw a fresh permutation every epoch (default True); else index order.
+        seed: the permutation of epoch e depends only on (seed, e): reproducible.
+        endless: True (default): an endless stream of full batches, each epoch a
+            permutation of all samples, a batch running on into the next epoch when the
+            current one has fewer samples left than it needs; every sample is used once per
+            epoch and every batch has exactly `batch_size` samples, which is what a
+            τ-iteration round needs. False: one epoch per iter(), the last batch short
+            unless `drop_last`.
+        drop_last: with endless=False, drop a short last batch. Default False.
+    """
+
+    def __init__(
+        self,
+        data: Sized | int,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        endless: bool = True,
+        drop_last: bool = False,
+    ) -> None:
+        self.num_samples = data if isinstance(data, int) else len(data)
+        if self.num_samples < 1:
+            raise ValueError(f"the dataset is empty: {self.num_samples} samples")
+        self.shuffle = shuffle
+        self.seed = seed
+        self.endless = endless
+        self.drop_last = drop_last
+        self.batch_size = batch_size  # validated by the setter
+        self.epoch = 0
+        self.position = 0  # next index into the current epoch's order
+        self._order = self._permutation(0)
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {value!r}")
+        self._batch_size = int(value)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.num_samples)
+        return np.random.default_rng((self.seed, epoch)).permutation(self.num_samples)
+
+    def _next_epoch(self) -> None:
+        self.epoch += 1
+        self.position = 0
+        self._order = self._permutation(self.epoch)
+
+    def _take(self, count: int) -> list[int]:
+        taken: list[int] = []
+        while len(taken) < count:
+            if self.position >= self.num_samples:
+                self._next_epoch()
+            end = min(self.num_samples, self.position + count - len(taken))
+            taken.extend(int(i) for i in self._order[self.position : end])
+            self.position = end
+        return taken
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.endless:
+            while True:
+                yield self._take(self.batch_size)
+        else:
+            if self.position >= self.num_samples:
+                self._next_epoch()
+            while self.position < self.num_samples:
+                left = self.num_samples - self.position
+                if left < self.batch_size and self.drop_last:
+                    self.position = self.num_samples
+                    break
+                yield self._take(min(self.batch_size, left))
+
+    def __len__(self) -> int:
+        """Batches left in the current epoch at the current size (endless=False only)."""
+        if self.endless:
+            raise TypeError("an endless ResizableBatchSampler has no length")
+        left = (
+            self.num_samples - self.position
+            if self.position < self.num_samples
+            else (self.num_samples)
+        )
+        return left // self.batch_size if self.drop_last else -(-left // self.batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the stream is: restoring it continues with the very same indices."""
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "num_samples": self.num_samples,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["num_samples"] != self.num_samples:
+            raise ValueError(
+                f"sampler state is for {state['num_samples']} samples, this dataset has "
+                f"{self.num_samples}"
+            )
+        self.seed = int(state["seed"])
+        self.batch_size = int(state["batch_size"])
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self._order = self._permutation(self.epoch)

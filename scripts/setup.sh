@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Sets fedlb up in a virtual environment: ./scripts/setup.sh [EXTRAS]
+#
+#   EXTRAS            pip extras to install, default "dev,simulation" (tests + experiments);
+#                     "" for a silo or server that only runs deployments.
+#   FEDLB_VENV        where the environment goes, default .venv in the repository.
+#   PYTHON            the interpreter to build it from, default python3 (>= 3.10).
+#   FEDLB_TORCH       the torch requirement used on machines without an NVIDIA GPU,
+#                     default torch==2.13.0 (the CPU build where a CPU wheel is offered).
+#   FEDLB_TORCH_INDEX optional index URL for that torch install (e.g. PyTorch's CPU wheel
+#                     index on a machine whose default index would give the CUDA build).
+#
+# With an NVIDIA GPU (nvidia-smi works) torch comes unpinned from pyproject, so the
+# CUDA build that fits the machine is used. Running it again is cheap: it only reinstalls
+# when pyproject.toml or the extras changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv="${FEDLB_VENV:-.venv}"
+extras="${1-dev,simulation}"
+python="${PYTHON:-python3}"
+
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "setup: fedlb needs Python >= 3.10; '$python' is $("$python" --version 2>&1 || echo missing)." >&2
+  echo "setup: set PYTHON=/path/to/python3.10+ and run again." >&2
+  exit 1
+fi
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+
+quiet() {  # pip, without this machine's index-location chatter; fails when pip fails
+  "$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; }
+}
+
+stamp="$venv/.fedlb-setup-$( (cat pyproject.toml; echo "$extras") | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ] && "$venv/bin/python" -c 'import fedlb, torch' 2>/dev/null; then
+  echo "setup: $venv is up to date"
+  exit 0
+fi
+
+if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "setup: NVIDIA GPU found; torch comes from pyproject (a CUDA build)"
+  else
+    spec="${FEDLB_TORCH:-torch==2.13.0}"
+    echo "setup: no NVIDIA GPU; installing $spec first"
+    quiet "${pip[@]}" install -q "$spec" ${FEDLB_TORCH_INDEX:+--index-url "$FEDLB_TORCH_INDEX"}
+  fi
+fi
+target="."
+[ -n "$extras" ] && target=".[$extras]"
+echo "setup: installing fedlb$([ -n "$extras" ] && echo "[$extras]") into $venv"
+quiet "${pip[@]}" install -q -e "$target"
+rm -f "$venv"/.fedlb-setup-*
+touch "$stamp"
+echo "setup: done; the command is $venv/bin/fedlb"

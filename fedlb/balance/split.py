@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -141,8 +141,3 @@ def min_max_split(
         sizes[i] += 1
         heapq.heappush(heap, (offsets[i] + (sizes[i] + 1) / rates[i], i))
     return sizes
-
-
-def ordered(mapping: Mapping[str, float], names: Sequence[str]) -> list[float]:
-    """Values of `mapping` in the order of `names` (the tie-break order)."""
-    return [float(mapping[name]) for name in names]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .reports import WorkerReport
-from .split import check_feasible, round_to_total, water_fill
+from .split import round_to_total, water_fill
 
 log = logging.getLogger("fedlb.balance")
 
@@ -392,7 +392,6 @@ class Deadband(Tuner):
         mean_t = float(np.mean([self._smoothed[n] for n in names]))
         targets = [sub[n] * mean_t / self._smoothed[n] for n in names]
         lo, hi = zip(*(self.bounds(n) for n in names), strict=True)
-        check_feasible(total, lo, hi)
         _, real = water_fill(targets, [0.0] * len(names), total, lo, hi)
         proposal = dict(zip(names, round_to_total(real, total, list(lo), list(hi)), strict=True))
         change = max(abs(proposal[n] - sub[n]) / sub[n] for n in names)

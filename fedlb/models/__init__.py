@@ -1,5 +1,26 @@
 """fedlb.models: the reference models of the papers' experiments."""
 
-from .lenet import LeNet5
+from __future__ import annotations
 
-__all__ = ["LeNet5"]
+from torch import nn
+
+from .lenet import LeNet5
+from .mlp import MLP
+
+MODELS = ("mlp", "lenet5")
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
+    """A freshly initialised model by name, the same weights for the same seed."""
+    import torch
+
+    torch.manual_seed(seed)
+    if name == "mlp":
+        return MLP(input_shape, num_classes)
+    if name == "lenet5":
+        channels, height = input_shape[0], input_shape[-1]
+        return LeNet5(channels, num_classes, image_size=height)
+    raise ValueError(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
+
+
+__all__ = ["MLP", "MODELS", "LeNet5", "build_model"]

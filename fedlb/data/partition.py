@@ -1,0 +1,111 @@
+"""Splitting one dataset among silos, and each silo's part into train and held-out test.
+
+Every function is seeded and deterministic: the same (labels, silos, seed) gives the same
+partition on every silo machine, so each silo can compute its own part independently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .types import LabelledData
+
+
+def split_holdout(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shuffled indices 0..n-1 split into (kept, held out), `fraction` held out."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"held-out fraction must be in [0, 1), got {fraction}")
+    order = np.random.default_rng(seed).permutation(n)
+    cut = round(n * fraction)
+    return np.sort(order[cut:]), np.sort(order[:cut])
+
+
+def partition_iid(labels: np.ndarray, num_silos: int, seed: int) -> list[np.ndarray]:
+    """Shuffle and deal the samples out in nearly equal parts."""
+    _check(len(labels), num_silos)
+    order = np.random.default_rng(seed).permutation(len(labels))
+    return [np.sort(part) for part in np.array_split(order, num_silos)]
+
+
+def partition_by_classes(
+    labels: np.ndarray, num_silos: int, classes_per_silo: int, seed: int
+) -> list[np.ndarray]:
+    """Pathological non-IID: every silo holds exactly `classes_per_silo` classes.
+
+    Silo i gets classes (i·k + j) mod C for j < k (k = classes_per_silo, C = classes
+    present), so with 5 silos, 10 classes and k = 2 (the LB-BSP paper's split) silo i holds
+    classes 2i and 2i+1 and nothing else. Each class is divided evenly, at random, among the
+    silos that hold it; classes no silo holds are left out.
+    """
+    _check(len(labels), num_silos)
+    classes = np.unique(labels)
+    if not 1 <= classes_per_silo <= len(classes):
+        raise ValueError(
+            f"classes_per_silo must be in [1, {len(classes)}] (classes present), "
+            f"got {classes_per_silo}"
+        )
+    holders: dict[int, list[int]] = {int(c): [] for c in classes}
+    for silo in range(num_silos):
+        for j in range(classes_per_silo):
+            holders[int(classes[(silo * classes_per_silo + j) % len(classes)])].append(silo)
+    rng = np.random.default_rng(seed)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_silos)]
+    for c, silos in holders.items():
+        if not silos:
+            continue
+        members = rng.permutation(np.flatnonzero(labels == c))
+        for silo, chunk in zip(silos, np.array_split(members, len(silos)), strict=True):
+            parts[silo].append(chunk)
+    result = [np.sort(np.concatenate(p)) if p else np.array([], dtype=np.int64) for p in parts]
+    empty = [i for i, p in enumerate(result) if len(p) == 0]
+    if empty:
+        raise ValueError(f"silos {empty} received no samples: use fewer silos or more classes")
+    return result
+
+
+def partition(labels: np.ndarray, num_silos: int, scheme: str, seed: int) -> list[np.ndarray]:
+    """By name: 'iid', or 'classes:K' (K classes per silo)."""
+    if scheme == "iid":
+        return partition_iid(labels, num_silos, seed)
+    if scheme.startswith("classes:"):
+        try:
+            k = int(scheme.split(":", 1)[1])
+        except ValueError as error:
+            raise ValueError(
+                f"partition {scheme!r}: K in 'classes:K' must be an integer"
+            ) from error
+        return partition_by_classes(labels, num_silos, k, seed)
+    raise ValueError(f"unknown partition {scheme!r}: use 'iid' or 'classes:K' (e.g. classes:2)")
+
+
+def server_holdout(
+    data: LabelledData, fraction: float, seed: int
+) -> tuple[LabelledData, LabelledData]:
+    """(pool the silos partition, the server's test set). fraction 0: no server test set."""
+    keep, held = split_holdout(len(data), fraction, seed)
+    return data.subset(keep), data.subset(held)
+
+
+def silo_split(
+    data: LabelledData,
+    partition_id: int,
+    num_partitions: int,
+    scheme: str,
+    seed: int,
+    test_fraction: float = 0.2,
+) -> tuple[LabelledData, LabelledData]:
+    """One silo's (train, held-out test) part of `data`."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(
+            f"partition-id {partition_id} is outside 0..{num_partitions - 1} (num-partitions)"
+        )
+    part = partition(data.y, num_partitions, scheme, seed)[partition_id]
+    keep, held = split_holdout(len(part), test_fraction, seed + 1 + partition_id)
+    return data.subset(part[keep]), data.subset(part[held])
+
+
+def _check(n: int, num_silos: int) -> None:
+    if num_silos < 1:
+        raise ValueError(f"the number of silos must be >= 1, got {num_silos}")
+    if n < num_silos:
+        raise ValueError(f"{n} samples cannot be split among {num_silos} silos")

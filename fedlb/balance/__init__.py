@@ -16,7 +16,7 @@ from .manager import BatchSizeManager
 from .narx import NARX
 from .reports import ReportError, WorkerReport
 from .traces import Trace, competing_load_trace, prediction_rmse
-from .tuners import Deadband, LeaderStraggler, Proportional, Tuner, TuningInput
+from .tuners import Deadband, LeaderStraggler, Proportional, Static, Tuner, TuningInput
 
 __all__ = [
     "EMA",
@@ -29,6 +29,7 @@ __all__ = [
     "Proportional",
     "ReportError",
     "SpeedEstimator",
+    "Static",
     "Trace",
     "Tuner",
     "TuningInput",

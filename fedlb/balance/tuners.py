@@ -86,6 +86,15 @@ class Tuner(ABC):
             self.removal_candidates.add(worker)
 
 
+class Static(Tuner):
+    """Sizes never change: plain FedAvg / BSP, the baseline every policy is measured against."""
+
+    kind = "static"
+
+    def propose(self, given: TuningInput) -> dict[str, int]:
+        return dict(given.sizes)
+
+
 def _check_bounds(min_batch: int, max_batch: int | None) -> None:
     if isinstance(min_batch, bool) or not isinstance(min_batch, int) or min_batch < 1:
         raise ValueError(f"min_batch must be an integer >= 1, got {min_batch!r}")

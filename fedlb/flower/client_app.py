@@ -1,0 +1,21 @@
+"""fedlb's silo ClientApp. Flower starts a fresh process per message, so this module
+imports only what a train or evaluate message needs."""
+
+from __future__ import annotations
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from .silo import evaluate_reply, train_reply
+
+app = ClientApp()
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    return train_reply(msg, context)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return evaluate_reply(msg, context)

@@ -1,0 +1,144 @@
+"""The run's settings: one schema for the ServerApp, the silos and the `fedlb server` CLI.
+
+Flower carries them as the run config (`[tool.flwr.app.config]` defaults, overridden by
+`flwr run --run-config`). Every key is checked here, before anything trains: an unknown
+key, a wrong type or an impossible value is refused with a message that names the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+TUNERS = ("proportional", "deadband", "static")
+ESTIMATORS = ("ema", "ema-restart", "memoryless")
+DATASETS = ("digits",)
+MODELS = ("mlp", "lenet5")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the key and what to do."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Settings of one federated run. Keys are the field names with '-' for '_'.
+
+    num_silos: silos the run waits for before round 1; X = num_silos × batch_size.
+    num_rounds: federated rounds.
+    local_steps: τ, local SGD steps per round, the same for every silo, never tuned.
+    batch_size: B0, every silo's starting batch size.
+    learning_rate: η, the same for every silo whatever its batch size, never tuned.
+    momentum: SGD momentum on the silos (0: plain SGD).
+    tuner: 'proportional' (LB-BSP, fedlb's default), 'deadband', or 'static' (plain FedAvg:
+        B stays B0).
+    estimator: 'ema' (α = 0.2), 'ema-restart' (EMA that restarts on a lasting change of
+        speed: the default), or 'memoryless'.
+    min_batch, max_batch: bounds on any silo's B (max_batch 0: none).
+    evaluate_every: federated evaluation every k rounds (and always after the last).
+    dataset, partition, model, seed: what is trained and how it is split among silos
+        ('iid' or 'classes:K', K classes per silo).
+    server_test_fraction: share of the dataset held out for server-side evaluation (0: none).
+    silo_test_fraction: share of each silo's part held out for its federated evaluation.
+    round_timeout: seconds to wait for replies before a round goes on without the missing.
+    poll_interval: seconds between the server's pulls of replies.
+    out_dir: where the run writes rounds.jsonl and summary.json ('' : nowhere).
+    """
+
+    num_silos: int = 3
+    num_rounds: int = 10
+    local_steps: int = 20
+    batch_size: int = 32
+    learning_rate: float = 0.05
+    momentum: float = 0.0
+    tuner: str = "proportional"
+    estimator: str = "ema-restart"
+    min_batch: int = 1
+    max_batch: int = 0
+    evaluate_every: int = 5
+    dataset: str = "digits"
+    partition: str = "iid"
+    model: str = "mlp"
+    seed: int = 0
+    server_test_fraction: float = 0.2
+    silo_test_fraction: float = 0.2
+    round_timeout: float = 600.0
+    poll_interval: float = 0.1
+    out_dir: str = ""
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return [f.name.replace("_", "-") for f in fields(cls)]
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
+        """Build from Flower's run config (or any mapping with '-' keys)."""
+        known = {f.name.replace("_", "-"): f for f in fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"unknown setting(s) {', '.join(unknown)}; the settings are: " + ", ".join(known)
+            )
+        kwargs: dict[str, Any] = {}
+        for key, value in values.items():
+            field = known[key]
+            kwargs[field.name] = _coerce(key, value, field.type)
+        config = cls(**kwargs)
+        config.check()
+        return config
+
+    def to_mapping(self) -> dict[str, Any]:
+        return {k.replace("_", "-"): v for k, v in dataclasses.asdict(self).items()}
+
+    def check(self) -> None:
+        problems = []
+        for key in (
+            "num-silos",
+            "num-rounds",
+            "local-steps",
+            "batch-size",
+            "min-batch",
+            "evaluate-every",
+        ):
+            if getattr(self, key.replace("-", "_")) < 1:
+                problems.append(f"{key} must be >= 1")
+        if self.max_batch < 0 or (self.max_batch and self.max_batch < self.batch_size):
+            problems.append("max-batch must be 0 (no limit) or >= batch-size")
+        if self.min_batch > self.batch_size:
+            problems.append("min-batch must be <= batch-size")
+        for key in ("learning-rate", "round-timeout", "poll-interval"):
+            value = getattr(self, key.replace("-", "_"))
+            if not (math.isfinite(value) and value > 0):
+                problems.append(f"{key} must be a finite number > 0")
+        if not (math.isfinite(self.momentum) and 0 <= self.momentum < 1):
+            problems.append("momentum must be in [0, 1)")
+        for key in ("server-test-fraction", "silo-test-fraction"):
+            value = getattr(self, key.replace("-", "_"))
+            if not 0 <= value < 1:
+                problems.append(f"{key} must be in [0, 1)")
+        for key, allowed in (
+            ("tuner", TUNERS),
+            ("estimator", ESTIMATORS),
+            ("dataset", DATASETS),
+            ("model", MODELS),
+        ):
+            if getattr(self, key) not in allowed:
+                problems.append(f"{key} must be one of {', '.join(allowed)}")
+        if self.partition != "iid" and not self.partition.startswith("classes:"):
+            problems.append("partition must be 'iid' or 'classes:K' (e.g. classes:2)")
+        if problems:
+            raise ConfigError("invalid run settings: " + "; ".join(problems))
+
+
+def _coerce(key: str, value: Any, annotation: object) -> Any:
+    expected = {"int": int, "float": float, "str": str}[str(annotation)]
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, expected):
+        raise ConfigError(
+            f"setting {key} must be {expected.__name__}, got {value!r} ({type(value).__name__})"
+        )
+    return value

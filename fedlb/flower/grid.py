@@ -1,0 +1,63 @@
+"""A Grid that waits for replies by polling every `interval` seconds.
+
+Flower 1.41's deployment Grid pulls replies, then sleeps a fixed 3 s before pulling again
+(`send_and_receive`), so a round whose replies are ready after 0.5 s still costs 3 s. This
+wrapper does the same through the public `push_messages` / `pull_messages` API at a short
+interval. Everything else is delegated to the wrapped grid.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+
+class PollingGrid(Grid):
+    """Wraps `grid`; `send_and_receive` polls every `interval` seconds (default 0.1)."""
+
+    def __init__(self, grid: Grid, interval: float = 0.1) -> None:
+        if not interval > 0:
+            raise ValueError(f"poll interval must be > 0 seconds, got {interval}")
+        self.inner = grid
+        self.interval = interval
+
+    def set_run(self, run: Any) -> None:
+        self.inner.set_run(run)
+
+    @property
+    def run(self) -> Any:
+        return self.inner.run
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:
+        return self.inner.create_message(*args, **kwargs)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.inner.get_node_ids()
+
+    def get_nodes(self) -> Iterable[Any]:
+        return self.inner.get_nodes()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.inner.pull_messages(message_ids)
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        pending = set(self.push_messages(messages))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        while pending:
+            received = list(self.pull_messages(pending))
+            replies.extend(received)
+            pending -= {m.metadata.reply_to_message_id for m in received}
+            if not pending or (deadline is not None and time.monotonic() >= deadline):
+                break
+            time.sleep(self.interval)
+        return replies

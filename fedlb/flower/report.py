@@ -1,0 +1,166 @@
+"""Per-round records of a federated run: a rich table on the console, JSON lines on disk."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+@dataclass
+class SiloRound:
+    """One silo's round, in seconds it spent itself (framework time excluded)."""
+
+    silo: str  # label: silo-<partition-id> when it reports one, else node-<id>
+    node: int
+    batch_size: int
+    local_steps: int
+    compute_s: float
+    fixed_s: float  # (de)serialisation, encryption: the part that does not scale with B
+    round_s: float  # compute + fixed: the silo's busy time this round
+    idle_s: float  # how long it waited for the slowest silo
+    train_loss: float
+    num_examples: int
+    emulated_speed: float  # samples/s it was emulating (0: real hardware speed)
+    next_batch_size: int
+    accuracy: float | None = None  # federated evaluation on its held-out split
+    loss: float | None = None
+
+
+@dataclass
+class RoundRecord:
+    """A round: its silos, how balanced it was, and what the model reached."""
+
+    round: int
+    clock: str  # "measured" or "measured (emulated speeds)"
+    silos: list[SiloRound]
+    round_s: float | None  # the slowest silo's busy time: what every silo waits for
+    ideal_s: float | None  # T*: the best split of X for the speeds measured this round
+    efficiency: float | None  # E = T* / round_s (None: no usable report this round)
+    idle_fraction: float | None
+    wall_s: float  # wall-clock of the training phase, framework included
+    rejected: list[str] = field(default_factory=list)  # reports dropped, with reasons
+    failed: list[str] = field(default_factory=list)  # silos with no usable reply
+    accuracy: float | None = None  # federated evaluation, weighted by test-set size
+    loss: float | None = None
+    server_accuracy: float | None = None  # centralised evaluation on the server's test set
+    server_loss: float | None = None
+
+    def json_lines(self) -> list[str]:
+        """One line per silo, each with the round's fields too (easy to load as a table);
+        the silo's own accuracy and loss are silo_accuracy and silo_loss."""
+        base = {k: _clean(v) for k, v in asdict(self).items() if k != "silos"}
+        return [
+            json.dumps(
+                {
+                    **base,
+                    **{f"silo_{k}" if k in base else k: _clean(v) for k, v in asdict(s).items()},
+                },
+                allow_nan=False,
+            )
+            for s in self.silos
+        ]
+
+
+def _clean(value: Any) -> Any:
+    """NaN (a silo that did not report) becomes null: JSON has no NaN."""
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    return f"{value:.{digits}f}"
+
+
+def render(record: RoundRecord) -> Table:
+    """The per-round table: silo, B, τ, compute s, fixed s, round s, idle s, and E."""
+    idle = "–" if record.idle_fraction is None else f"{record.idle_fraction:.0%}"
+    title = (
+        f"round {record.round} — clock: {record.clock} — round {_fmt(record.round_s, 2)} s "
+        f"(ideal {_fmt(record.ideal_s, 2)} s), E = {_fmt(record.efficiency)}, idle {idle}, "
+        f"wall {record.wall_s:.1f} s"
+    )
+    if record.accuracy is not None:
+        title += f", accuracy {record.accuracy:.3f}"
+    if record.server_accuracy is not None:
+        title += f" (server {record.server_accuracy:.3f})"
+    table = Table(title=title, title_justify="left")
+    for name in ("silo", "B", "τ", "compute s", "fixed s", "round s", "idle s", "next B", "acc"):
+        table.add_column(name, justify="left" if name == "silo" else "right")
+    for s in record.silos:
+        table.add_row(
+            s.silo,
+            str(s.batch_size),
+            str(s.local_steps),
+            _fmt(s.compute_s),
+            _fmt(s.fixed_s),
+            _fmt(s.round_s),
+            _fmt(s.idle_s),
+            str(s.next_batch_size),
+            _fmt(s.accuracy),
+        )
+    for name in record.failed:
+        table.add_row(f"[red]{name}[/]", "–", "–", "no reply", "", "", "", "", "")
+    return table
+
+
+class RoundReporter:
+    """Shows each finished round on a console and appends it to `out_dir/rounds.jsonl`.
+
+    Args:
+        out_dir: the run's output folder (created); None writes nothing.
+        console: where tables go; None prints nothing (the records are still kept).
+    """
+
+    def __init__(self, out_dir: Path | str | None = None, console: Console | None = None) -> None:
+        self.out_dir = Path(out_dir) if out_dir else None
+        self.console = console
+        self.records: list[RoundRecord] = []
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "rounds.jsonl").write_text("")
+
+    @property
+    def rounds_path(self) -> Path | None:
+        return None if self.out_dir is None else self.out_dir / "rounds.jsonl"
+
+    def publish(self, record: RoundRecord) -> None:
+        self.records.append(record)
+        if self.rounds_path is not None:
+            with self.rounds_path.open("a") as handle:
+                for line in record.json_lines():
+                    handle.write(line + "\n")
+        if self.console is not None:
+            self.console.print(render(record))
+            for reason in record.rejected:
+                self.console.print(f"  [yellow]report dropped:[/] {reason}")
+
+    def summary(self) -> dict[str, Any]:
+        done = self.records
+        accs = [r.accuracy for r in done if r.accuracy is not None]
+        return {
+            "clock": done[0].clock if done else None,
+            "rounds": len(done),
+            "mean_balance_efficiency": _mean([r.efficiency for r in done]),
+            "mean_balance_efficiency_from_round_3": _mean(
+                [r.efficiency for r in done if r.round >= 3]
+            ),
+            "idle_fraction": _mean([r.idle_fraction for r in done]),
+            "final_accuracy": accs[-1] if accs else None,
+            "best_accuracy": max(accs) if accs else None,
+            "final_server_accuracy": next(
+                (r.server_accuracy for r in reversed(done) if r.server_accuracy is not None),
+                None,
+            ),
+        }
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None

@@ -1,0 +1,103 @@
+"""fedlb's ServerApp: LoadBalancedFedAvg on the run's settings, results to out-dir."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+from rich.console import Console
+
+from fedlb.balance import EMA, Deadband, Memoryless, Proportional, SpeedEstimator, Static, Tuner
+from fedlb.training import evaluate, tensor_dataset
+
+from .config import RunConfig
+from .report import RoundReporter
+from .strategy import LoadBalancedFedAvg, default_estimator
+from .task import federation_data, model_for
+
+log = logging.getLogger("fedlb.flower")
+
+app = ServerApp()
+
+# Set by `fedlb server`, which renders the tables itself from rounds.jsonl.
+QUIET_ENV = "FEDLB_SERVERAPP_QUIET"
+
+
+def make_tuner(config: RunConfig) -> Tuner:
+    max_batch = config.max_batch or None
+    if config.tuner == "proportional":
+        return Proportional(min_batch=config.min_batch, max_batch=max_batch)
+    if config.tuner == "deadband":
+        return Deadband(min_batch=config.min_batch, max_batch=max_batch)
+    return Static()
+
+
+def make_estimator(config: RunConfig) -> type[SpeedEstimator] | Any:
+    return {"ema": EMA, "ema-restart": default_estimator, "memoryless": Memoryless}[
+        config.estimator
+    ]
+
+
+def build_strategy(config: RunConfig, reporter: RoundReporter) -> LoadBalancedFedAvg:
+    return LoadBalancedFedAvg(
+        batch_size=config.batch_size,
+        local_steps=config.local_steps,
+        learning_rate=config.learning_rate,
+        tuner=make_tuner(config),
+        estimator=make_estimator(config),
+        expected_silos=config.num_silos,
+        evaluate_every=config.evaluate_every,
+        poll_interval=config.poll_interval,
+        reporter=reporter,
+        seed=config.seed,
+        min_available_nodes=config.num_silos,
+        min_train_nodes=1,
+        min_evaluate_nodes=1,
+    )
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    config = RunConfig.from_mapping(context.run_config)
+    out_dir = Path(config.out_dir) if config.out_dir else None
+    console = None if os.environ.get(QUIET_ENV) else Console()
+    reporter = RoundReporter(out_dir, console)
+    pool, server_test = federation_data(config)
+    model = model_for(config, pool)
+    test_set = tensor_dataset(server_test.x, server_test.y) if len(server_test) else None
+
+    def server_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if test_set is None:
+            return None
+        model.load_state_dict(arrays.to_torch_state_dict())
+        loss, accuracy = evaluate(model, test_set)
+        return MetricRecord({"accuracy": accuracy, "loss": loss})
+
+    strategy = build_strategy(config, reporter)
+    started = time.monotonic()
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=config.num_rounds,
+        timeout=config.round_timeout,
+        train_config=ConfigRecord(),
+        evaluate_fn=server_evaluate,
+    )
+    if out_dir is not None:
+        import torch
+
+        torch.save(result.arrays.to_torch_state_dict(), out_dir / "model.pt")
+        summary = {
+            **reporter.summary(),
+            "wall_s": time.monotonic() - started,
+            "final_sizes": {str(k): v for k, v in strategy.current_sizes().items()},
+            "settings": config.to_mapping(),
+        }
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        log.info("results written to %s", out_dir)

@@ -1,0 +1,140 @@
+"""The silo side: what a ClientApp does with a train or evaluate message.
+
+`train_reply` and `evaluate_reply` are plain functions of (message, context), so they can
+serve fedlb's own ClientApp (client_app.py) and anybody's: see docs/flower.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from fedlb.training import (
+    EmulatedSpeed,
+    ResizableBatchSampler,
+    ResourceProbe,
+    evaluate,
+    tensor_dataset,
+    train_steps,
+)
+
+from .config import RunConfig
+from .task import SiloData, model_for, silo_data
+
+log = logging.getLogger("fedlb.flower")
+
+NODE_KEYS = {"partition-id": int, "num-partitions": int, "emulated-speed": float}
+
+
+class SiloConfigError(ValueError):
+    """A node config the silo cannot run with."""
+
+
+def node_settings(node_config: Mapping[str, Any]) -> tuple[int, int, float]:
+    """(partition-id, num-partitions, emulated samples/s or 0) from the SuperNode's config."""
+    for key, kind in NODE_KEYS.items():
+        if key in node_config:
+            value = node_config[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SiloConfigError(f"node config {key} must be a number, got {value!r}")
+            if kind is int and not float(value).is_integer():
+                raise SiloConfigError(f"node config {key} must be a whole number, got {value!r}")
+    if "partition-id" not in node_config or "num-partitions" not in node_config:
+        raise SiloConfigError(
+            "node config needs partition-id and num-partitions (e.g. --node-config "
+            "'partition-id=0 num-partitions=3'); got " + repr(dict(node_config))
+        )
+    speed = float(node_config.get("emulated-speed", 0.0))
+    if not math.isfinite(speed) or speed < 0:
+        raise SiloConfigError(f"node config emulated-speed must be >= 0, got {speed}")
+    return int(node_config["partition-id"]), int(node_config["num-partitions"]), speed
+
+
+def _silo(context: Context) -> tuple[RunConfig, SiloData, int, float]:
+    config = RunConfig.from_mapping(context.run_config)
+    partition_id, num_partitions, speed = node_settings(context.node_config)
+    return config, silo_data(config, partition_id, num_partitions), partition_id, speed
+
+
+def _config_value(msg: Message, key: str, kind: type) -> Any:
+    config = next(iter(msg.content.config_records.values()))
+    if key not in config:
+        raise SiloConfigError(f"the server's message has no {key}")
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SiloConfigError(f"the server sent {key}={value!r}, not a number")
+    return kind(value)
+
+
+def train_reply(msg: Message, context: Context) -> Message:
+    """Train τ steps at the batch size and learning rate the server sent; reply with the
+    weights and the metrics the balancer needs."""
+    probe = ResourceProbe()
+    config, data, partition_id, speed = _silo(context)
+    batch_size = _config_value(msg, "batch-size", int)
+    steps = _config_value(msg, "local-steps", int)
+    lr = _config_value(msg, "learning-rate", float)
+    server_round = _config_value(msg, "server-round", int)
+
+    start = time.perf_counter()
+    model = model_for(config, data.train)
+    model.load_state_dict(next(iter(msg.content.array_records.values())).to_torch_state_dict())
+    fixed = time.perf_counter() - start
+
+    dataset = tensor_dataset(data.train.x, data.train.y)
+    # Each round draws a fresh, reproducible stream of batches.
+    sampler = ResizableBatchSampler(
+        dataset, batch_size, seed=config.seed * 1_000_003 + partition_id * 1009 + server_round
+    )
+    result = train_steps(
+        model,
+        dataset,
+        sampler,
+        steps,
+        lr,
+        config.momentum,
+        pace=EmulatedSpeed(speed) if speed > 0 else None,
+    )
+
+    start = time.perf_counter()
+    arrays = ArrayRecord(model.state_dict())
+    fixed += time.perf_counter() - start
+    resources = probe.sample()
+    metrics = MetricRecord(
+        {
+            "num-examples": len(data.train),
+            "batch-size": batch_size,
+            "local-steps": steps,
+            "compute-s": result.compute_s,
+            "overhead-s": fixed,
+            "cpu": resources.cpu,
+            "mem": resources.mem,
+            "train-loss": result.loss,
+            "partition-id": partition_id,
+            "emulated-speed": speed,
+        }
+    )
+    if speed > 0 and result.real_compute_s > result.compute_s * 0.999:
+        log.warning(
+            "silo %d cannot keep up with its emulated speed %.0f samples/s", partition_id, speed
+        )
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
+def evaluate_reply(msg: Message, context: Context) -> Message:
+    """Evaluate the global model on this silo's held-out split."""
+    config, data, _, _ = _silo(context)
+    if len(data.test) == 0:
+        raise SiloConfigError("this silo has no held-out samples: raise silo-test-fraction")
+    model = model_for(config, data.test)
+    model.load_state_dict(next(iter(msg.content.array_records.values())).to_torch_state_dict())
+    loss, accuracy = evaluate(model, tensor_dataset(data.test.x, data.test.y))
+    metrics = MetricRecord(
+        {"num-examples": len(data.test), "eval-loss": loss, "eval-acc": accuracy}
+    )
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)

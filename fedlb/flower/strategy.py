@@ -1,0 +1,528 @@
+"""LoadBalancedFedAvg: FedAvg with per-silo batch sizes tuned from measured throughput."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+from fedlb.balance import (
+    EMA,
+    BatchSizeManager,
+    Proportional,
+    SpeedEstimator,
+    Tuner,
+    WorkerReport,
+    ideal_round_time,
+)
+
+from .grid import PollingGrid
+from .report import RoundRecord, RoundReporter, SiloRound
+
+log = logging.getLogger("fedlb.flower")
+
+# Metrics a silo's train reply carries (see fedlb.flower.silo).
+REPORT_KEYS = ("batch-size", "local-steps", "compute-s", "overhead-s")
+
+
+def default_estimator() -> SpeedEstimator:
+    """EMA with α = 0.2 (the paper's), restarting on a lasting ≥ 25% change of speed."""
+    return EMA(alpha=0.2, restart_threshold=0.25, restart_after=2)
+
+
+class LoadBalancedFedAvg(FedAvg):
+    """FedAvg whose silos each get their own batch size, so all finish a round together.
+
+    τ (local steps) and the learning rate η are the same for every silo and never tuned
+    (LB-BSP Section 3.5: tuning either biases the model on non-IID data). Only B_i moves,
+    decided by a `BatchSizeManager` from each silo's measured compute seconds and fixed
+    costs, with X = Σ B_i = n·B0 kept. Arrays are averaged weighted by each silo's local
+    dataset size (`num-examples`), never by the samples it processed, so a fast silo gains
+    no bigger say.
+
+    Round 1 has no measurements: every silo starts at B0 (uniform, as plain FedAvg), and
+    the sizes computed from round 1's reports apply from round 2. With
+    `probe_steps > 0`, a probe round of that many steps runs first: its reports size
+    round 1, its model updates are discarded.
+
+    Args:
+        batch_size: B0, every silo's starting batch size. Default 32.
+        local_steps: τ, local SGD steps per round. Default 20.
+        learning_rate: η sent to every silo. Default 0.05.
+        tuner: how sizes move. Default `Proportional()` (overhead-aware LB-BSP
+            Algorithm 1); `Static()` gives plain FedAvg.
+        estimator: speed-estimator factory, one per silo. Default EMA(α = 0.2) that
+            restarts on a lasting ≥ 25% change of speed.
+        expected_silos: silos to wait for before round 1 (X = expected_silos·B0).
+            Default `min_available_nodes`.
+        join_timeout: seconds to wait for them before giving up. Default 600.
+        evaluate_every: federated evaluation every k rounds and after the last.
+            Default 1 (as FedAvg).
+        probe_steps: steps of the optional warm-up probe round. Default 0 (none).
+        poll_interval: seconds between pulls of replies (Flower's own loop sleeps 3 s).
+            Default 0.1; None keeps Flower's loop.
+        reporter: where round records go. Default a `RoundReporter` that keeps them.
+        seed: seed of node sampling when fraction_train < 1. Default 0.
+        **fedavg: FedAvg's own arguments (fraction_train, min_available_nodes, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_size: int = 32,
+        local_steps: int = 20,
+        learning_rate: float = 0.05,
+        tuner: Tuner | None = None,
+        estimator: Callable[[], SpeedEstimator] = default_estimator,
+        expected_silos: int | None = None,
+        join_timeout: float = 600.0,
+        evaluate_every: int = 1,
+        probe_steps: int = 0,
+        poll_interval: float | None = 0.1,
+        reporter: RoundReporter | None = None,
+        seed: int = 0,
+        **fedavg: Any,
+    ) -> None:
+        super().__init__(**fedavg)
+        if batch_size < 1 or local_steps < 1 or evaluate_every < 1 or probe_steps < 0:
+            raise ValueError(
+                "batch_size, local_steps and evaluate_every must be >= 1, probe_steps >= 0"
+            )
+        if not (math.isfinite(learning_rate) and learning_rate > 0):
+            raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate}")
+        self.batch_size = batch_size
+        self.local_steps = local_steps
+        self.learning_rate = learning_rate
+        self.tuner = tuner if tuner is not None else Proportional()
+        self.estimator = estimator
+        self.expected_silos = expected_silos or self.min_available_nodes
+        self.join_timeout = join_timeout
+        self.evaluate_every = evaluate_every
+        self.probe_steps = probe_steps
+        self.poll_interval = poll_interval
+        self.reporter = reporter if reporter is not None else RoundReporter()
+        self.manager: BatchSizeManager | None = None
+        self._rng = random.Random(seed)
+        self._num_rounds = 0
+        self._sent: dict[int, int] = {}  # node -> batch size sent this round
+        self._template: dict[str, tuple[tuple[int, ...], str]] = {}  # global arrays' shapes
+        self._started = 0.0
+        self._pending: RoundRecord | None = None
+        self._labels: dict[int, str] = {}
+
+    # ---- nodes and sizes ---------------------------------------------------------------
+    def _select_nodes(self, grid: Grid, fraction: float, wait: bool) -> list[int]:
+        nodes = sorted(grid.get_node_ids())
+        if wait and len(nodes) < self.expected_silos:
+            deadline = time.monotonic() + self.join_timeout
+            told = 0.0
+            while len(nodes := sorted(grid.get_node_ids())) < self.expected_silos:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"only {len(nodes)} of {self.expected_silos} silos joined within "
+                        f"{self.join_timeout:.0f} s; start the missing silos or lower the "
+                        "expected number of silos"
+                    )
+                if time.monotonic() - told > 10:
+                    log.info("waiting for silos: %d of %d joined", len(nodes), self.expected_silos)
+                    told = time.monotonic()
+                time.sleep(0.2)
+        count = max(1, math.ceil(fraction * len(nodes))) if nodes else 0
+        return nodes if count >= len(nodes) else sorted(self._rng.sample(nodes, count))
+
+    def _manager_for(self, nodes: list[int]) -> BatchSizeManager:
+        if self.manager is None:
+            self.manager = BatchSizeManager(
+                {str(n): self.batch_size for n in nodes}, self.tuner, self.estimator
+            )
+            log.info(
+                "load balancing %d silos: B0 = %d each, X = %d, τ = %d, η = %g (fixed)",
+                len(nodes),
+                self.batch_size,
+                self.manager.total,
+                self.local_steps,
+                self.learning_rate,
+            )
+        for node in nodes:
+            if str(node) not in self.manager.sizes:
+                self.manager.add_worker(str(node))
+                log.info(
+                    "silo node %d joined: fair share B = %d", node, self.manager.sizes[str(node)]
+                )
+        return self.manager
+
+    def current_sizes(self) -> dict[int, int]:
+        """Every known silo's batch size for the next round, by node id."""
+        return {} if self.manager is None else {int(k): v for k, v in self.manager.sizes.items()}
+
+    # ---- training ----------------------------------------------------------------------
+    def _train_messages(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        grid: Grid,
+        steps: int,
+    ) -> list[Message]:
+        nodes = self._select_nodes(grid, self.fraction_train, wait=self.manager is None)
+        sizes = self._manager_for(nodes).sizes
+        self._sent = {n: sizes[str(n)] for n in nodes}
+        self._template = {k: (tuple(a.shape), str(a.dtype)) for k, a in arrays.items()}
+        self._started = time.monotonic()
+        messages = []
+        for node in nodes:
+            # A new ConfigRecord and RecordDict per node: Message does not copy its content,
+            # and FedAvg shares one RecordDict among all messages.
+            node_config = ConfigRecord(dict(config))
+            node_config["server-round"] = server_round
+            node_config["batch-size"] = self._sent[node]
+            node_config["local-steps"] = steps
+            node_config["learning-rate"] = self.learning_rate
+            content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: node_config})
+            messages.append(
+                Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
+            )
+        return messages
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._flush()
+        if self.fraction_train == 0.0:
+            return []
+        return self._train_messages(server_round, arrays, config, grid, self.local_steps)
+
+    def _reply_problem(self, msg: Message) -> str | None:
+        """Why a reply cannot be aggregated, or None."""
+        content = msg.content
+        if len(content.array_records) != 1 or len(content.metric_records) != 1:
+            return (
+                f"expected one ArrayRecord and one MetricRecord, got "
+                f"{len(content.array_records)} and {len(content.metric_records)}"
+            )
+        metrics = next(iter(content.metric_records.values()))
+        weight = _numbers(metrics).get(self.weighted_by_key)
+        if weight is None or weight <= 0:
+            return (
+                f"{self.weighted_by_key} must be a finite number > 0, "
+                f"got {metrics.get(self.weighted_by_key)!r}"
+            )
+        arrays = next(iter(content.array_records.values()))
+        if set(arrays.keys()) != set(self._template):
+            return "its arrays do not have the global model's keys"
+        for key, array in arrays.items():
+            shape, dtype = self._template[key]
+            if tuple(array.shape) != shape or str(array.dtype) != dtype:
+                return (
+                    f"array {key} is {array.dtype}{list(array.shape)}, "
+                    f"expected {dtype}{list(shape)}"
+                )
+            try:
+                values = array.numpy()
+            except Exception as error:  # a corrupt payload must not take the server down
+                return f"array {key} cannot be decoded: {error}"
+            if not np.all(np.isfinite(values)):
+                return f"array {key} holds NaN or infinite values"
+        return None
+
+    def _report(self, node: int, metrics: MetricRecord) -> tuple[WorkerReport | None, str]:
+        missing = [k for k in REPORT_KEYS if k not in metrics]
+        if missing:
+            return None, f"missing metric(s) {', '.join(missing)}"
+        numbers = _numbers(metrics)
+        bad = [k for k in REPORT_KEYS if k not in numbers]
+        if bad:
+            return None, "metric(s) not finite numbers: " + ", ".join(
+                f"{k}={metrics[k]!r}" for k in bad
+            )
+        for key in ("batch-size", "local-steps"):
+            if not numbers[key].is_integer():
+                return None, f"{key} must be a whole number, got {numbers[key]!r}"
+        if int(numbers["batch-size"]) != self._sent.get(node):
+            return None, (
+                f"batch-size {int(numbers['batch-size'])} is not the {self._sent.get(node)} "
+                "it was sent"
+            )
+        report = WorkerReport(
+            worker=str(node),
+            batch_size=int(numbers["batch-size"]),
+            iterations=int(numbers["local-steps"]),
+            compute_s=numbers["compute-s"],
+            overhead_s=numbers["overhead-s"],
+            cpu=numbers.get("cpu"),
+            mem=numbers.get("mem"),
+        )
+        problems = report.problems()
+        return (None, "; ".join(problems)) if problems else (report, "")
+
+    def _collect(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[list[Message], RoundRecord]:
+        """Validate replies, feed the manager, and describe the round."""
+        wall = time.monotonic() - self._started
+        assert self.manager is not None
+        valid: list[Message] = []
+        failed: list[str] = []
+        answered: set[int] = set()
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            answered.add(node)
+            if msg.has_error():
+                failed.append(f"node-{node}: {msg.error.reason}")
+                continue
+            problem = self._reply_problem(msg)
+            if problem is not None:
+                log.warning(
+                    "round %d: update from node %d rejected: %s", server_round, node, problem
+                )
+                failed.append(f"node-{node}: {problem}")
+                continue
+            valid.append(msg)
+        failed += [
+            f"node-{n}: no reply within the round timeout" for n in self._sent if n not in answered
+        ]
+        reports: list[WorkerReport] = []
+        rejected: list[str] = []
+        metrics_of: dict[int, dict[str, float]] = {}
+        for msg in valid:
+            node = msg.metadata.src_node_id
+            metrics = next(iter(msg.content.metric_records.values()))
+            metrics_of[node] = _numbers(metrics)
+            if "partition-id" in metrics_of[node]:
+                self._labels[node] = f"silo-{int(metrics_of[node]['partition-id'])}"
+            report, why = self._report(node, metrics)
+            if report is None:
+                log.warning(
+                    "round %d: report of node %d dropped (its update is used): %s",
+                    server_round,
+                    node,
+                    why,
+                )
+                rejected.append(f"{self._label(node)}: {why}")
+            else:
+                reports.append(report)
+        next_sizes = self.manager.step(reports)
+        rejected += [f"{self._label(int(w))}: {why}" for w, why in self.manager.last_rejected]
+        for line in failed:
+            log.warning("round %d: %s", server_round, line)
+        record = self._record(server_round, reports, metrics_of, next_sizes, wall)
+        record.failed = failed
+        record.rejected = rejected
+        return valid, record
+
+    def _label(self, node: int) -> str:
+        return self._labels.get(node, f"node-{node}")
+
+    def _record(
+        self,
+        server_round: int,
+        reports: list[WorkerReport],
+        metrics_of: dict[int, dict[str, float]],
+        next_sizes: dict[str, int],
+        wall: float,
+    ) -> RoundRecord:
+        by_node = {int(r.worker): r for r in reports}
+        busy = {n: r.round_s for n, r in by_node.items()}
+        slowest = max(busy.values()) if busy else math.nan
+        ideal = efficiency = idle = math.nan
+        if by_node:
+            ideal = ideal_round_time(
+                {str(n): r.speed for n, r in by_node.items()},
+                sum(r.batch_size for r in reports),
+                {str(n): r.iterations for n, r in by_node.items()},
+                {str(n): r.overhead_s for n, r in by_node.items()},
+            )
+            efficiency = ideal / slowest
+            idle = 1.0 - sum(busy.values()) / (len(busy) * slowest)
+        emulated = any(m.get("emulated-speed", 0.0) > 0 for m in metrics_of.values())
+        silos = []
+        for node, metrics in sorted(metrics_of.items(), key=lambda kv: self._label(kv[0])):
+            report = by_node.get(node)
+            silos.append(
+                SiloRound(
+                    silo=self._label(node),
+                    node=node,
+                    batch_size=self._sent[node],
+                    local_steps=report.iterations if report else self.local_steps,
+                    compute_s=report.compute_s if report else math.nan,
+                    fixed_s=report.overhead_s if report else math.nan,
+                    round_s=busy.get(node, math.nan),
+                    idle_s=slowest - busy[node] if node in busy else math.nan,
+                    train_loss=metrics.get("train-loss", math.nan),
+                    num_examples=int(metrics[self.weighted_by_key]),
+                    emulated_speed=metrics.get("emulated-speed", 0.0),
+                    next_batch_size=next_sizes[str(node)],
+                )
+            )
+        return RoundRecord(
+            round=server_round,
+            clock="measured (emulated speeds)" if emulated else "measured",
+            silos=silos,
+            round_s=_none_if_nan(slowest),
+            ideal_s=_none_if_nan(ideal),
+            efficiency=_none_if_nan(efficiency),
+            idle_fraction=_none_if_nan(idle),
+            wall_s=wall,
+        )
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        valid, record = self._collect(server_round, replies)
+        self._pending = record
+        if not valid:
+            log.warning(
+                "round %d: no usable update; the global model stays as it was", server_round
+            )
+            return None, None
+        contents = [m.content for m in valid]
+        arrays = aggregate_arrayrecords(contents, self.weighted_by_key)
+        numbers = [_numbers(next(iter(c.metric_records.values()))) for c in contents]
+        with_loss = [n for n in numbers if "train-loss" in n]
+        metrics = MetricRecord()
+        if with_loss:
+            metrics["train-loss"] = sum(
+                n[self.weighted_by_key] * n["train-loss"] for n in with_loss
+            ) / sum(n[self.weighted_by_key] for n in with_loss)
+        for key in ("efficiency", "round_s", "ideal_s", "idle_fraction"):
+            value = getattr(record, key)
+            if value is not None:
+                metrics[key.replace("_", "-")] = float(value)
+        return arrays, metrics
+
+    # ---- evaluation --------------------------------------------------------------------
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        due = server_round % self.evaluate_every == 0 or server_round == self._num_rounds
+        if self.fraction_evaluate == 0.0 or not due:
+            return []
+        nodes = self._select_nodes(grid, self.fraction_evaluate, wait=False)
+        eval_config = ConfigRecord(dict(config))
+        eval_config["server-round"] = server_round
+        return [
+            Message(
+                content=RecordDict(
+                    {self.arrayrecord_key: arrays, self.configrecord_key: eval_config}
+                ),
+                message_type=MessageType.EVALUATE,
+                dst_node_id=node,
+            )
+            for node in nodes
+        ]
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        per_node: dict[int, tuple[float, float, float]] = {}
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            if msg.has_error() or len(msg.content.metric_records) != 1:
+                log.warning("round %d: evaluation from node %d unusable", server_round, node)
+                continue
+            m = _numbers(next(iter(msg.content.metric_records.values())))
+            keys = (self.weighted_by_key, "eval-acc", "eval-loss")
+            if any(k not in m for k in keys) or m[self.weighted_by_key] <= 0:
+                log.warning(
+                    "round %d: evaluation from node %d has bad metrics %s", server_round, node, m
+                )
+                continue
+            per_node[node] = (m[keys[0]], m[keys[1]], m[keys[2]])
+        if not per_node:
+            return None
+        total = sum(w for w, _, _ in per_node.values())
+        accuracy = sum(w * a for w, a, _ in per_node.values()) / total
+        loss = sum(w * v for w, _, v in per_node.values()) / total
+        if self._pending is not None and self._pending.round == server_round:
+            self._pending.accuracy, self._pending.loss = accuracy, loss
+            for silo in self._pending.silos:
+                if silo.node in per_node:
+                    _, silo.accuracy, silo.loss = per_node[silo.node]
+        return MetricRecord({"eval-acc": accuracy, "eval-loss": loss})
+
+    # ---- the run -----------------------------------------------------------------------
+    def _flush(self) -> None:
+        if self._pending is not None:
+            self.reporter.publish(self._pending)
+            self._pending = None
+
+    def _probe(self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord, timeout: float) -> None:
+        """A short round whose reports size round 1; its updates are discarded."""
+        probe_config = ConfigRecord(dict(config))
+        probe_config["probe"] = True
+        messages = self._train_messages(0, arrays, probe_config, grid, self.probe_steps)
+        _, record = self._collect(0, grid.send_and_receive(messages, timeout=timeout))
+        self._pending = record
+        self._flush()
+        log.info("probe round: sizes for round 1 are %s", self.current_sizes())
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Any:
+        """Run the rounds (see flwr's Strategy.start), polling replies every
+        `poll_interval` s, and publish every round's record."""
+        self._num_rounds = num_rounds
+        if self.poll_interval is not None:
+            grid = PollingGrid(grid, self.poll_interval)
+        if self.probe_steps > 0:
+            self._probe(grid, initial_arrays, train_config or ConfigRecord(), timeout)
+        if evaluate_fn is not None:
+            evaluate_fn = functools.partial(self._server_evaluate, evaluate_fn)
+        result = super().start(
+            grid=grid,
+            initial_arrays=initial_arrays,
+            num_rounds=num_rounds,
+            timeout=timeout,
+            train_config=train_config,
+            evaluate_config=evaluate_config,
+            evaluate_fn=evaluate_fn,
+        )
+        self._flush()
+        return result
+
+    def _server_evaluate(
+        self,
+        inner: Callable[[int, ArrayRecord], MetricRecord | None],
+        server_round: int,
+        arrays: ArrayRecord,
+    ) -> MetricRecord | None:
+        metrics = inner(server_round, arrays)
+        if (
+            metrics is not None
+            and self._pending is not None
+            and self._pending.round == server_round
+        ):
+            numbers = _numbers(metrics)
+            self._pending.server_accuracy = numbers.get("accuracy")
+            self._pending.server_loss = numbers.get("loss")
+        return metrics
+
+
+def _numbers(metrics: MetricRecord) -> dict[str, float]:
+    """The record's finite scalar values as floats; anything else is left out."""
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def _none_if_nan(value: float) -> float | None:
+    return None if math.isnan(value) else value

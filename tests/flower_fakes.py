@@ -1,0 +1,66 @@
+"""An in-process Grid for strategy tests: messages are handled by real ClientApp handlers
+(fedlb's silo functions or a test's own) in this process, no SuperLink involved."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+Handler = Callable[[Message, Context], Message]
+
+
+class InProcessGrid(Grid):
+    """Each node is a (node_config, train handler, evaluate handler); replies are computed
+    at push time. `sent` keeps every pushed message; `drop` lists nodes that never reply."""
+
+    def __init__(self, nodes: dict[int, dict], run_config: dict, train: Handler, evaluate: Handler):
+        self.nodes = nodes
+        self.run_config = run_config
+        self.handlers = {MessageType.TRAIN: train, MessageType.EVALUATE: evaluate}
+        self.sent: list[Message] = []
+        self.replies: dict[str, Message] = {}
+        self.drop: set[int] = set()
+        self.intercept: Callable[[Message], Message] | None = None  # tamper with replies
+
+    def set_run(self, run):
+        pass
+
+    @property
+    def run(self):
+        raise NotImplementedError
+
+    def create_message(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.nodes)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = msg.object_id
+            self.sent.append(msg)
+            ids.append(msg.metadata.message_id)
+            node = msg.metadata.dst_node_id
+            if node in self.drop:
+                continue
+            context = Context(
+                run_id=1,
+                node_id=node,
+                node_config=dict(self.nodes[node]),
+                state=RecordDict(),
+                run_config=dict(self.run_config),
+            )
+            reply = self.handlers[msg.metadata.message_type](msg, context)
+            if self.intercept is not None:
+                reply = self.intercept(reply)
+            self.replies[msg.metadata.message_id] = reply
+        return ids
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return self.pull_messages(list(self.push_messages(messages)))
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]

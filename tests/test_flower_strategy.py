@@ -114,7 +114,7 @@ def test_aggregation_is_weighted_by_dataset_size_not_samples_processed():
     sizes = {n: r.content["metrics"]["num-examples"] for n, r in captured.items()}
     assert len(set(sizes.values())) > 1  # non-uniform dataset sizes
     total = sum(sizes.values())
-    for key in aggregated.keys():
+    for key in aggregated:
         expected = sum(
             captured[n].content["arrays"][key].numpy() * sizes[n] / total for n in captured
         )

@@ -70,7 +70,7 @@ class RunConfig:
     out_dir: str = ""
 
     @classmethod
-    def keys(cls) -> list[str]:
+    def setting_names(cls) -> list[str]:
         return [f.name.replace("_", "-") for f in fields(cls)]
 
     @classmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,26 @@ class RoundRecord:
             )
             for s in self.silos
         ]
+
+
+def records_from_json_lines(lines: list[str]) -> list[RoundRecord]:
+    """Rebuild RoundRecords from `rounds.jsonl` lines (one line per silo and round)."""
+    silo_fields = {f.name for f in fields(SiloRound)}
+    round_fields = {f.name for f in fields(RoundRecord)} - {"silos"}
+    rounds: dict[int, RoundRecord] = {}
+    for line in lines:
+        row = json.loads(line)
+        number = row["round"]
+        if number not in rounds:
+            rounds[number] = RoundRecord(silos=[], **{k: row[k] for k in round_fields})
+        silo: dict[str, Any] = {
+            k: row[f"silo_{k}" if f"silo_{k}" in row else k] for k in silo_fields
+        }
+        for key, value in silo.items():  # null was NaN: a silo that did not report
+            if value is None and key not in ("accuracy", "loss"):
+                silo[key] = math.nan
+        rounds[number].silos.append(SiloRound(**silo))
+    return [rounds[k] for k in sorted(rounds)]
 
 
 def _clean(value: Any) -> Any:

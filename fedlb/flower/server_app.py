@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,6 @@ from .task import federation_data, model_for
 log = logging.getLogger("fedlb.flower")
 
 app = ServerApp()
-
-# Set by `fedlb server`, which renders the tables itself from rounds.jsonl.
-QUIET_ENV = "FEDLB_SERVERAPP_QUIET"
 
 
 def make_tuner(config: RunConfig) -> Tuner:
@@ -66,8 +62,7 @@ def build_strategy(config: RunConfig, reporter: RoundReporter) -> LoadBalancedFe
 def main(grid: Grid, context: Context) -> None:
     config = RunConfig.from_mapping(context.run_config)
     out_dir = Path(config.out_dir) if config.out_dir else None
-    console = None if os.environ.get(QUIET_ENV) else Console()
-    reporter = RoundReporter(out_dir, console)
+    reporter = RoundReporter(out_dir, Console())
     pool, server_test = federation_data(config)
     model = model_for(config, pool)
     test_set = tensor_dataset(server_test.x, server_test.y) if len(server_test) else None

@@ -28,7 +28,7 @@ from .task import SiloData, model_for, silo_data
 
 log = logging.getLogger("fedlb.flower")
 
-NODE_KEYS = {"partition-id": int, "num-partitions": int, "emulated-speed": float}
+NODE_KEYS = {"partition-id": int, "num-partitions": int, "emulated-speed": float, "threads": int}
 
 
 class SiloConfigError(ValueError):
@@ -58,6 +58,12 @@ def node_settings(node_config: Mapping[str, Any]) -> tuple[int, int, float]:
 def _silo(context: Context) -> tuple[RunConfig, SiloData, int, float]:
     config = RunConfig.from_mapping(context.run_config)
     partition_id, num_partitions, speed = node_settings(context.node_config)
+    threads = int(context.node_config.get("threads", 0))
+    if threads > 0:
+        # Several silos sharing one machine (a demo, a test) would oversubscribe its cores.
+        import torch
+
+        torch.set_num_threads(threads)
     return config, silo_data(config, partition_id, num_partitions), partition_id, speed
 
 

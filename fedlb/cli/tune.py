@@ -1,35 +1,21 @@
-"""The `fedlb` command."""
+"""`fedlb tune`: the what-if calculator of the balancing core."""
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.logging import RichHandler
 from rich.table import Table
 
 from fedlb.balance import EMA, Deadband, LeaderStraggler, Memoryless, Proportional, Tuner
 from fedlb.experiments import WHATIF_CLOCK, GpuLikeTime, LinearTime, TimeModel, what_if
 
-app = typer.Typer(
-    name="fedlb",
-    help="Load-balanced cross-silo federated learning: every silo finishes its round together.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-console = Console()
+from .common import UsageError, app, console
 
 TUNERS = ("proportional", "deadband", "leader-straggler")
 ESTIMATORS = {"ema": EMA, "memoryless": Memoryless}
-
-
-class UsageError(typer.BadParameter):
-    pass
 
 
 def _floats(text: str | None, name: str, count: int | None = None) -> list[float] | None:
@@ -187,22 +173,3 @@ def tune(
         console.print(table)
         if len(shown) < len(history):
             console.print("  (rounds where the sizes did not change are not shown)")
-
-
-@app.callback()
-def _root(
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
-) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(message)s",
-        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
-    )
-
-
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,13 @@
+"""The `fedlb` command: `fedlb --help` lists its subcommands."""
+
+from __future__ import annotations
+
+from . import federation, tune  # noqa: F401 (the modules register their commands)
+from .common import app
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,359 @@
+"""`fedlb server`, `fedlb silo` and `fedlb demo`: a real Flower deployment from the CLI."""
+
+from __future__ import annotations
+
+import inspect
+import signal
+import sys
+import time
+import typing
+from collections.abc import Callable
+from dataclasses import fields
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fedlb.flower import ConfigError, RunConfig
+from fedlb.flower.deploy import DeployError, free_port, start_supernode
+from fedlb.flower.launch import Federation, RunOutcome
+from fedlb.flower.report import RoundRecord, render
+
+from .common import UsageError, app, console
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SERVER_KEYS = {"host": str, "port": int, "out-dir": str, "run-timeout": float}
+SILO_KEYS = {
+    "server": str,
+    "partition-id": int,
+    "num-partitions": int,
+    "emulated-speed": float,
+    "slowdown": float,
+    "base-speed": float,
+    "threads": int,
+    "port": int,
+    "workdir": str,
+}
+BASE_SPEED = 200.0  # samples/s of an emulated silo with slowdown 1
+
+
+def read_config(path: Path | None, sections: dict[str, dict[str, type]]) -> dict[str, Any]:
+    """Settings from a TOML file: known sections only, known keys only, right types."""
+    if path is None:
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError as error:
+        raise UsageError(f"config file {path} does not exist") from error
+    except tomllib.TOMLDecodeError as error:
+        raise UsageError(f"config file {path} is not valid TOML: {error}") from error
+    unknown = sorted(set(data) - set(sections))
+    if unknown:
+        raise UsageError(f"{path}: unknown section(s) {unknown}; expected {sorted(sections)}")
+    values: dict[str, Any] = {}
+    for section, keys in sections.items():
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise UsageError(f"{path}: [{section}] must be a table")
+        for key, value in table.items():
+            if keys and key not in keys:
+                raise UsageError(
+                    f"{path}: unknown key {key!r} in [{section}]; known: {', '.join(keys)}"
+                )
+            kind = keys.get(key) if keys else None
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if kind is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+                raise UsageError(f"{path}: {key} must be {kind.__name__}, got {value!r}")
+            values[key] = value
+    return values
+
+
+RUN_TYPES = {"int": int, "float": float, "str": str}
+CLI_OWNED = {"out_dir"}  # run settings the commands set themselves
+
+
+def _run_options() -> list[inspect.Parameter]:
+    """One --flag per run setting (default None: the config file's or RunConfig's)."""
+    params = []
+    for f in fields(RunConfig):
+        if f.name in CLI_OWNED:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kind = RUN_TYPES[str(f.type)]
+        params.append(
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[
+                    kind | None,
+                    typer.Option(
+                        flag,
+                        help=f"Run setting (default {f.default!r}).",
+                        rich_help_panel="Run settings",
+                    ),
+                ],
+            )
+        )
+    return params
+
+
+def with_run_options(
+    function: Callable[..., None],
+) -> Callable[..., None]:
+    """Give a command one option per RunConfig field, collected into `run_flags`."""
+    hints = typing.get_type_hints(function, include_extras=True)  # annotations are strings
+    own = [
+        p.replace(annotation=hints[p.name])
+        for p in inspect.signature(function).parameters.values()
+        if p.name != "run_flags"
+    ]
+    run_names = [f.name for f in fields(RunConfig) if f.name not in CLI_OWNED]
+
+    def command(**kwargs: Any) -> None:
+        flags = {n.replace("_", "-"): kwargs.pop(n) for n in run_names}
+        function(run_flags={k: v for k, v in flags.items() if v is not None}, **kwargs)
+
+    command.__signature__ = inspect.Signature(own + _run_options())  # type: ignore[attr-defined]
+    command.__doc__ = function.__doc__
+    command.__name__ = function.__name__
+    return command
+
+
+def settings(file_values: dict[str, Any], flags: dict[str, Any]) -> RunConfig:
+    merged = {k: v for k, v in file_values.items() if k in RunConfig.setting_names()}
+    merged.update(flags)
+    try:
+        return RunConfig.from_mapping(merged)
+    except ConfigError as error:
+        raise UsageError(str(error)) from error
+
+
+def show_round(record: RoundRecord) -> None:
+    console.print(render(record))
+    for line in record.failed:
+        console.print(f"  [red]no update:[/] {line}")
+    for reason in record.rejected:
+        console.print(f"  [yellow]report dropped:[/] {reason}")
+
+
+def run_federation(
+    config: RunConfig,
+    host: str,
+    port: int | None,
+    out_dir: Path,
+    timeout: float | None,
+    local_silos: list[float] | None = None,
+    base_speed: float = BASE_SPEED,
+) -> RunOutcome:
+    """Start a SuperLink (and local silos), run, show every round, stop what was started."""
+    out_dir = out_dir.resolve()
+    run_config = {**config.to_mapping(), "out-dir": str(out_dir)}
+    try:
+        with Federation(out_dir / "processes", host, port) as federation:
+            console.print(
+                f"[bold]fedlb server[/]: SuperLink on {federation.address}; waiting for "
+                f"{config.num_silos} silos; results in {out_dir}"
+            )
+            for i, slowdown in enumerate(local_silos or []):
+                federation.add_silo(
+                    f"silo-{i}",
+                    {
+                        "partition-id": i,
+                        "num-partitions": len(local_silos or []),
+                        "emulated-speed": base_speed / slowdown,
+                        "threads": 1,
+                    },
+                )
+                console.print(
+                    f"  local silo-{i}: emulated {base_speed / slowdown:.0f} samples/s "
+                    f"(slowdown {slowdown:g}; clock: measured, sleep-padded)"
+                )
+            outcome = federation.run(run_config, on_round=show_round, timeout=timeout)
+    except DeployError as error:
+        console.print(f"[red]could not run the federation:[/] {error}")
+        raise typer.Exit(1) from error
+    return outcome
+
+
+def finish(outcome: RunOutcome) -> None:
+    if outcome.ok:
+        console.print(
+            f"[green]run {outcome.run_id} completed[/]: {len(outcome.records)} rounds. Results: "
+            f"{outcome.out_dir}/rounds.jsonl, summary.json, model.pt; ServerApp log: "
+            f"{outcome.log_path}"
+        )
+        return
+    console.print(
+        f"[red]run {outcome.run_id} ended as {outcome.status}[/]; see the ServerApp log "
+        f"{outcome.log_path}"
+    )
+    raise typer.Exit(1)
+
+
+def default_out_dir() -> Path:
+    return Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+@app.command()
+@with_run_options
+def server(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML file ([server] and [run] tables).")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Address the SuperLink listens on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Its port (default 8000).")] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out-dir", help="Results folder (default runs/<time>).")
+    ] = None,
+    run_timeout: Annotated[
+        float | None, typer.Option(help="Give up on the whole run after this many seconds.")
+    ] = None,
+    *,
+    run_flags: dict[str, Any],
+) -> None:
+    """Start a SuperLink, wait for the silos, run load-balanced FedAvg, write the results.
+
+    Every setting can come from --config (see server/server.toml) or a flag; flags win.
+    Exits non-zero when the run fails.
+    """
+    values = read_config(config, {"server": SERVER_KEYS, "run": {}})
+    run = settings(values, run_flags)
+    outcome = run_federation(
+        run,
+        host or values.get("host", "127.0.0.1"),
+        port or values.get("port", 8000),
+        out_dir or Path(values.get("out-dir") or default_out_dir()),
+        run_timeout or values.get("run-timeout"),
+    )
+    finish(outcome)
+
+
+@app.command()
+@with_run_options
+def demo(
+    slowdowns: Annotated[
+        str, typer.Option(help="One emulated silo per value: how many times slower it is.")
+    ] = "1,2,4",
+    base_speed: Annotated[
+        float, typer.Option(help="Samples/s of an emulated silo with slowdown 1.")
+    ] = BASE_SPEED,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out-dir", help="Results folder (default runs/<time>).")
+    ] = None,
+    *,
+    run_flags: dict[str, Any],
+) -> None:
+    """The whole heterogeneous federation on this machine: a server and one silo per
+    slowdown (real SuperLink and SuperNode processes, emulated speeds), then the results."""
+    try:
+        factors = [float(x) for x in slowdowns.split(",") if x.strip()]
+    except ValueError as error:
+        raise UsageError(f"--slowdowns must be numbers like 1,2,4, got {slowdowns!r}") from error
+    if not factors or any(f < 1 for f in factors):
+        raise UsageError(f"--slowdowns must be numbers >= 1, got {slowdowns!r}")
+    if not base_speed > 0:
+        raise UsageError(f"--base-speed must be > 0, got {base_speed}")
+    defaults = {
+        "num-silos": len(factors),
+        "num-rounds": 8,
+        "evaluate-every": 4,
+        "local-steps": 10,
+        "batch-size": 16,
+    }
+    run = settings(defaults, run_flags)
+    if run.num_silos != len(factors):
+        raise UsageError(f"--num-silos {run.num_silos} but {len(factors)} --slowdowns")
+    outcome = run_federation(
+        run, "127.0.0.1", None, out_dir or default_out_dir(), None, factors, base_speed
+    )
+    finish(outcome)
+
+
+@app.command()
+def silo(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML file ([silo] table).")
+    ] = None,
+    server: Annotated[str | None, typer.Option(help="The server's address, host:port.")] = None,
+    partition_id: Annotated[int | None, typer.Option(help="This silo's partition.")] = None,
+    num_partitions: Annotated[int | None, typer.Option(help="Partitions in all.")] = None,
+    slowdown: Annotated[
+        float | None, typer.Option(help="Emulate a machine this many times slower (>= 1).")
+    ] = None,
+    emulated_speed: Annotated[
+        float | None, typer.Option(help="Emulate this many samples/s (overrides slowdown).")
+    ] = None,
+    base_speed: Annotated[float | None, typer.Option(help="Samples/s of slowdown 1.")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (0: torch's default).")] = None,
+    port: Annotated[int | None, typer.Option(help="Local port of this SuperNode's API.")] = None,
+    workdir: Annotated[Path | None, typer.Option(help="Logs and Flower home.")] = None,
+) -> None:
+    """Start this silo's SuperNode against the server and keep it up until Ctrl-C."""
+    values = read_config(config, {"silo": SILO_KEYS})
+    flags = {
+        "server": server,
+        "partition-id": partition_id,
+        "num-partitions": num_partitions,
+        "slowdown": slowdown,
+        "emulated-speed": emulated_speed,
+        "base-speed": base_speed,
+        "threads": threads,
+        "port": port,
+        "workdir": workdir,
+    }
+    values.update({k: v for k, v in flags.items() if v is not None})
+    if "partition-id" not in values or "num-partitions" not in values:
+        raise UsageError("a silo needs --partition-id and --num-partitions (or a --config)")
+    if not 0 <= values["partition-id"] < values["num-partitions"]:
+        raise UsageError(
+            f"partition-id {values['partition-id']} is outside 0..{values['num-partitions'] - 1}"
+        )
+    speed = float(values.get("emulated-speed", 0.0))
+    if speed == 0.0 and "slowdown" in values:
+        if values["slowdown"] < 1:
+            raise UsageError(f"--slowdown must be >= 1, got {values['slowdown']}")
+        speed = float(values.get("base-speed", BASE_SPEED)) / values["slowdown"]
+    if speed < 0:
+        raise UsageError(f"--emulated-speed must be >= 0, got {speed}")
+    node_config = {
+        "partition-id": values["partition-id"],
+        "num-partitions": values["num-partitions"],
+        "emulated-speed": speed,
+        "threads": int(values.get("threads", 0)),
+    }
+    name = f"silo-{values['partition-id']}"
+    work = Path(values.get("workdir") or Path("runs") / name).resolve()
+    address = values.get("server", "127.0.0.1:8000")
+    try:
+        node = start_supernode(work, name, address, node_config, values.get("port") or free_port())
+    except DeployError as error:
+        console.print(f"[red]could not start the silo:[/] {error}")
+        raise typer.Exit(1) from error
+    clock = (
+        f"emulated {speed:.0f} samples/s (clock: measured, sleep-padded)" if speed else "real speed"
+    )
+    console.print(
+        f"[bold]{name}[/] joined {address} (pid {node.pid}, {clock}); log {node.log_path}"
+    )
+    stop = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        while not stop and node.alive():
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        node.stop()
+    console.print(f"{name} stopped")

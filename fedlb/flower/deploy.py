@@ -1,0 +1,286 @@
+"""Starting and stopping Flower's deployment processes: SuperLink, SuperNodes, `flwr run`.
+
+Every process gets its own FLWR_HOME, its own log file and its own process group, so it
+can be stopped with everything it spawned (flower-superexec, flwr-serverapp,
+flwr-clientapp) by PID, never by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+CONNECTION = "fedlb"  # the name of the SuperLink connection in FLWR_HOME/config.toml
+
+
+class DeployError(RuntimeError):
+    """A Flower process that would not start, or a run that could not be submitted."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def bin_dir() -> Path:
+    """Where this Python's console scripts are (flower-superlink, flwr, ...)."""
+    return Path(sys.executable).parent
+
+
+def app_dir() -> Path:
+    """The Flower app fedlb ships (fedlb/flower/app): what `flwr run` submits."""
+    return Path(str(files("fedlb.flower").joinpath("app")))
+
+
+def flower_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a Flower process: its own FLWR_HOME, this venv's tools first on
+    PATH (the SuperLink runs flower-superexec from PATH), no runtime `uv sync`."""
+    env = dict(os.environ)
+    env["FLWR_HOME"] = str(home)
+    env["PATH"] = f"{bin_dir()}{os.pathsep}{env.get('PATH', '')}"
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class FlowerProcess:
+    """A started Flower process with its log. `stop()` ends its whole process group."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    port: int
+    command: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(
+        cls,
+        name: str,
+        command: list[str],
+        home: Path,
+        log_path: Path,
+        port: int,
+        env: Mapping[str, str] | None = None,
+    ) -> FlowerProcess:
+        home.mkdir(parents=True, exist_ok=True)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                command,
+                env=flower_env(home, env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return cls(name, process, log_path, port, command)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        """Wait until its HTTP API answers /health; fail early, with its log, if it died."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise DeployError(
+                    f"{self.name} exited with code {self.process.returncode} while starting; "
+                    f"its log ({self.log_path}) ends with:\n{self.log_tail()}"
+                )
+            try:
+                url = f"http://127.0.0.1:{self.port}/health"
+                with urllib.request.urlopen(url, timeout=1) as reply:
+                    if reply.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise DeployError(
+            f"{self.name} did not become ready on port {self.port} in {timeout:.0f} s"
+        )
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM to its process group, SIGKILL after `grace` seconds."""
+        if self.alive():
+            self._signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.process.wait(5)
+        else:
+            self._signal(signal.SIGKILL)  # children of a dead leader may still run
+            self.process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once (a crash, for fault tests)."""
+        self._signal(signal.SIGKILL)
+        self.process.wait(5)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+
+
+def start_superlink(
+    workdir: Path,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    env: Mapping[str, str] | None = None,
+    extra_args: list[str] | None = None,
+) -> FlowerProcess:
+    """A SuperLink serving Fleet, Control and Runtime APIs on one HTTP port."""
+    port = port or free_port(host)
+    command = [
+        str(bin_dir() / "flower-superlink"),
+        "--insecure",
+        "--disable-runtime-dependency-installation",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *(extra_args or []),
+    ]
+    link = FlowerProcess.start(
+        "SuperLink", command, workdir / "home-superlink", workdir / "superlink.log", port, env
+    )
+    link.wait_healthy()
+    return link
+
+
+def node_config_text(values: Mapping[str, Any]) -> str:
+    """Flower's --node-config syntax: space-separated k=v, strings double-quoted."""
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, str):
+            parts.append(f'{key}="{value}"')
+        elif isinstance(value, bool):
+            parts.append(f"{key}={str(value).lower()}")
+        else:
+            parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+def start_supernode(
+    workdir: Path,
+    name: str,
+    superlink: str,
+    node_config: Mapping[str, Any],
+    port: int | None = None,
+    env: Mapping[str, str] | None = None,
+    extra_args: list[str] | None = None,
+) -> FlowerProcess:
+    """A SuperNode for one silo; `port` is its local runtime API (distinct per node)."""
+    port = port or free_port()
+    command = [
+        str(bin_dir() / "flower-supernode"),
+        "--insecure",
+        "--superlink",
+        superlink,
+        "--port",
+        str(port),
+        "--node-config",
+        node_config_text(node_config),
+        *(extra_args or []),
+    ]
+    node = FlowerProcess.start(
+        name, command, workdir / f"home-{name}", workdir / f"{name}.log", port, env
+    )
+    node.wait_healthy()
+    return node
+
+
+def write_connection(home: Path, address: str) -> None:
+    """FLWR_HOME/config.toml for the `flwr` CLI: one connection named CONNECTION."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+        f'address = "{address}"\ninsecure = true\n'
+    )
+
+
+def run_config_text(values: Mapping[str, Any]) -> str:
+    """Flower's --run-config syntax (the same as node config)."""
+    return node_config_text(values)
+
+
+def _flwr(home: Path, args: list[str], timeout: float = 120) -> dict[str, Any]:
+    command = [str(bin_dir() / "flwr"), *args, "--format", "json"]
+    done = subprocess.run(
+        command,
+        env=flower_env(home),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    try:
+        reply: dict[str, Any] = json.loads(done.stdout)
+    except json.JSONDecodeError as error:
+        raise DeployError(
+            f"`{shlex.join(command)}` gave no JSON (exit {done.returncode}): "
+            f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        ) from error
+    if not reply.get("success", False):
+        raise DeployError(f"`{shlex.join(command)}` failed: {reply}")
+    return reply
+
+
+def submit_run(home: Path, app: Path, run_config: Mapping[str, Any]) -> str:
+    """Submit the app with these run settings; returns the run id (no waiting)."""
+    reply = _flwr(home, ["run", str(app), CONNECTION, "--run-config", run_config_text(run_config)])
+    return str(reply["run-id"])
+
+
+def run_status(home: Path, run_id: str) -> str:
+    """The run's status as `flwr ls` gives it, e.g. 'running', 'finished:completed'."""
+    reply = _flwr(home, ["ls", CONNECTION], timeout=60)
+    for run in reply.get("runs", []):
+        if str(run.get("run-id")) == run_id:
+            return str(run.get("status", "unknown"))
+    return "unknown"
+
+
+def online_nodes(home: Path) -> int:
+    reply = _flwr(home, ["supernode", "ls", CONNECTION], timeout=60)
+    return sum(1 for n in reply.get("nodes", []) if str(n.get("status")).lower() == "online")
+
+
+def stream_logs(home: Path, run_id: str, log_path: Path) -> subprocess.Popen[bytes]:
+    """`flwr log RUN --stream` into a file (the ServerApp's own output), in the background."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [str(bin_dir() / "flwr"), "log", run_id, CONNECTION, "--stream"],
+            env=flower_env(home),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )

@@ -1,0 +1,139 @@
+"""A federation on this machine's processes: a SuperLink, optional local silos, one run.
+
+`fedlb server` and `fedlb demo` use it; so do the end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from . import deploy
+from .report import RoundRecord, records_from_json_lines
+
+log = logging.getLogger("fedlb.flower")
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    status: str  # as `flwr ls` says: finished:completed, finished:failed, ...
+    records: list[RoundRecord] = field(default_factory=list)
+    out_dir: Path | None = None
+    log_path: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished:completed"
+
+
+class RoundWatcher:
+    """Reads rounds.jsonl as the ServerApp appends to it; yields each round once complete
+    (a later round has started, or the run has ended)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.buffer: list[str] = []
+        self.shown = 0
+
+    def poll(self, finished: bool) -> list[RoundRecord]:
+        if self.path.exists():
+            with self.path.open() as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+            complete = chunk[: chunk.rfind("\n") + 1]
+            self.offset += len(complete.encode())
+            self.buffer += [line for line in complete.splitlines() if line.strip()]
+        records = records_from_json_lines(self.buffer)
+        ready = records if finished else records[:-1]
+        new = ready[self.shown :]
+        self.shown = len(ready)
+        return new
+
+
+class Federation:
+    """SuperLink (and local silos) for the life of a `with` block; all stopped at exit.
+
+    Args:
+        workdir: logs and Flower homes go here.
+        host, port: where the SuperLink listens (port None: a free one).
+    """
+
+    def __init__(self, workdir: Path, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.workdir = workdir
+        self.host = host
+        self.port = port
+        self.link: deploy.FlowerProcess | None = None
+        self.silos: dict[str, deploy.FlowerProcess] = {}
+        self.home = workdir / "home-cli"
+
+    @property
+    def address(self) -> str:
+        assert self.link is not None
+        return f"{self.host}:{self.link.port}"
+
+    def __enter__(self) -> Federation:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.link = deploy.start_superlink(self.workdir, self.host, self.port)
+        deploy.write_connection(self.home, self.address)
+        log.info("SuperLink listening on %s (pid %d)", self.address, self.link.pid)
+        return self
+
+    def add_silo(self, name: str, node_config: Mapping[str, Any]) -> deploy.FlowerProcess:
+        """A SuperNode on this machine (a demo or test silo)."""
+        node = deploy.start_supernode(self.workdir, name, self.address, node_config)
+        self.silos[name] = node
+        return node
+
+    def run(
+        self,
+        run_config: Mapping[str, Any],
+        on_round: Callable[[RoundRecord], None] | None = None,
+        timeout: float | None = None,
+    ) -> RunOutcome:
+        """Submit fedlb's app, follow its rounds, and return how it ended."""
+        out_dir = Path(str(run_config["out-dir"])) if run_config.get("out-dir") else None
+        run_id = deploy.submit_run(self.home, deploy.app_dir(), run_config)
+        log_path = self.workdir / f"serverapp-{run_id}.log"
+        streamer = deploy.stream_logs(self.home, run_id, log_path)
+        watcher = RoundWatcher(out_dir / "rounds.jsonl") if out_dir else None
+        outcome = RunOutcome(run_id, "unknown", out_dir=out_dir, log_path=log_path)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                outcome.status = deploy.run_status(self.home, run_id)
+                finished = outcome.status.startswith("finished")
+                if watcher is not None:
+                    for record in watcher.poll(finished):
+                        outcome.records.append(record)
+                        if on_round is not None:
+                            on_round(record)
+                if finished:
+                    return outcome
+                if self.link is not None and not self.link.alive():
+                    outcome.status = "superlink-died"
+                    return outcome
+                if deadline is not None and time.monotonic() > deadline:
+                    outcome.status = "timed-out"
+                    return outcome
+                time.sleep(1.0)
+        finally:
+            streamer.terminate()
+            streamer.wait(10)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        for node in self.silos.values():
+            node.stop()
+        if self.link is not None:
+            self.link.stop()

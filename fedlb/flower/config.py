@@ -44,7 +44,10 @@ class RunConfig:
     server_test_fraction: share of the dataset held out for server-side evaluation (0: none).
     silo_test_fraction: share of each silo's part held out for its federated evaluation.
     round_timeout: seconds to wait for replies before a round goes on without the missing.
-    poll_interval: seconds between the server's pulls of replies.
+    poll_interval: seconds between the server's pulls of replies (0: Flower's own loop,
+        which sleeps 3 s between pulls).
+    keep_updates: 1 writes every round's received updates and the aggregate to
+        out_dir/updates/round-K.npz (an audit trail; 0: off).
     out_dir: where the run writes rounds.jsonl and summary.json ('' : nowhere).
     """
 
@@ -67,6 +70,7 @@ class RunConfig:
     silo_test_fraction: float = 0.2
     round_timeout: float = 600.0
     poll_interval: float = 0.1
+    keep_updates: int = 0
     out_dir: str = ""
 
     @classmethod
@@ -109,7 +113,11 @@ class RunConfig:
             problems.append("max-batch must be 0 (no limit) or >= batch-size")
         if self.min_batch > self.batch_size:
             problems.append("min-batch must be <= batch-size")
-        for key in ("learning-rate", "round-timeout", "poll-interval"):
+        if not (math.isfinite(self.poll_interval) and self.poll_interval >= 0):
+            problems.append("poll-interval must be a finite number >= 0")
+        if self.keep_updates not in (0, 1):
+            problems.append("keep-updates must be 0 or 1")
+        for key in ("learning-rate", "round-timeout"):
             value = getattr(self, key.replace("-", "_"))
             if not (math.isfinite(value) and value > 0):
                 problems.append(f"{key} must be a finite number > 0")

@@ -33,8 +33,8 @@ class RunOutcome:
 
 
 class RoundWatcher:
-    """Reads rounds.jsonl as the ServerApp appends to it; yields each round once complete
-    (a later round has started, or the run has ended)."""
+    """Reads rounds.jsonl as the ServerApp appends to it; yields each round once all its
+    lines are there."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -42,7 +42,7 @@ class RoundWatcher:
         self.buffer: list[str] = []
         self.shown = 0
 
-    def poll(self, finished: bool) -> list[RoundRecord]:
+    def poll(self) -> list[RoundRecord]:
         if self.path.exists():
             with self.path.open() as handle:
                 handle.seek(self.offset)
@@ -50,8 +50,7 @@ class RoundWatcher:
             complete = chunk[: chunk.rfind("\n") + 1]
             self.offset += len(complete.encode())
             self.buffer += [line for line in complete.splitlines() if line.strip()]
-        records = records_from_json_lines(self.buffer)
-        ready = records if finished else records[:-1]
+        ready = records_from_json_lines(self.buffer, complete_only=True)
         new = ready[self.shown :]
         self.shown = len(ready)
         return new
@@ -110,7 +109,7 @@ class Federation:
                 outcome.status = deploy.run_status(self.home, run_id)
                 finished = outcome.status.startswith("finished")
                 if watcher is not None:
-                    for record in watcher.poll(finished):
+                    for record in watcher.poll():
                         outcome.records.append(record)
                         if on_round is not None:
                             on_round(record)

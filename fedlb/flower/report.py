@@ -44,6 +44,7 @@ class RoundRecord:
     efficiency: float | None  # E = T* / round_s (None: no usable report this round)
     idle_fraction: float | None
     wall_s: float  # wall-clock of the training phase, framework included
+    eval_wall_s: float | None = None  # wall-clock of the federated evaluation phase
     rejected: list[str] = field(default_factory=list)  # reports dropped, with reasons
     failed: list[str] = field(default_factory=list)  # silos with no usable reply
     accuracy: float | None = None  # federated evaluation, weighted by test-set size
@@ -53,8 +54,10 @@ class RoundRecord:
 
     def json_lines(self) -> list[str]:
         """One line per silo, each with the round's fields too (easy to load as a table);
-        the silo's own accuracy and loss are silo_accuracy and silo_loss."""
+        the silo's own accuracy and loss are silo_accuracy and silo_loss, and
+        round_silos says how many lines the round has."""
         base = {k: _clean(v) for k, v in asdict(self).items() if k != "silos"}
+        base["round_silos"] = len(self.silos)
         return [
             json.dumps(
                 {
@@ -67,14 +70,17 @@ class RoundRecord:
         ]
 
 
-def records_from_json_lines(lines: list[str]) -> list[RoundRecord]:
-    """Rebuild RoundRecords from `rounds.jsonl` lines (one line per silo and round)."""
+def records_from_json_lines(lines: list[str], complete_only: bool = False) -> list[RoundRecord]:
+    """Rebuild RoundRecords from `rounds.jsonl` lines (one line per silo and round);
+    with complete_only, rounds whose lines have not all arrived are left out."""
     silo_fields = {f.name for f in fields(SiloRound)}
     round_fields = {f.name for f in fields(RoundRecord)} - {"silos"}
     rounds: dict[int, RoundRecord] = {}
+    expected: dict[int, int | None] = {}
     for line in lines:
         row = json.loads(line)
         number = row["round"]
+        expected[number] = row.get("round_silos")
         if number not in rounds:
             rounds[number] = RoundRecord(silos=[], **{k: row[k] for k in round_fields})
         silo: dict[str, Any] = {
@@ -84,7 +90,11 @@ def records_from_json_lines(lines: list[str]) -> list[RoundRecord]:
             if value is None and key not in ("accuracy", "loss"):
                 silo[key] = math.nan
         rounds[number].silos.append(SiloRound(**silo))
-    return [rounds[k] for k in sorted(rounds)]
+    return [
+        rounds[k]
+        for k in sorted(rounds)
+        if not complete_only or expected[k] in (None, len(rounds[k].silos))
+    ]
 
 
 def _clean(value: Any) -> Any:
@@ -106,6 +116,8 @@ def render(record: RoundRecord) -> Table:
         f"(ideal {_fmt(record.ideal_s, 2)} s), E = {_fmt(record.efficiency)}, idle {idle}, "
         f"wall {record.wall_s:.1f} s"
     )
+    if record.eval_wall_s is not None:
+        title += f" (+{record.eval_wall_s:.1f} s evaluating)"
     if record.accuracy is not None:
         title += f", accuracy {record.accuracy:.3f}"
     if record.server_accuracy is not None:
@@ -154,8 +166,7 @@ class RoundReporter:
         self.records.append(record)
         if self.rounds_path is not None:
             with self.rounds_path.open("a") as handle:
-                for line in record.json_lines():
-                    handle.write(line + "\n")
+                handle.write("".join(line + "\n" for line in record.json_lines()))
         if self.console is not None:
             self.console.print(render(record))
             for reason in record.rejected:

@@ -49,7 +49,10 @@ def build_strategy(config: RunConfig, reporter: RoundReporter) -> LoadBalancedFe
         estimator=make_estimator(config),
         expected_silos=config.num_silos,
         evaluate_every=config.evaluate_every,
-        poll_interval=config.poll_interval,
+        poll_interval=config.poll_interval or None,
+        audit_dir=(Path(config.out_dir) / "updates")
+        if config.keep_updates and config.out_dir
+        else None,
         reporter=reporter,
         seed=config.seed,
         min_available_nodes=config.num_silos,
@@ -91,7 +94,7 @@ def main(grid: Grid, context: Context) -> None:
         summary = {
             **reporter.summary(),
             "wall_s": time.monotonic() - started,
-            "final_sizes": {str(k): v for k, v in strategy.current_sizes().items()},
+            "final_sizes": strategy.sizes_by_silo(),
             "settings": config.to_mapping(),
         }
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

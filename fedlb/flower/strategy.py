@@ -8,6 +8,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -72,6 +73,8 @@ class LoadBalancedFedAvg(FedAvg):
         poll_interval: seconds between pulls of replies (Flower's own loop sleeps 3 s).
             Default 0.1; None keeps Flower's loop.
         reporter: where round records go. Default a `RoundReporter` that keeps them.
+        audit_dir: when set, every round's received updates, their weights and the
+            aggregate are written to audit_dir/round-K.npz. Default None.
         seed: seed of node sampling when fraction_train < 1. Default 0.
         **fedavg: FedAvg's own arguments (fraction_train, min_available_nodes, ...).
     """
@@ -90,6 +93,7 @@ class LoadBalancedFedAvg(FedAvg):
         probe_steps: int = 0,
         poll_interval: float | None = 0.1,
         reporter: RoundReporter | None = None,
+        audit_dir: Path | None = None,
         seed: int = 0,
         **fedavg: Any,
     ) -> None:
@@ -111,6 +115,8 @@ class LoadBalancedFedAvg(FedAvg):
         self.probe_steps = probe_steps
         self.poll_interval = poll_interval
         self.reporter = reporter if reporter is not None else RoundReporter()
+        self.audit_dir = audit_dir
+        self._eval_started: float | None = None
         self.manager: BatchSizeManager | None = None
         self._rng = random.Random(seed)
         self._num_rounds = 0
@@ -164,6 +170,10 @@ class LoadBalancedFedAvg(FedAvg):
     def current_sizes(self) -> dict[int, int]:
         """Every known silo's batch size for the next round, by node id."""
         return {} if self.manager is None else {int(k): v for k, v in self.manager.sizes.items()}
+
+    def sizes_by_silo(self) -> dict[str, int]:
+        """The same, by silo label (silo-<partition-id> where known)."""
+        return {self._label(n): b for n, b in self.current_sizes().items()}
 
     # ---- training ----------------------------------------------------------------------
     def _train_messages(
@@ -387,6 +397,8 @@ class LoadBalancedFedAvg(FedAvg):
             return None, None
         contents = [m.content for m in valid]
         arrays = aggregate_arrayrecords(contents, self.weighted_by_key)
+        if self.audit_dir is not None:
+            self._audit(server_round, valid, arrays)
         numbers = [_numbers(next(iter(c.metric_records.values()))) for c in contents]
         with_loss = [n for n in numbers if "train-loss" in n]
         metrics = MetricRecord()
@@ -400,6 +412,21 @@ class LoadBalancedFedAvg(FedAvg):
                 metrics[key.replace("_", "-")] = float(value)
         return arrays, metrics
 
+    def _audit(self, server_round: int, valid: list[Message], aggregate: ArrayRecord) -> None:
+        assert self.audit_dir is not None
+        self.audit_dir.mkdir(parents=True, exist_ok=True)
+        saved: dict[str, np.ndarray] = {}
+        for msg in valid:
+            node = msg.metadata.src_node_id
+            metrics = _numbers(next(iter(msg.content.metric_records.values())))
+            saved[f"weight/{node}"] = np.asarray(metrics[self.weighted_by_key])
+            for key, array in next(iter(msg.content.array_records.values())).items():
+                saved[f"update/{node}/{key}"] = array.numpy()
+        for key, array in aggregate.items():
+            saved[f"aggregate/{key}"] = array.numpy()
+        with (self.audit_dir / f"round-{server_round}.npz").open("wb") as handle:
+            np.savez(handle, **saved)  # type: ignore[arg-type]
+
     # ---- evaluation --------------------------------------------------------------------
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -408,6 +435,7 @@ class LoadBalancedFedAvg(FedAvg):
         if self.fraction_evaluate == 0.0 or not due:
             return []
         nodes = self._select_nodes(grid, self.fraction_evaluate, wait=False)
+        self._eval_started = time.monotonic()
         eval_config = ConfigRecord(dict(config))
         eval_config["server-round"] = server_round
         return [
@@ -424,6 +452,9 @@ class LoadBalancedFedAvg(FedAvg):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
+        if self._pending is not None and self._eval_started is not None:
+            self._pending.eval_wall_s = time.monotonic() - self._eval_started
+            self._eval_started = None
         per_node: dict[int, tuple[float, float, float]] = {}
         for msg in replies:
             node = msg.metadata.src_node_id

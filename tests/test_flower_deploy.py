@@ -1,0 +1,112 @@
+"""End to end: a real SuperLink and real SuperNodes on loopback, fedlb's app submitted
+with `flwr run`, everything stopped by PID afterwards."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedlb.flower import RunConfig
+from fedlb.flower.launch import Federation
+
+pytestmark = pytest.mark.slow
+
+BASE_SPEED = 200.0  # samples/s of a factor-1 silo: sleep-padding dominates real compute
+
+
+def silo_config(i, n, factor):
+    return {
+        "partition-id": i,
+        "num-partitions": n,
+        "emulated-speed": BASE_SPEED / factor,
+        "threads": 1,
+    }
+
+
+def run_settings(out_dir, **changes):
+    values = {
+        **RunConfig().to_mapping(),
+        "num-silos": 3,
+        "num-rounds": 3,
+        "local-steps": 5,
+        "batch-size": 16,
+        "evaluate-every": 3,
+        "learning-rate": 0.1,
+        "out-dir": str(out_dir),
+    }
+    values.update(changes)
+    return values
+
+
+def test_three_silos_with_speed_factors_1_2_4(tmp_path):
+    out = tmp_path / "out"
+    with Federation(tmp_path / "procs") as federation:
+        for i, factor in enumerate((1, 2, 4)):
+            federation.add_silo(f"silo-{i}", silo_config(i, 3, factor))
+        outcome = federation.run(run_settings(out, **{"keep-updates": 1}), timeout=400)
+        pids = [federation.link.pid] + [s.pid for s in federation.silos.values()]
+    assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
+    assert len(outcome.records) == 3
+
+    sizes = {r.round: {s.silo: s.batch_size for s in r.silos} for r in outcome.records}
+    assert sizes[1] == {"silo-0": 16, "silo-1": 16, "silo-2": 16}  # uniform start
+    for by_silo in sizes.values():
+        assert sum(by_silo.values()) == 48  # X preserved
+    last = sizes[3]
+    assert last["silo-0"] > last["silo-1"] > last["silo-2"]
+    assert last["silo-0"] / last["silo-2"] >= 2.5  # toward 4 : 2 : 1
+    assert outcome.records[-1].efficiency > 0.9
+    assert all(not r.rejected and not r.failed for r in outcome.records)
+    assert outcome.records[-1].accuracy is not None
+
+    # The aggregate is the dataset-size-weighted mean of the updates the server received.
+    for k in (1, 2, 3):
+        with np.load(out / "updates" / f"round-{k}.npz") as saved:
+            nodes = [name.split("/")[1] for name in saved.files if name.startswith("weight/")]
+            weights = {n: float(saved[f"weight/{n}"]) for n in nodes}
+            assert len(set(weights.values())) >= 1
+            keys = [n.split("/", 1)[1] for n in saved.files if n.startswith("aggregate/")]
+            total = sum(weights.values())
+            for key in keys:
+                expected = sum(saved[f"update/{n}/{key}"] * weights[n] / total for n in nodes)
+                np.testing.assert_allclose(
+                    saved[f"aggregate/{key}"], expected, rtol=1e-5, atol=1e-6
+                )
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 3
+    assert summary["final_sizes"] == sizes[3] or sum(summary["final_sizes"].values()) == 48
+    for pid in pids:  # everything we started is gone
+        with pytest.raises(ProcessLookupError):
+            import os
+
+            os.kill(pid, 0)
+
+
+def test_a_silo_killed_mid_run_the_others_finish(tmp_path):
+    out = tmp_path / "out"
+    with Federation(tmp_path / "procs") as federation:
+        for i in range(3):
+            federation.add_silo(f"silo-{i}", silo_config(i, 3, 1))
+        victim = federation.silos["silo-2"]
+
+        def kill_after_round_one(record):
+            if record.round == 1:
+                victim.kill()
+
+        outcome = federation.run(
+            # generous: the first round's replies take ~15 s here (three fresh
+            # flwr-clientapp processes importing torch on two cores)
+            run_settings(out, **{"round-timeout": 45.0, "evaluate-every": 10}),
+            on_round=kill_after_round_one,
+            timeout=400,
+        )
+    assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
+    assert [r.round for r in outcome.records] == [1, 2, 3]
+    assert {s.silo for s in outcome.records[0].silos} == {"silo-0", "silo-1", "silo-2"}
+    later = outcome.records[-1]
+    assert {s.silo for s in later.silos} == {"silo-0", "silo-1"}
+    assert later.failed, "the missing silo is reported"
+    assert later.accuracy is not None  # the last round still evaluates on the survivors

@@ -54,6 +54,7 @@ def flower_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, 
     env["FLWR_HOME"] = str(home)
     env["PATH"] = f"{bin_dir()}{os.pathsep}{env.get('PATH', '')}"
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     env.update(extra or {})
     return env
 
@@ -175,15 +176,19 @@ def start_superlink(
 
 
 def node_config_text(values: Mapping[str, Any]) -> str:
-    """Flower's --node-config syntax: space-separated k=v, strings double-quoted."""
+    """Flower's --node-config syntax: space-separated TOML k=v. Strings are quoted (an
+    unquoted one is refused), floats keep their point (Flower types a value by how it is
+    written: 2 is an int, 2.0 a float)."""
     parts = []
     for key, value in values.items():
-        if isinstance(value, str):
-            parts.append(f'{key}="{value}"')
-        elif isinstance(value, bool):
+        if isinstance(value, bool):
             parts.append(f"{key}={str(value).lower()}")
+        elif isinstance(value, str):
+            parts.append(f"{key}={json.dumps(value)}")  # a JSON string is a TOML string
+        elif isinstance(value, float):
+            parts.append(f"{key}={value!r}")
         else:
-            parts.append(f"{key}={value}")
+            parts.append(f"{key}={int(value)}")
     return " ".join(parts)
 
 
@@ -260,7 +265,7 @@ def submit_run(home: Path, app: Path, run_config: Mapping[str, Any]) -> str:
 
 def run_status(home: Path, run_id: str) -> str:
     """The run's status as `flwr ls` gives it, e.g. 'running', 'finished:completed'."""
-    reply = _flwr(home, ["ls", CONNECTION], timeout=60)
+    reply = _flwr(home, ["ls", CONNECTION, "--run-id", run_id], timeout=60)
     for run in reply.get("runs", []):
         if str(run.get("run-id")) == run_id:
             return str(run.get("status", "unknown"))

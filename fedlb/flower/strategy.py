@@ -121,6 +121,7 @@ class LoadBalancedFedAvg(FedAvg):
         self._rng = random.Random(seed)
         self._num_rounds = 0
         self._sent: dict[int, int] = {}  # node -> batch size sent this round
+        self._messages: list[Message] = []  # this round's train messages (ids set on push)
         self._template: dict[str, tuple[tuple[int, ...], str]] = {}  # global arrays' shapes
         self._started = 0.0
         self._pending: RoundRecord | None = None
@@ -202,6 +203,7 @@ class LoadBalancedFedAvg(FedAvg):
             messages.append(
                 Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
             )
+        self._messages = messages
         return messages
 
     def configure_train(
@@ -284,8 +286,11 @@ class LoadBalancedFedAvg(FedAvg):
         valid: list[Message] = []
         failed: list[str] = []
         answered: set[int] = set()
+        # An error reply the SuperLink makes for a vanished node comes from the SuperLink
+        # itself: name the node by the message it answers.
+        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._messages}
         for msg in replies:
-            node = msg.metadata.src_node_id
+            node = sent_to.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
             answered.add(node)
             if msg.has_error():
                 failed.append(f"node-{node}: {msg.error.reason}")

@@ -1,7 +1,8 @@
 """fedlb.flower: the Flower adapters.
 
 - `LoadBalancedFedAvg`: the strategy (server side), a drop-in for Flower's FedAvg.
-- `train_reply` / `evaluate_reply`: the silo's message handlers, usable in any ClientApp.
+- `LocalRound`: makes somebody's own ClientApp training balanced (docs/flower.md).
+- `train_reply` / `evaluate_reply`: fedlb's silo message handlers.
 - `RunConfig`: the run's settings; `RoundReporter`, `RoundRecord`: per-round results.
 - `PollingGrid`: waits for replies at a short interval instead of Flower's 3 s.
 - fedlb's own ServerApp and ClientApp live in `fedlb.flower.server_app` / `client_app`.
@@ -17,6 +18,7 @@ from typing import Any
 
 _EXPORTS = {
     "LoadBalancedFedAvg": ".strategy",
+    "LocalRound": ".dropin",
     "default_estimator": ".strategy",
     "PollingGrid": ".grid",
     "RoundRecord": ".report",

@@ -1,0 +1,143 @@
+"""Run settings, node settings, the shipped app's defaults, and config files: bad input is
+refused with the key named."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from fedlb.cli import app
+from fedlb.flower import ConfigError, RunConfig, node_settings
+from fedlb.flower.deploy import app_dir, node_config_text
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+runner = CliRunner()
+
+
+def test_the_shipped_app_defaults_are_runconfig_defaults():
+    shipped = tomllib.loads((app_dir() / "pyproject.toml").read_text())
+    assert shipped["tool"]["flwr"]["app"]["config"] == RunConfig().to_mapping()
+    assert RunConfig.from_mapping(shipped["tool"]["flwr"]["app"]["config"]) == RunConfig()
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"num-round": 3}, "unknown setting(s) num-round"),
+        ({"num-rounds": "3"}, "num-rounds must be int"),
+        ({"num-rounds": 2.5}, "num-rounds must be int"),
+        ({"learning-rate": True}, "learning-rate must be float"),
+        ({"local-steps": 0}, "local-steps must be >= 1"),
+        ({"batch-size": -4}, "batch-size must be >= 1"),
+        ({"learning-rate": 0.0}, "learning-rate must be a finite number > 0"),
+        ({"tuner": "magic"}, "tuner must be one of"),
+        ({"partition": "dirichlet"}, "partition must be 'iid' or 'classes:K'"),
+        ({"max-batch": 4, "batch-size": 8}, "max-batch must be 0"),
+        ({"server-test-fraction": 1.0}, "server-test-fraction must be in [0, 1)"),
+        ({"poll-interval": -1.0}, "poll-interval must be a finite number >= 0"),
+    ],
+)
+def test_bad_run_settings_are_refused_with_the_key(values, message):
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_mapping(values)
+    assert message in str(caught.value)
+
+
+def test_ints_are_accepted_for_float_settings():
+    assert RunConfig.from_mapping({"learning-rate": 1}).learning_rate == 1.0
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        ({"partition-id": 0}, "needs partition-id and num-partitions"),
+        ({"partition-id": "0", "num-partitions": 3}, "partition-id must be a number"),
+        ({"partition-id": 0.5, "num-partitions": 3}, "must be a whole number"),
+        ({"partition-id": 0, "num-partitions": 3, "emulated-speed": -1.0}, ">= 0"),
+    ],
+)
+def test_bad_node_settings_are_refused(node, message):
+    with pytest.raises(ValueError, match=message):
+        node_settings(node)
+
+
+def test_node_config_text_is_typed_toml():
+    text = node_config_text({"partition-id": 1, "emulated-speed": 2.0, "path": 'a "b" c'})
+    assert text == 'partition-id=1 emulated-speed=2.0 path="a \\"b\\" c"'
+    parsed = tomllib.loads(text.replace(" ", "\n", 2))
+    assert parsed == {"partition-id": 1, "emulated-speed": 2.0, "path": 'a "b" c'}
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "message"),
+    [
+        ("[server]\nport = 'x'\n", [], "port must be int"),
+        ("[server]\nhots = '1'\n", [], "unknown key 'hots' in [server]"),
+        ("[sever]\n", [], "unknown section(s) ['sever']"),
+        ("[run]\nnum-rounds = 0\n", [], "num-rounds must be >= 1"),
+        ("[run]\nnum-roundz = 3\n", [], "unknown setting(s) num-roundz"),
+        ("[run\n", [], "is not valid TOML"),
+        ("", ["--local-steps", "0"], "local-steps must be >= 1"),
+    ],
+)
+def test_server_config_errors_stop_before_anything_starts(tmp_path, content, args, message):
+    config = tmp_path / "server.toml"
+    config.write_text(content)
+    result = runner.invoke(app, ["server", "--config", str(config), *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--partition-id", "0"], "needs --partition-id and --num-partitions"),
+        (["--partition-id", "3", "--num-partitions", "3"], "outside 0..2"),
+        (["--partition-id", "0", "--num-partitions", "3", "--slowdown", "0.5"],
+         "--slowdown must be >= 1"),
+    ],
+)
+def test_silo_refuses_bad_settings(args, message):
+    result = runner.invoke(app, ["silo", *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+
+
+def test_demo_refuses_bad_slowdowns():
+    result = runner.invoke(app, ["demo", "--slowdowns", "1,x"])
+    assert result.exit_code == 2
+    assert "--slowdowns must be numbers" in " ".join(result.output.split())
+
+
+def test_example_configs_parse(tmp_path):
+    from fedlb.cli.federation import SERVER_KEYS, SILO_KEYS, read_config, settings
+
+    values = read_config(__import__("pathlib").Path("server/server.toml"),
+                         {"server": SERVER_KEYS, "run": {}})
+    assert settings(values, {}).num_silos == 3
+    for i in range(3):
+        silo = read_config(__import__("pathlib").Path(f"silos/silo-{i}.toml"),
+                           {"silo": SILO_KEYS})
+        assert silo["partition-id"] == i
+
+
+def test_the_silo_module_imports_only_what_a_message_needs():
+    """Flower starts a fresh process per message: the ClientApp must not drag in the
+    server side, the experiments or plotting."""
+    import subprocess
+
+    code = (
+        "import sys, fedlb.flower.client_app as c; assert c.app is not None; "
+        "print(sorted(m for m in ['fedlb.balance', 'fedlb.flower.strategy', "
+        "'fedlb.flower.report', 'fedlb.experiments', 'fedlb.cli', 'matplotlib', 'tenseal'] "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"

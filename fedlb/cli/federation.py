@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from fedlb.flower import ConfigError, RunConfig
+from fedlb.flower.config import HELP
 from fedlb.flower.deploy import DeployError, free_port, start_supernode
 from fedlb.flower.launch import Federation, RunOutcome
 from fedlb.flower.report import RoundRecord, render
@@ -95,7 +96,7 @@ def _run_options() -> list[inspect.Parameter]:
                     kind | None,
                     typer.Option(
                         flag,
-                        help=f"Run setting (default {f.default!r}).",
+                        help=f"{HELP[flag[2:]]} [default: {f.default}]",
                         rich_help_panel="Run settings",
                     ),
                 ],

@@ -19,6 +19,31 @@ DATASETS = ("digits",)
 MODELS = ("mlp", "lenet5")
 
 
+HELP = {
+    "num-silos": "Silos to wait for before round 1; X = num-silos x batch-size.",
+    "num-rounds": "Federated rounds.",
+    "local-steps": "τ: local SGD steps per round, the same for all silos, never tuned.",
+    "batch-size": "B0: every silo's starting batch size.",
+    "learning-rate": "η: the same for every silo whatever its B, never tuned.",
+    "momentum": "SGD momentum on the silos.",
+    "tuner": "proportional (fedlb), deadband, or static (plain FedAvg).",
+    "estimator": "ema-restart, ema (α=0.2) or memoryless.",
+    "min-batch": "Smallest B any silo gets.",
+    "max-batch": "Largest B any silo gets (0: no limit).",
+    "evaluate-every": "Federated evaluation every k rounds and after the last.",
+    "dataset": "digits (embedded).",
+    "partition": "iid, or classes:K (K classes per silo).",
+    "model": "mlp or lenet5.",
+    "seed": "Seed of the partition, the model and the batch order.",
+    "server-test-fraction": "Share held out for server-side evaluation (0: none).",
+    "silo-test-fraction": "Share of each silo's part held out for its evaluation.",
+    "round-timeout": "Seconds to wait for replies before a round goes on without them.",
+    "poll-interval": "Seconds between pulls of replies (0: Flower's 3 s loop).",
+    "keep-updates": "1: keep every round's updates and aggregate in out-dir/updates.",
+    "out-dir": "Results folder.",
+}
+
+
 class ConfigError(ValueError):
     """A setting that cannot be used; the message names the key and what to do."""
 

@@ -41,6 +41,7 @@ def test_the_shipped_app_defaults_are_runconfig_defaults():
         ({"max-batch": 4, "batch-size": 8}, "max-batch must be 0"),
         ({"server-test-fraction": 1.0}, "server-test-fraction must be in [0, 1)"),
         ({"poll-interval": -1.0}, "poll-interval must be a finite number >= 0"),
+        ({"model": "lenet5"}, "lenet5 needs 28x28 or 32x32 images"),
     ],
 )
 def test_bad_run_settings_are_refused_with_the_key(values, message):
@@ -99,8 +100,10 @@ def test_server_config_errors_stop_before_anything_starts(tmp_path, content, arg
     [
         (["--partition-id", "0"], "needs --partition-id and --num-partitions"),
         (["--partition-id", "3", "--num-partitions", "3"], "outside 0..2"),
-        (["--partition-id", "0", "--num-partitions", "3", "--slowdown", "0.5"],
-         "--slowdown must be >= 1"),
+        (
+            ["--partition-id", "0", "--num-partitions", "3", "--slowdown", "0.5"],
+            "--slowdown must be >= 1",
+        ),
     ],
 )
 def test_silo_refuses_bad_settings(args, message):
@@ -118,12 +121,12 @@ def test_demo_refuses_bad_slowdowns():
 def test_example_configs_parse(tmp_path):
     from fedlb.cli.federation import SERVER_KEYS, SILO_KEYS, read_config, settings
 
-    values = read_config(__import__("pathlib").Path("server/server.toml"),
-                         {"server": SERVER_KEYS, "run": {}})
+    values = read_config(
+        __import__("pathlib").Path("server/server.toml"), {"server": SERVER_KEYS, "run": {}}
+    )
     assert settings(values, {}).num_silos == 3
     for i in range(3):
-        silo = read_config(__import__("pathlib").Path(f"silos/silo-{i}.toml"),
-                           {"silo": SILO_KEYS})
+        silo = read_config(__import__("pathlib").Path(f"silos/silo-{i}.toml"), {"silo": SILO_KEYS})
         assert silo["partition-id"] == i
 
 
@@ -138,6 +141,18 @@ def test_the_silo_module_imports_only_what_a_message_needs():
         "'fedlb.flower.report', 'fedlb.experiments', 'fedlb.cli', 'matplotlib', 'tenseal'] "
         "if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_failed_run_makes_the_command_exit_non_zero(tmp_path):
+    import typer
+
+    from fedlb.cli.federation import finish
+    from fedlb.flower.launch import RunOutcome
+
+    log = tmp_path / "serverapp.log"
+    with pytest.raises(typer.Exit) as caught:
+        finish(RunOutcome("7", "finished:failed", out_dir=tmp_path, log_path=log))
+    assert caught.value.exit_code == 1
+    finish(RunOutcome("8", "finished:completed", out_dir=tmp_path, log_path=log))  # no exit

@@ -4,6 +4,7 @@ with `flwr run`, everything stopped by PID afterwards."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -77,11 +78,10 @@ def test_three_silos_with_speed_factors_1_2_4(tmp_path):
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 3
-    assert summary["final_sizes"] == sizes[3] or sum(summary["final_sizes"].values()) == 48
+    assert set(summary["final_sizes"]) == {"silo-0", "silo-1", "silo-2"}
+    assert sum(summary["final_sizes"].values()) == 48
     for pid in pids:  # everything we started is gone
         with pytest.raises(ProcessLookupError):
-            import os
-
             os.kill(pid, 0)
 
 

@@ -56,12 +56,14 @@ def train(msg: Message, context: Context) -> Message:
     trainset = load_data(context.node_config["partition-id"])
     # -- the drop-in: train τ steps at the server's batch size, timed -------------------
     with LocalRound(msg, trainset) as local:
-        loss = train_fn(model, local.loader, local.learning_rate,
-                        context.node_config["seconds-per-sample"])
+        loss = train_fn(
+            model, local.loader, local.learning_rate, context.node_config["seconds-per-sample"]
+        )
     metrics = {"train_loss": loss, "num-examples": len(trainset), **local.metrics()}
     # ------------------------------------------------------------------------------------
-    content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
-                          "metrics": MetricRecord(metrics)})
+    content = RecordDict(
+        {"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord(metrics)}
+    )
     return Message(content=content, reply_to=msg)
 
 
@@ -78,14 +80,20 @@ def evaluate(msg: Message, context: Context) -> Message:
 # ---- the test --------------------------------------------------------------------------
 def test_a_standard_flower_app_becomes_load_balanced():
     slow = {100: 0.0005, 101: 0.001, 102: 0.002}  # seconds per sample: speeds 4 : 2 : 1
-    nodes = {n: {"partition-id": i, "seconds-per-sample": s}
-             for i, (n, s) in enumerate(slow.items())}
+    nodes = {
+        n: {"partition-id": i, "seconds-per-sample": s} for i, (n, s) in enumerate(slow.items())
+    }
     grid = InProcessGrid(nodes, {}, train, evaluate)
     strategy = LoadBalancedFedAvg(  # instead of FedAvg(...)
         batch_size=24, local_steps=4, learning_rate=0.1, min_available_nodes=3
     )
-    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()),
-                            num_rounds=3, timeout=30, train_config=ConfigRecord())
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(Net().state_dict()),
+        num_rounds=3,
+        timeout=30,
+        train_config=ConfigRecord(),
+    )
     sizes = strategy.current_sizes()
     assert sum(sizes.values()) == 72
     assert sizes[100] > sizes[101] > sizes[102]
@@ -97,7 +105,10 @@ def test_a_standard_flower_app_becomes_load_balanced():
 
 
 def test_local_round_refuses_a_server_that_is_not_load_balanced():
-    msg = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}),
-                  dst_node_id=1, message_type="train")
+    msg = Message(
+        RecordDict({"config": ConfigRecord({"server-round": 1})}),
+        dst_node_id=1,
+        message_type="train",
+    )
     with pytest.raises(ValueError, match="no usable 'batch-size'"):
         LocalRound(msg, load_data(0))

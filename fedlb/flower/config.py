@@ -160,6 +160,8 @@ class RunConfig:
         ):
             if getattr(self, key) not in allowed:
                 problems.append(f"{key} must be one of {', '.join(allowed)}")
+        if self.model == "lenet5" and self.dataset == "digits":
+            problems.append("model lenet5 needs 28x28 or 32x32 images; digits are 8x8: use mlp")
         if self.partition != "iid" and not self.partition.startswith("classes:"):
             problems.append("partition must be 'iid' or 'classes:K' (e.g. classes:2)")
         if problems:

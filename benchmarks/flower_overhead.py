@@ -3,14 +3,16 @@
 For 3 and 5 silos (real SuperLink and SuperNode processes on this machine, silos at their
 real speed, a tiny MLP so compute is milliseconds), three loops side by side, in one run:
 
-- stock: Flower's own send_and_receive (pull, sleep 3 s, pull ...), evaluation every round;
-- polling: fedlb's PollingGrid (pull every 0.1 s), evaluation every round;
-- fedlb default: polling, evaluation every 5 rounds (and after the last).
+- stock: Flower's own send_and_receive (pull, sleep 3 s, pull ...), a separate evaluate
+  phase every round (what FedAvg does);
+- polling: fedlb's PollingGrid (pull every 0.1 s), a separate evaluate phase every round;
+- fedlb default: polling, and every round's evaluation inside the next train message.
 
-Framework time of a round = wall-clock of its train and evaluate phases − the slowest
-silo's own busy time (compute + fixed costs, as it reported). Rounds after the first are
-averaged (the first also pays for process start-up and the wait for silos). The cost of
-one fresh `flwr-clientapp` process (what every message pays) is measured apart.
+All three evaluate the global model every round. Framework time of a round = wall-clock of
+its train and evaluate phases − the slowest silo's own busy time (compute + fixed costs,
+as it reported). Rounds 2 .. R-1 are averaged: the first also pays for process start-up and
+the wait for silos, the last for the final model's own evaluate phase. The cost of one
+fresh `flwr-clientapp`-like process (what every message pays) is measured apart.
 
     .venv/bin/python benchmarks/flower_overhead.py [--rounds 6] [--silos 3,5] [--json out.json]
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,10 +35,16 @@ from typing import Any
 from fedlb.flower import RunConfig
 from fedlb.flower.launch import Federation
 
+
+def _stop_on_sigterm() -> None:
+    # A SIGTERM must unwind the `with Federation` blocks so their processes are stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+
+
 LOOPS = {
-    "stock": {"poll-interval": 0.0, "evaluate-every": 1},
-    "polling": {"poll-interval": 0.1, "evaluate-every": 1},
-    "fedlb default": {"poll-interval": 0.1, "evaluate-every": 5},
+    "stock": {"poll-interval": 0.0, "evaluate-every": 1, "evaluate-mode": "separate"},
+    "polling": {"poll-interval": 0.1, "evaluate-every": 1, "evaluate-mode": "separate"},
+    "fedlb default": {"poll-interval": 0.1, "evaluate-every": 1, "evaluate-mode": "with-train"},
 }
 
 
@@ -57,7 +66,7 @@ def measure(silos: int, rounds: int, loop: dict[str, Any], work: Path) -> dict[s
         outcome = federation.run(settings, timeout=1800)
     if not outcome.ok:
         raise RuntimeError(f"run ended as {outcome.status}; see {outcome.log_path}")
-    later = [r for r in outcome.records if r.round > 1]
+    later = [r for r in outcome.records if 1 < r.round < rounds]
     train = [r.wall_s - (r.round_s or 0.0) for r in later]
     evaluate = [r.eval_wall_s or 0.0 for r in later]
     return {
@@ -87,6 +96,7 @@ def main() -> None:
     parser.add_argument("--silos", default="3,5")
     parser.add_argument("--json")
     args = parser.parse_args()
+    _stop_on_sigterm()
     sizes = [int(x) for x in args.silos.split(",")]
     results: dict[str, Any] = {"clientapp_start_s": clientapp_start_s()}
     print("# Flower framework time per round (clock: wall)\n")

@@ -110,3 +110,78 @@ def test_a_silo_killed_mid_run_the_others_finish(tmp_path):
     assert {s.silo for s in later.silos} == {"silo-0", "silo-1"}
     assert later.failed, "the missing silo is reported"
     assert later.accuracy is not None  # the last round still evaluates on the survivors
+
+
+def test_fedlb_server_and_fedlb_silo_commands(tmp_path):
+    """The operator's path: `fedlb server` and two `fedlb silo` processes."""
+    import signal
+    import subprocess
+    import sys
+
+    from fedlb.flower.deploy import free_port
+
+    port = free_port()
+    fedlb = [sys.executable, "-m", "fedlb.cli"]
+    silos = [
+        subprocess.Popen(
+            [
+                *fedlb,
+                "silo",
+                "--server",
+                f"127.0.0.1:{port}",
+                "--partition-id",
+                str(i),
+                "--num-partitions",
+                "2",
+                "--slowdown",
+                str(1 + i),
+                "--threads",
+                "1",
+                "--workdir",
+                str(tmp_path / f"silo-{i}"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        server = subprocess.run(
+            [
+                *fedlb,
+                "server",
+                "--config",
+                "server/server.toml",
+                "--port",
+                str(port),
+                "--out-dir",
+                str(tmp_path / "out"),
+                "--num-silos",
+                "2",
+                "--num-rounds",
+                "2",
+                "--local-steps",
+                "5",
+                "--batch-size",
+                "16",
+                "--run-timeout",
+                "300",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=400,
+            check=False,
+        )
+    finally:
+        outputs = []
+        for silo in silos:
+            silo.send_signal(signal.SIGTERM)  # `fedlb silo` stops its SuperNode and exits
+            outputs.append(silo.communicate(timeout=60)[0].decode())
+    assert server.returncode == 0, server.stdout + server.stderr
+    assert "completed: 2 rounds" in " ".join(server.stdout.split())
+    assert "round 2" in server.stdout
+    rows = [json.loads(x) for x in (tmp_path / "out" / "rounds.jsonl").read_text().splitlines()]
+    assert {r["silo"] for r in rows} == {"silo-0", "silo-1"}
+    assert all(silo.returncode == 0 for silo in silos), outputs
+    assert all("stopped" in out for out in outputs)

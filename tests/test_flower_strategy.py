@@ -95,6 +95,38 @@ def test_each_silo_gets_its_own_size_and_sizes_follow_the_speeds(tmp_path):
     assert all(r["accuracy"] is not None for r in rows if r["round"] in (2, 4))
 
 
+def test_evaluation_rides_on_the_next_train_message(tmp_path):
+    grid = make_grid()
+    strategy = LoadBalancedFedAvg(
+        batch_size=16,
+        local_steps=3,
+        learning_rate=0.1,
+        min_available_nodes=3,
+        evaluate_every=1,
+        evaluate_with_train=True,
+        reporter=RoundReporter(tmp_path),
+    )
+    start(strategy, grid, rounds=4)
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    flagged = {
+        m.content["config"]["server-round"]
+        for m in train
+        if m.content["config"].get("evaluate") is True
+    }
+    assert flagged == {2, 3, 4}  # round r's train messages evaluate the model of round r-1
+    evaluated = {
+        m.content["config"]["server-round"]
+        for m in grid.sent
+        if m.metadata.message_type == "evaluate"
+    }
+    assert evaluated == {4}  # only the final model has its own evaluate phase
+    records = strategy.reporter.records
+    assert [r.round for r in records] == [1, 2, 3, 4]
+    assert all(r.accuracy is not None for r in records)
+    assert all(s.accuracy is not None for r in records for s in r.silos)
+    assert records[-1].accuracy > records[0].accuracy - 0.05
+
+
 def test_aggregation_is_weighted_by_dataset_size_not_samples_processed():
     grid = make_grid(partition="classes:3")
     captured = {}

@@ -43,10 +43,13 @@ SILO_KEYS = {
 BASE_SPEED = 200.0  # samples/s of an emulated silo with slowdown 1
 
 
-def read_config(path: Path | None, sections: dict[str, dict[str, type]]) -> dict[str, Any]:
-    """Settings from a TOML file: known sections only, known keys only, right types."""
+def read_config(
+    path: Path | None, sections: dict[str, dict[str, type]]
+) -> dict[str, dict[str, Any]]:
+    """Settings from a TOML file, by section: known sections only and, where a section's
+    keys are given, known keys of the right types (the [run] keys RunConfig checks)."""
     if path is None:
-        return {}
+        return {section: {} for section in sections}
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError as error:
@@ -56,8 +59,9 @@ def read_config(path: Path | None, sections: dict[str, dict[str, type]]) -> dict
     unknown = sorted(set(data) - set(sections))
     if unknown:
         raise UsageError(f"{path}: unknown section(s) {unknown}; expected {sorted(sections)}")
-    values: dict[str, Any] = {}
+    values: dict[str, dict[str, Any]] = {}
     for section, keys in sections.items():
+        values[section] = {}
         table = data.get(section, {})
         if not isinstance(table, dict):
             raise UsageError(f"{path}: [{section}] must be a table")
@@ -71,7 +75,7 @@ def read_config(path: Path | None, sections: dict[str, dict[str, type]]) -> dict
                 value = float(value)
             if kind is not None and (isinstance(value, bool) or not isinstance(value, kind)):
                 raise UsageError(f"{path}: {key} must be {kind.__name__}, got {value!r}")
-            values[key] = value
+            values[section][key] = value
     return values
 
 
@@ -128,8 +132,7 @@ def with_run_options(
 
 
 def settings(file_values: dict[str, Any], flags: dict[str, Any]) -> RunConfig:
-    merged = {k: v for k, v in file_values.items() if k in RunConfig.setting_names()}
-    merged.update(flags)
+    merged = {**file_values, **flags}
     try:
         return RunConfig.from_mapping(merged)
     except ConfigError as error:
@@ -156,6 +159,8 @@ def run_federation(
     """Start a SuperLink (and local silos), run, show every round, stop what was started."""
     out_dir = out_dir.resolve()
     run_config = {**config.to_mapping(), "out-dir": str(out_dir)}
+    # SIGTERM must unwind the `with Federation` block so the processes it started stop.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     try:
         with Federation(out_dir / "processes", host, port) as federation:
             console.print(
@@ -224,8 +229,9 @@ def server(
     Every setting can come from --config (see server/server.toml) or a flag; flags win.
     Exits non-zero when the run fails.
     """
-    values = read_config(config, {"server": SERVER_KEYS, "run": {}})
-    run = settings(values, run_flags)
+    sections = read_config(config, {"server": SERVER_KEYS, "run": {}})
+    values = sections["server"]
+    run = settings(sections["run"], run_flags)
     outcome = run_federation(
         run,
         host or values.get("host", "127.0.0.1"),
@@ -297,7 +303,7 @@ def silo(
     workdir: Annotated[Path | None, typer.Option(help="Logs and Flower home.")] = None,
 ) -> None:
     """Start this silo's SuperNode against the server and keep it up until Ctrl-C."""
-    values = read_config(config, {"silo": SILO_KEYS})
+    values = read_config(config, {"silo": SILO_KEYS})["silo"]
     flags = {
         "server": server,
         "partition-id": partition_id,

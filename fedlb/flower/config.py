@@ -16,6 +16,7 @@ from typing import Any
 TUNERS = ("proportional", "deadband", "static")
 ESTIMATORS = ("ema", "ema-restart", "memoryless")
 DATASETS = ("digits",)
+EVALUATE_MODES = ("with-train", "separate")
 MODELS = ("mlp", "lenet5")
 
 
@@ -31,6 +32,7 @@ HELP = {
     "min-batch": "Smallest B any silo gets.",
     "max-batch": "Largest B any silo gets (0: no limit).",
     "evaluate-every": "Federated evaluation every k rounds and after the last.",
+    "evaluate-mode": "with-train (inside the next train message) or separate (own phase).",
     "dataset": "digits (embedded).",
     "partition": "iid, or classes:K (K classes per silo).",
     "model": "mlp or lenet5.",
@@ -64,6 +66,9 @@ class RunConfig:
         speed: the default), or 'memoryless'.
     min_batch, max_batch: bounds on any silo's B (max_batch 0: none).
     evaluate_every: federated evaluation every k rounds (and always after the last).
+    evaluate_mode: 'with-train' (default): silos evaluate the model they receive inside the
+        next round's train message, saving a whole framework round trip per evaluation;
+        'separate': Flower's usual evaluate phase after each due round.
     dataset, partition, model, seed: what is trained and how it is split among silos
         ('iid' or 'classes:K', K classes per silo).
     server_test_fraction: share of the dataset held out for server-side evaluation (0: none).
@@ -86,7 +91,8 @@ class RunConfig:
     estimator: str = "ema-restart"
     min_batch: int = 1
     max_batch: int = 0
-    evaluate_every: int = 5
+    evaluate_every: int = 1
+    evaluate_mode: str = "with-train"
     dataset: str = "digits"
     partition: str = "iid"
     model: str = "mlp"
@@ -160,6 +166,8 @@ class RunConfig:
         ):
             if getattr(self, key) not in allowed:
                 problems.append(f"{key} must be one of {', '.join(allowed)}")
+        if self.evaluate_mode not in EVALUATE_MODES:
+            problems.append(f"evaluate-mode must be one of {', '.join(EVALUATE_MODES)}")
         if self.model == "lenet5" and self.dataset == "digits":
             problems.append("model lenet5 needs 28x28 or 32x32 images; digits are 8x8: use mlp")
         if self.partition != "iid" and not self.partition.startswith("classes:"):

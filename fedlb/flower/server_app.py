@@ -49,6 +49,7 @@ def build_strategy(config: RunConfig, reporter: RoundReporter) -> LoadBalancedFe
         estimator=make_estimator(config),
         expected_silos=config.num_silos,
         evaluate_every=config.evaluate_every,
+        evaluate_with_train=config.evaluate_mode == "with-train",
         poll_interval=config.poll_interval or None,
         audit_dir=(Path(config.out_dir) / "updates")
         if config.keep_updates and config.out_dir

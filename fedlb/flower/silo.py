@@ -77,6 +77,11 @@ def _config_value(msg: Message, key: str, kind: type) -> Any:
     return kind(value)
 
 
+def _config_flag(msg: Message, key: str) -> bool:
+    config = next(iter(msg.content.config_records.values()))
+    return config.get(key) is True
+
+
 def train_reply(msg: Message, context: Context) -> Message:
     """Train τ steps at the batch size and learning rate the server sent; reply with the
     weights and the metrics the balancer needs."""
@@ -90,6 +95,12 @@ def train_reply(msg: Message, context: Context) -> Message:
     start = time.perf_counter()
     model = model_for(config, data.train)
     model.load_state_dict(next(iter(msg.content.array_records.values())).to_torch_state_dict())
+    evaluation: dict[str, float | int] = {}
+    if _config_flag(msg, "evaluate") and len(data.test):
+        # The server asks for the incoming global model's evaluation with this update:
+        # a fixed per-round cost of this silo, so it is timed as one.
+        loss, accuracy = evaluate(model, tensor_dataset(data.test.x, data.test.y))
+        evaluation = {"eval-loss": loss, "eval-acc": accuracy, "eval-examples": len(data.test)}
     fixed = time.perf_counter() - start
 
     dataset = tensor_dataset(data.train.x, data.train.y)
@@ -123,6 +134,7 @@ def train_reply(msg: Message, context: Context) -> Message:
             "train-loss": result.loss,
             "partition-id": partition_id,
             "emulated-speed": speed,
+            **evaluation,
         }
     )
     if speed > 0 and result.real_compute_s > result.compute_s * 0.999:

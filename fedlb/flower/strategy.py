@@ -69,6 +69,12 @@ class LoadBalancedFedAvg(FedAvg):
         join_timeout: seconds to wait for them before giving up. Default 600.
         evaluate_every: federated evaluation every k rounds and after the last.
             Default 1 (as FedAvg).
+        evaluate_with_train: evaluate the global model inside the next round's train
+            message (the silo evaluates what it receives before training; the result is
+            reported with its update, and counted in its fixed cost) instead of a separate
+            evaluate round trip, which costs about as much framework time as training.
+            Only the final model gets a separate evaluate phase. Needs a ClientApp that
+            honours the `evaluate` flag (fedlb's does). Default False.
         probe_steps: steps of the optional warm-up probe round. Default 0 (none).
         poll_interval: seconds between pulls of replies (Flower's own loop sleeps 3 s).
             Default 0.1; None keeps Flower's loop.
@@ -90,6 +96,7 @@ class LoadBalancedFedAvg(FedAvg):
         expected_silos: int | None = None,
         join_timeout: float = 600.0,
         evaluate_every: int = 1,
+        evaluate_with_train: bool = False,
         probe_steps: int = 0,
         poll_interval: float | None = 0.1,
         reporter: RoundReporter | None = None,
@@ -112,6 +119,7 @@ class LoadBalancedFedAvg(FedAvg):
         self.expected_silos = expected_silos or self.min_available_nodes
         self.join_timeout = join_timeout
         self.evaluate_every = evaluate_every
+        self.evaluate_with_train = evaluate_with_train
         self.probe_steps = probe_steps
         self.poll_interval = poll_interval
         self.reporter = reporter if reporter is not None else RoundReporter()
@@ -199,6 +207,8 @@ class LoadBalancedFedAvg(FedAvg):
             node_config["batch-size"] = self._sent[node]
             node_config["local-steps"] = steps
             node_config["learning-rate"] = self.learning_rate
+            if self.evaluate_with_train and self._evaluation_due(server_round - 1):
+                node_config["evaluate"] = True  # evaluate the incoming model first
             content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: node_config})
             messages.append(
                 Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
@@ -209,7 +219,6 @@ class LoadBalancedFedAvg(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self._flush()
         if self.fraction_train == 0.0:
             return []
         return self._train_messages(server_round, arrays, config, grid, self.local_steps)
@@ -393,7 +402,13 @@ class LoadBalancedFedAvg(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
         valid, record = self._collect(server_round, replies)
+        if self.evaluate_with_train and self._pending is not None:
+            # These replies carry the evaluation of the model this round started from:
+            # the previous round's result.
+            self._attach_evaluation(self._pending, valid, "eval-examples")
+        self._flush()
         self._pending = record
         if not valid:
             log.warning(
@@ -436,7 +451,9 @@ class LoadBalancedFedAvg(FedAvg):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        due = server_round % self.evaluate_every == 0 or server_round == self._num_rounds
+        due = server_round == self._num_rounds or (
+            not self.evaluate_with_train and self._evaluation_due(server_round)
+        )
         if self.fraction_evaluate == 0.0 or not due:
             return []
         nodes = self._select_nodes(grid, self.fraction_evaluate, wait=False)
@@ -454,37 +471,52 @@ class LoadBalancedFedAvg(FedAvg):
             for node in nodes
         ]
 
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        if self._pending is not None and self._eval_started is not None:
-            self._pending.eval_wall_s = time.monotonic() - self._eval_started
-            self._eval_started = None
+    def _evaluation_due(self, server_round: int) -> bool:
+        return server_round >= 1 and (
+            server_round % self.evaluate_every == 0 or server_round == self._num_rounds
+        )
+
+    def _attach_evaluation(self, record: RoundRecord, replies: list[Message], key: str) -> None:
+        """Weighted accuracy and loss of the replies' `eval-acc`/`eval-loss` (weights under
+        `key`) into the record, per silo and overall."""
         per_node: dict[int, tuple[float, float, float]] = {}
         for msg in replies:
             node = msg.metadata.src_node_id
             if msg.has_error() or len(msg.content.metric_records) != 1:
-                log.warning("round %d: evaluation from node %d unusable", server_round, node)
+                log.warning("round %d: evaluation from node %d unusable", record.round, node)
                 continue
             m = _numbers(next(iter(msg.content.metric_records.values())))
-            keys = (self.weighted_by_key, "eval-acc", "eval-loss")
-            if any(k not in m for k in keys) or m[self.weighted_by_key] <= 0:
+            if "eval-acc" not in m and key != self.weighted_by_key:
+                continue  # this silo was not asked to evaluate
+            keys = (key, "eval-acc", "eval-loss")
+            if any(k not in m for k in keys) or m[key] <= 0:
                 log.warning(
-                    "round %d: evaluation from node %d has bad metrics %s", server_round, node, m
+                    "round %d: evaluation from node %d has bad metrics %s", record.round, node, m
                 )
                 continue
             per_node[node] = (m[keys[0]], m[keys[1]], m[keys[2]])
         if not per_node:
-            return None
+            return
         total = sum(w for w, _, _ in per_node.values())
-        accuracy = sum(w * a for w, a, _ in per_node.values()) / total
-        loss = sum(w * v for w, _, v in per_node.values()) / total
-        if self._pending is not None and self._pending.round == server_round:
-            self._pending.accuracy, self._pending.loss = accuracy, loss
-            for silo in self._pending.silos:
-                if silo.node in per_node:
-                    _, silo.accuracy, silo.loss = per_node[silo.node]
-        return MetricRecord({"eval-acc": accuracy, "eval-loss": loss})
+        record.accuracy = sum(w * a for w, a, _ in per_node.values()) / total
+        record.loss = sum(w * v for w, _, v in per_node.values()) / total
+        for silo in record.silos:
+            if silo.node in per_node:
+                _, silo.accuracy, silo.loss = per_node[silo.node]
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        record = self._pending
+        if record is None or record.round != server_round:
+            return None
+        if self._eval_started is not None:
+            record.eval_wall_s = time.monotonic() - self._eval_started
+            self._eval_started = None
+        self._attach_evaluation(record, list(replies), self.weighted_by_key)
+        if record.accuracy is None or record.loss is None:
+            return None
+        return MetricRecord({"eval-acc": record.accuracy, "eval-loss": record.loss})
 
     # ---- the run -----------------------------------------------------------------------
     def _flush(self) -> None:

@@ -62,8 +62,19 @@ def build_strategy(config: RunConfig, reporter: RoundReporter) -> LoadBalancedFe
     )
 
 
+def _log_fedlb() -> None:
+    """fedlb's INFO lines (waiting for silos, joins, probe sizes) into the ServerApp log."""
+    logger = logging.getLogger("fedlb")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("fedlb %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    _log_fedlb()
     config = RunConfig.from_mapping(context.run_config)
     out_dir = Path(config.out_dir) if config.out_dir else None
     reporter = RoundReporter(out_dir, Console())

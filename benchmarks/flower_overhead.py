@@ -32,8 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedlb.flower import RunConfig
-from fedlb.flower.launch import Federation
+from fedlb.flower import Federation, RunConfig
 
 
 def _stop_on_sigterm() -> None:

@@ -79,7 +79,8 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 # ---- the test --------------------------------------------------------------------------
 def test_a_standard_flower_app_becomes_load_balanced():
-    slow = {100: 0.0005, 101: 0.001, 102: 0.002}  # seconds per sample: speeds 4 : 2 : 1
+    # seconds per sample, speeds 4 : 2 : 1; large enough that real compute is noise next to it
+    slow = {100: 0.002, 101: 0.004, 102: 0.008}
     nodes = {
         n: {"partition-id": i, "seconds-per-sample": s} for i, (n, s) in enumerate(slow.items())
     }

@@ -15,11 +15,18 @@ from typing import Annotated, Any
 
 import typer
 
-from fedlb.flower import ConfigError, RunConfig
-from fedlb.flower.config import HELP
-from fedlb.flower.deploy import DeployError, free_port, start_supernode
-from fedlb.flower.launch import Federation, RunOutcome
-from fedlb.flower.report import RoundRecord, render
+from fedlb.flower import (
+    RUN_SETTING_HELP,
+    ConfigError,
+    DeployError,
+    Federation,
+    RoundRecord,
+    RunConfig,
+    RunOutcome,
+    free_port,
+    render_round,
+    start_supernode,
+)
 
 from .common import UsageError, app, console
 
@@ -100,7 +107,7 @@ def _run_options() -> list[inspect.Parameter]:
                     kind | None,
                     typer.Option(
                         flag,
-                        help=f"{HELP[flag[2:]]} [default: {f.default}]",
+                        help=f"{RUN_SETTING_HELP[flag[2:]]} [default: {f.default}]",
                         rich_help_panel="Run settings",
                     ),
                 ],
@@ -140,7 +147,7 @@ def settings(file_values: dict[str, Any], flags: dict[str, Any]) -> RunConfig:
 
 
 def show_round(record: RoundRecord) -> None:
-    console.print(render(record))
+    console.print(render_round(record))
     for line in record.failed:
         console.print(f"  [red]no update:[/] {line}")
     for reason in record.rejected:

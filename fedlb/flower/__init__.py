@@ -5,6 +5,7 @@
 - `train_reply` / `evaluate_reply`: fedlb's silo message handlers.
 - `RunConfig`: the run's settings; `RoundReporter`, `RoundRecord`: per-round results.
 - `PollingGrid`: waits for replies at a short interval instead of Flower's 3 s.
+- `Federation`, `start_supernode`: Flower's processes on this machine (CLI, tests).
 - fedlb's own ServerApp and ClientApp live in `fedlb.flower.server_app` / `client_app`.
 
 Names are imported on first use: a silo process that handles one message should not pay
@@ -14,7 +15,17 @@ for the server side's imports.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers
+    from .config import RUN_SETTING_HELP, ConfigError, RunConfig
+    from .deploy import DeployError, free_port, start_supernode
+    from .dropin import LocalRound
+    from .grid import PollingGrid
+    from .launch import Federation, RunOutcome
+    from .report import RoundRecord, RoundReporter, SiloRound, render_round
+    from .silo import evaluate_reply, node_settings, train_reply
+    from .strategy import LoadBalancedFedAvg, default_estimator
 
 _EXPORTS = {
     "LoadBalancedFedAvg": ".strategy",
@@ -26,12 +37,39 @@ _EXPORTS = {
     "SiloRound": ".report",
     "RunConfig": ".config",
     "ConfigError": ".config",
+    "RUN_SETTING_HELP": ".config",
+    "render_round": ".report",
+    "Federation": ".launch",
+    "RunOutcome": ".launch",
+    "DeployError": ".deploy",
+    "free_port": ".deploy",
+    "start_supernode": ".deploy",
     "train_reply": ".silo",
     "evaluate_reply": ".silo",
     "node_settings": ".silo",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "RUN_SETTING_HELP",
+    "ConfigError",
+    "DeployError",
+    "Federation",
+    "LoadBalancedFedAvg",
+    "LocalRound",
+    "PollingGrid",
+    "RoundRecord",
+    "RoundReporter",
+    "RunConfig",
+    "RunOutcome",
+    "SiloRound",
+    "default_estimator",
+    "evaluate_reply",
+    "free_port",
+    "node_settings",
+    "render_round",
+    "start_supernode",
+    "train_reply",
+]
 
 
 def __getattr__(name: str) -> Any:

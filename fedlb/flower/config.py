@@ -20,7 +20,7 @@ EVALUATE_MODES = ("with-train", "separate")
 MODELS = ("mlp", "lenet5")
 
 
-HELP = {
+RUN_SETTING_HELP = {
     "num-silos": "Silos to wait for before round 1; X = num-silos x batch-size.",
     "num-rounds": "Federated rounds.",
     "local-steps": "τ: local SGD steps per round, the same for all silos, never tuned.",

@@ -108,7 +108,7 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
-def render(record: RoundRecord) -> Table:
+def render_round(record: RoundRecord) -> Table:
     """The per-round table: silo, B, τ, compute s, fixed s, round s, idle s, and E."""
     idle = "–" if record.idle_fraction is None else f"{record.idle_fraction:.0%}"
     title = (
@@ -168,7 +168,7 @@ class RoundReporter:
             with self.rounds_path.open("a") as handle:
                 handle.write("".join(line + "\n" for line in record.json_lines()))
         if self.console is not None:
-            self.console.print(render(record))
+            self.console.print(render_round(record))
             for reason in record.rejected:
                 self.console.print(f"  [yellow]report dropped:[/] {reason}")
 

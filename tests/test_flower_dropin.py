@@ -45,7 +45,7 @@ def train_fn(net, batches, lr, seconds_per_sample):
         loss.backward()
         optimiser.step()
         time.sleep(seconds_per_sample * len(y))
-        total += float(loss)
+        total += loss.item()
         count += 1
     return total / count
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.app import Context, Error, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 Handler = Callable[[Message, Context], Message]
@@ -53,7 +53,12 @@ class InProcessGrid(Grid):
                 state=RecordDict(),
                 run_config=dict(self.run_config),
             )
-            reply = self.handlers[msg.metadata.message_type](msg, context)
+            try:
+                reply = self.handlers[msg.metadata.message_type](msg, context)
+            except Exception as error:  # as Flower does: the exception becomes an error reply
+                reply = Message(
+                    Error(code=0, reason=f"{type(error).__name__}: {error}"), reply_to=msg
+                )
             if self.intercept is not None:
                 reply = self.intercept(reply)
             self.replies[msg.metadata.message_id] = reply

@@ -282,3 +282,33 @@ def test_static_tuner_is_plain_fedavg_and_probe_sizes_round_one():
     sizes = {m.metadata.dst_node_id: m.content["config"]["batch-size"] for m in first}
     assert sizes[100] > sizes[102]  # round 1 already balanced by the probe
     assert probed.reporter.records[0].round == 0
+
+
+def test_a_silo_with_its_own_data_file(tmp_path):
+    from fedlb.data import load_digits
+
+    digits = load_digits()
+    own = tmp_path / "hospital.npz"
+    np.savez(own, x=digits.x[:200], y=digits.y[:200])
+    grid = make_grid()
+    grid.nodes[102] = {"data-path": str(own), "emulated-speed": BASE / 4}
+    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+    start(strategy, grid, rounds=2)
+    record = strategy.reporter.records[-1]
+    assert not record.failed
+    by_node = {s.node: s for s in record.silos}
+    assert by_node[102].num_examples == 160  # 200 minus the 20% it holds out
+    assert by_node[102].silo == "node-102"  # no partition: named by its node
+
+
+def test_a_data_file_that_does_not_fit_the_model_is_an_error_reply(tmp_path):
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, x=np.zeros((50, 3, 4), dtype=np.float32), y=np.zeros(50))
+    grid = make_grid()
+    grid.nodes[102] = {"data-path": str(wrong)}
+    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+    result = start(strategy, grid, rounds=1)
+    assert result.arrays is not None  # the other two silos carried the round
+    failed = " ".join(strategy.reporter.records[-1].failed)
+    assert "samples have shape (3, 4)" in failed
+    assert "takes (1, 8, 8)" in failed

@@ -38,6 +38,7 @@ else:  # pragma: no cover
 SERVER_KEYS = {"host": str, "port": int, "out-dir": str, "run-timeout": float}
 SILO_KEYS = {
     "server": str,
+    "data-path": str,
     "partition-id": int,
     "num-partitions": int,
     "emulated-speed": float,
@@ -297,6 +298,10 @@ def silo(
     ] = None,
     server: Annotated[str | None, typer.Option(help="The server's address, host:port.")] = None,
     partition_id: Annotated[int | None, typer.Option(help="This silo's partition.")] = None,
+    data_path: Annotated[
+        Path | None,
+        typer.Option(help="This silo's own data (.npz with x and y) instead of a partition."),
+    ] = None,
     num_partitions: Annotated[int | None, typer.Option(help="Partitions in all.")] = None,
     slowdown: Annotated[
         float | None, typer.Option(help="Emulate a machine this many times slower (>= 1).")
@@ -313,6 +318,7 @@ def silo(
     values = read_config(config, {"silo": SILO_KEYS})["silo"]
     flags = {
         "server": server,
+        "data-path": None if data_path is None else str(data_path.resolve()),
         "partition-id": partition_id,
         "num-partitions": num_partitions,
         "slowdown": slowdown,
@@ -323,11 +329,21 @@ def silo(
         "workdir": workdir,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
-    if "partition-id" not in values or "num-partitions" not in values:
-        raise UsageError("a silo needs --partition-id and --num-partitions (or a --config)")
-    if not 0 <= values["partition-id"] < values["num-partitions"]:
+    if "data-path" in values:
+        path = Path(values["data-path"])
+        if not path.is_file():
+            raise UsageError(f"--data-path {path} is not a file")
+    elif "partition-id" not in values or "num-partitions" not in values:
         raise UsageError(
-            f"partition-id {values['partition-id']} is outside 0..{values['num-partitions'] - 1}"
+            "a silo needs --partition-id and --num-partitions, or --data-path (or a --config)"
+        )
+    if (
+        "num-partitions" in values
+        and not 0 <= values.get("partition-id", 0) < values["num-partitions"]
+    ):
+        raise UsageError(
+            f"partition-id {values.get('partition-id')} is outside "
+            f"0..{values['num-partitions'] - 1}"
         )
     speed = float(values.get("emulated-speed", 0.0))
     if speed == 0.0 and "slowdown" in values:
@@ -336,13 +352,16 @@ def silo(
         speed = float(values.get("base-speed", BASE_SPEED)) / values["slowdown"]
     if speed < 0:
         raise UsageError(f"--emulated-speed must be >= 0, got {speed}")
-    node_config = {
-        "partition-id": values["partition-id"],
-        "num-partitions": values["num-partitions"],
+    node_config: dict[str, Any] = {
         "emulated-speed": speed,
         "threads": int(values.get("threads", 0)),
     }
-    name = f"silo-{values['partition-id']}"
+    for key in ("partition-id", "num-partitions"):
+        if key in values:
+            node_config[key] = values[key]
+    if "data-path" in values:
+        node_config["data-path"] = str(Path(values["data-path"]).resolve())
+    name = f"silo-{values.get('partition-id', Path(values.get('data-path', 'x')).stem)}"
     work = Path(values.get("workdir") or Path("runs") / name).resolve()
     address = values.get("server", "127.0.0.1:8000")
     try:

@@ -10,6 +10,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -24,7 +25,7 @@ from fedlb.training import (
 )
 
 from .config import RunConfig
-from .task import SiloData, model_for, silo_data
+from .task import SiloData, model_for, silo_data, silo_data_from_file
 
 log = logging.getLogger("fedlb.flower")
 
@@ -35,8 +36,19 @@ class SiloConfigError(ValueError):
     """A node config the silo cannot run with."""
 
 
-def node_settings(node_config: Mapping[str, Any]) -> tuple[int, int, float]:
-    """(partition-id, num-partitions, emulated samples/s or 0) from the SuperNode's config."""
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a SuperNode's --node-config says about its silo."""
+
+    partition_id: int | None  # its part of the federation's dataset (or just its label)
+    num_partitions: int | None
+    data_path: str | None  # its own data file instead of a partition
+    emulated_speed: float  # samples/s to emulate; 0: real speed
+    threads: int  # torch threads; 0: torch's default
+
+
+def node_settings(node_config: Mapping[str, Any]) -> NodeSettings:
+    """Check and read the SuperNode's node config."""
     for key, kind in NODE_KEYS.items():
         if key in node_config:
             value = node_config[key]
@@ -44,27 +56,47 @@ def node_settings(node_config: Mapping[str, Any]) -> tuple[int, int, float]:
                 raise SiloConfigError(f"node config {key} must be a number, got {value!r}")
             if kind is int and not float(value).is_integer():
                 raise SiloConfigError(f"node config {key} must be a whole number, got {value!r}")
-    if "partition-id" not in node_config or "num-partitions" not in node_config:
+    data_path = node_config.get("data-path")
+    if data_path is not None and (not isinstance(data_path, str) or not data_path):
+        raise SiloConfigError(f"node config data-path must be a file path, got {data_path!r}")
+    has_partition = "partition-id" in node_config and "num-partitions" in node_config
+    if data_path is None and not has_partition:
         raise SiloConfigError(
             "node config needs partition-id and num-partitions (e.g. --node-config "
-            "'partition-id=0 num-partitions=3'); got " + repr(dict(node_config))
+            "'partition-id=0 num-partitions=3') or data-path; got " + repr(dict(node_config))
         )
     speed = float(node_config.get("emulated-speed", 0.0))
     if not math.isfinite(speed) or speed < 0:
         raise SiloConfigError(f"node config emulated-speed must be >= 0, got {speed}")
-    return int(node_config["partition-id"]), int(node_config["num-partitions"]), speed
+    threads = int(node_config.get("threads", 0))
+    if threads < 0:
+        raise SiloConfigError(f"node config threads must be >= 0, got {threads}")
+    partition = node_config.get("partition-id")
+    count = node_config.get("num-partitions")
+    return NodeSettings(
+        partition_id=None if partition is None else int(partition),
+        num_partitions=None if count is None else int(count),
+        data_path=data_path,
+        emulated_speed=speed,
+        threads=threads,
+    )
 
 
-def _silo(context: Context) -> tuple[RunConfig, SiloData, int, float]:
+def _silo(context: Context) -> tuple[RunConfig, SiloData, NodeSettings]:
     config = RunConfig.from_mapping(context.run_config)
-    partition_id, num_partitions, speed = node_settings(context.node_config)
-    threads = int(context.node_config.get("threads", 0))
-    if threads > 0:
+    node = node_settings(context.node_config)
+    if node.threads > 0:
         # Several silos sharing one machine (a demo, a test) would oversubscribe its cores.
         import torch
 
-        torch.set_num_threads(threads)
-    return config, silo_data(config, partition_id, num_partitions), partition_id, speed
+        torch.set_num_threads(node.threads)
+    if node.data_path is not None:
+        data = silo_data_from_file(config, node.data_path)
+    else:
+        assert node.partition_id is not None
+        assert node.num_partitions is not None
+        data = silo_data(config, node.partition_id, node.num_partitions)
+    return config, data, node
 
 
 def _config_value(msg: Message, key: str, kind: type) -> Any:
@@ -86,7 +118,8 @@ def train_reply(msg: Message, context: Context) -> Message:
     """Train τ steps at the batch size and learning rate the server sent; reply with the
     weights and the metrics the balancer needs."""
     probe = ResourceProbe()
-    config, data, partition_id, speed = _silo(context)
+    config, data, node = _silo(context)
+    speed = node.emulated_speed
     batch_size = _config_value(msg, "batch-size", int)
     steps = _config_value(msg, "local-steps", int)
     lr = _config_value(msg, "learning-rate", float)
@@ -106,7 +139,9 @@ def train_reply(msg: Message, context: Context) -> Message:
     dataset = tensor_dataset(data.train.x, data.train.y)
     # Each round draws a fresh, reproducible stream of batches.
     sampler = ResizableBatchSampler(
-        dataset, batch_size, seed=config.seed * 1_000_003 + partition_id * 1009 + server_round
+        dataset,
+        batch_size,
+        seed=config.seed * 1_000_003 + (node.partition_id or 0) * 1009 + server_round,
     )
     result = train_steps(
         model,
@@ -132,21 +167,23 @@ def train_reply(msg: Message, context: Context) -> Message:
             "cpu": resources.cpu,
             "mem": resources.mem,
             "train-loss": result.loss,
-            "partition-id": partition_id,
+            **({} if node.partition_id is None else {"partition-id": node.partition_id}),
             "emulated-speed": speed,
             **evaluation,
         }
     )
     if speed > 0 and result.real_compute_s > result.compute_s * 0.999:
         log.warning(
-            "silo %d cannot keep up with its emulated speed %.0f samples/s", partition_id, speed
+            "silo %s cannot keep up with its emulated speed %.0f samples/s",
+            node.partition_id,
+            speed,
         )
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
 
 def evaluate_reply(msg: Message, context: Context) -> Message:
     """Evaluate the global model on this silo's held-out split."""
-    config, data, _, _ = _silo(context)
+    config, data, _ = _silo(context)
     if len(data.test) == 0:
         raise SiloConfigError("this silo has no held-out samples: raise silo-test-fraction")
     model = model_for(config, data.test)

@@ -6,7 +6,14 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from fedlb.data import LabelledData, load_digits, server_holdout, silo_split
+from fedlb.data import (
+    LabelledData,
+    load_digits,
+    load_npz,
+    server_holdout,
+    silo_split,
+    split_holdout,
+)
 from fedlb.models import build_model
 
 from .config import RunConfig
@@ -46,3 +53,23 @@ def silo_data(config: RunConfig, partition_id: int, num_partitions: int) -> Silo
 
 def model_for(config: RunConfig, data: LabelledData) -> nn.Module:
     return build_model(config.model, tuple(data.x.shape[1:]), data.num_classes, config.seed)
+
+
+def silo_data_from_file(config: RunConfig, path: str) -> SiloData:
+    """A silo's own data (an .npz with arrays x and y) instead of a partition, checked
+    against the federation's dataset: the model is shared, so the shapes must agree."""
+    own = load_npz(path)
+    pool, _ = federation_data(config)
+    if tuple(own.x.shape[1:]) != tuple(pool.x.shape[1:]):
+        raise ValueError(
+            f"{path}: samples have shape {tuple(own.x.shape[1:])}, but the federation's "
+            f"model ({config.dataset}) takes {tuple(pool.x.shape[1:])}"
+        )
+    if own.y.min() < 0 or own.y.max() >= pool.num_classes:
+        raise ValueError(
+            f"{path}: labels must be in 0..{pool.num_classes - 1} ({config.dataset}), got "
+            f"{int(own.y.min())}..{int(own.y.max())}"
+        )
+    labelled = LabelledData(own.x, own.y, pool.num_classes, own.name)
+    keep, held = split_holdout(len(labelled), config.silo_test_fraction, config.seed)
+    return SiloData(labelled.subset(keep), labelled.subset(held))

@@ -278,7 +278,6 @@ def demo(
     defaults = {
         "num-silos": len(factors),
         "num-rounds": 8,
-        "evaluate-every": 4,
         "local-steps": 10,
         "batch-size": 16,
     }

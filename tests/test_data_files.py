@@ -1,0 +1,106 @@
+"""Loaders of data a user already has, tested on small files made in the real formats."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+
+import numpy as np
+import pytest
+
+from fedlb.data import load_cifar10, load_fashion_mnist, load_idx_folder, read_idx
+
+
+def write_idx(path, array, gz=True):
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    if gz:
+        with gzip.open(path, "wb") as handle:
+            handle.write(data)
+    else:
+        path.write_bytes(data)
+
+
+def make_mnist_folder(folder, n_train=12, n_test=5, gz=True):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    suffix = ".gz" if gz else ""
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        write_idx(
+            folder / f"{split}-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n, 28, 28)), gz
+        )
+        write_idx(folder / f"{split}-labels-idx1-ubyte{suffix}", rng.integers(0, 10, n), gz)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_idx_folders_load_as_images_in_zero_one(tmp_path, gz):
+    make_mnist_folder(tmp_path / "mnist", gz=gz)
+    train, test = load_idx_folder(tmp_path / "mnist")
+    assert train.x.shape == (12, 1, 28, 28)
+    assert test.x.shape == (5, 1, 28, 28)
+    assert train.x.dtype == np.float32
+    assert float(train.x.min()) >= 0.0
+    assert float(train.x.max()) <= 1.0
+    raw = read_idx(tmp_path / "mnist" / f"train-labels-idx1-ubyte{'.gz' if gz else ''}")
+    np.testing.assert_array_equal(train.y, raw)
+
+
+def test_broken_idx_files_are_explained(tmp_path):
+    bad = tmp_path / "bad"
+    make_mnist_folder(bad)
+    (bad / "train-images-idx3-ubyte.gz").write_bytes(
+        gzip.compress(b"\x00\x00\x08\x03" + struct.pack(">3I", 12, 28, 28) + b"\x00" * 10)
+    )
+    with pytest.raises(ValueError, match="header says"):
+        load_idx_folder(bad)
+    (bad / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(b"GIF89a"))
+    with pytest.raises(ValueError, match="not an IDX file"):
+        load_idx_folder(bad)
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        load_idx_folder(tmp_path / "nowhere")
+
+
+def test_fashion_mnist_says_how_to_install_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        load_fashion_mnist(tmp_path / "absent")
+
+
+def write_cifar_batch(path, n, seed):
+    rng = np.random.default_rng(seed)
+    batch = {
+        b"data": rng.integers(0, 256, (n, 3072)).astype(np.uint8),
+        b"labels": rng.integers(0, 10, n).tolist(),
+        b"batch_label": b"x",
+    }
+    path.write_bytes(pickle.dumps(batch))
+
+
+def test_cifar10_python_batches_load(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for i in range(1, 6):
+        write_cifar_batch(folder / f"data_batch_{i}", 4, i)
+    write_cifar_batch(folder / "test_batch", 3, 9)
+    train, test = load_cifar10(folder)
+    assert train.x.shape == (20, 3, 32, 32)
+    assert test.x.shape == (3, 3, 32, 32)
+    assert float(train.x.max()) <= 1.0
+
+
+def test_cifar10_refuses_a_pickle_that_runs_code_and_missing_batches(tmp_path):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    for i in range(1, 6):
+        write_cifar_batch(folder / f"data_batch_{i}", 2, i)
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    (folder / "test_batch").write_bytes(pickle.dumps({b"data": Evil(), b"labels": []}))
+    with pytest.raises(ValueError, match=r"refusing to load builtins\.print"):
+        load_cifar10(folder)
+    (folder / "test_batch").unlink()
+    with pytest.raises(FileNotFoundError, match="missing CIFAR-10 python batches"):
+        load_cifar10(folder)

@@ -91,3 +91,32 @@ def test_npz_files_are_read_and_bad_ones_explained(tmp_path):
             np.savez(path, **content)
         with pytest.raises((ValueError, FileNotFoundError), match=re.escape(message)):
             load_npz(path)
+
+
+def test_dirichlet_partitions_skew_labels_more_as_alpha_falls():
+    labels = load_digits().y
+
+    def skew(alpha):
+        parts = partition(labels, 5, f"dirichlet:{alpha}", seed=1)
+        assert sum(len(p) for p in parts) == len(labels)
+        assert min(len(p) for p in parts) >= 2
+        shares = [np.bincount(labels[p], minlength=10).max() / len(p) for p in parts]
+        return float(np.mean(shares))
+
+    assert skew(0.1) > skew(1.0) > skew(100.0)
+    assert skew(100.0) < 0.2  # close to IID: the top class near 1/10
+
+
+def test_natural_partition_and_summary():
+    from fedlb.data import describe, partition_by_id
+
+    ids = np.array(["cleveland", "va", "cleveland", "hungary", "va"])
+    parts = partition_by_id(ids)
+    assert {k: v.tolist() for k, v in parts.items()} == {
+        "cleveland": [0, 2],
+        "hungary": [3],
+        "va": [1, 4],
+    }
+    labels = np.array([0, 1, 1, 0, 1])
+    summary = describe(labels, list(parts.values()), 2)
+    assert summary[0] == {"silo": 0, "samples": 2, "classes": [1, 1]}

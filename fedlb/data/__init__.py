@@ -10,8 +10,11 @@ from .images import (
     read_idx,
 )
 from .partition import (
+    describe,
     partition,
     partition_by_classes,
+    partition_by_id,
+    partition_dirichlet,
     partition_iid,
     server_holdout,
     silo_split,
@@ -21,6 +24,7 @@ from .types import LabelledData
 
 __all__ = [
     "LabelledData",
+    "describe",
     "load_cifar10",
     "load_digits",
     "load_fashion_mnist",
@@ -29,6 +33,8 @@ __all__ = [
     "load_npz",
     "partition",
     "partition_by_classes",
+    "partition_by_id",
+    "partition_dirichlet",
     "partition_iid",
     "read_idx",
     "server_holdout",

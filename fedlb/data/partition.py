@@ -63,10 +63,63 @@ def partition_by_classes(
     return result
 
 
+def partition_dirichlet(
+    labels: np.ndarray, num_silos: int, alpha: float, seed: int, min_size: int = 2
+) -> list[np.ndarray]:
+    """Label skew by Dirichlet(α): for every class, the shares of its samples per silo are
+    drawn from Dir(α, ..., α); small α gives each silo few dominant classes, large α tends
+    to IID. Redrawn (seeded) until every silo has at least `min_size` samples."""
+    _check(len(labels), num_silos)
+    if not (np.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"Dirichlet alpha must be > 0, got {alpha}")
+    if len(labels) < num_silos * min_size:
+        raise ValueError(f"{len(labels)} samples cannot give {num_silos} silos {min_size} each")
+    rng = np.random.default_rng(seed)
+    for _ in range(1000):
+        parts: list[list[int]] = [[] for _ in range(num_silos)]
+        for c in np.unique(labels):
+            members = rng.permutation(np.flatnonzero(labels == c))
+            shares = rng.dirichlet(np.full(num_silos, alpha))
+            cuts = (np.cumsum(shares)[:-1] * len(members)).astype(int)
+            for silo, chunk in enumerate(np.split(members, cuts)):
+                parts[silo].extend(chunk.tolist())
+        if min(len(p) for p in parts) >= min_size:
+            return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
+    raise ValueError(
+        f"Dirichlet({alpha}) left a silo with fewer than {min_size} samples in 1000 draws: "
+        "raise alpha or use fewer silos"
+    )
+
+
+def partition_by_id(ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Natural partition: one part per distinct id (a speaking role, a hospital)."""
+    return {str(value): np.flatnonzero(ids == value) for value in np.unique(ids)}
+
+
+def describe(
+    labels: np.ndarray, parts: list[np.ndarray], num_classes: int
+) -> list[dict[str, object]]:
+    """Per silo: how many samples, and how many of each class (for a run's output)."""
+    return [
+        {
+            "silo": i,
+            "samples": len(part),
+            "classes": np.bincount(labels[part], minlength=num_classes).tolist(),
+        }
+        for i, part in enumerate(parts)
+    ]
+
+
 def partition(labels: np.ndarray, num_silos: int, scheme: str, seed: int) -> list[np.ndarray]:
-    """By name: 'iid', or 'classes:K' (K classes per silo)."""
+    """By name: 'iid', 'classes:K' (K classes per silo) or 'dirichlet:α'."""
     if scheme == "iid":
         return partition_iid(labels, num_silos, seed)
+    if scheme.startswith("dirichlet:"):
+        try:
+            alpha = float(scheme.split(":", 1)[1])
+        except ValueError as error:
+            raise ValueError(f"partition {scheme!r}: α must be a number") from error
+        return partition_dirichlet(labels, num_silos, alpha, seed)
     if scheme.startswith("classes:"):
         try:
             k = int(scheme.split(":", 1)[1])
@@ -75,7 +128,10 @@ def partition(labels: np.ndarray, num_silos: int, scheme: str, seed: int) -> lis
                 f"partition {scheme!r}: K in 'classes:K' must be an integer"
             ) from error
         return partition_by_classes(labels, num_silos, k, seed)
-    raise ValueError(f"unknown partition {scheme!r}: use 'iid' or 'classes:K' (e.g. classes:2)")
+    raise ValueError(
+        f"unknown partition {scheme!r}: use 'iid', 'classes:K' (e.g. classes:2) or "
+        "'dirichlet:α' (e.g. dirichlet:0.5)"
+    )
 
 
 def server_holdout(

@@ -34,7 +34,7 @@ RUN_SETTING_HELP = {
     "evaluate-every": "Federated evaluation every k rounds and after the last.",
     "evaluate-mode": "with-train (inside the next train message) or separate (own phase).",
     "dataset": "digits (embedded).",
-    "partition": "iid, or classes:K (K classes per silo).",
+    "partition": "iid, classes:K (K classes per silo) or dirichlet:α.",
     "model": "mlp or lenet5.",
     "seed": "Seed of the partition, the model and the batch order.",
     "server-test-fraction": "Share held out for server-side evaluation (0: none).",
@@ -170,8 +170,10 @@ class RunConfig:
             problems.append(f"evaluate-mode must be one of {', '.join(EVALUATE_MODES)}")
         if self.model == "lenet5" and self.dataset == "digits":
             problems.append("model lenet5 needs 28x28 or 32x32 images; digits are 8x8: use mlp")
-        if self.partition != "iid" and not self.partition.startswith("classes:"):
-            problems.append("partition must be 'iid' or 'classes:K' (e.g. classes:2)")
+        if self.partition != "iid" and not self.partition.startswith(("classes:", "dirichlet:")):
+            problems.append(
+                "partition must be 'iid', 'classes:K' (e.g. classes:2) or 'dirichlet:α'"
+            )
         if problems:
             raise ConfigError("invalid run settings: " + "; ".join(problems))
 

@@ -11,12 +11,13 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from fedlb.training import (
     EmulatedSpeed,
+    Pace,
     ResizableBatchSampler,
     ResourceProbe,
     evaluate,
@@ -82,8 +83,26 @@ def node_settings(node_config: Mapping[str, Any]) -> NodeSettings:
     )
 
 
-def _silo(context: Context) -> tuple[RunConfig, SiloData, NodeSettings]:
-    config = RunConfig.from_mapping(context.run_config)
+class SiloClock(Protocol):
+    """Emulated time for one silo (fedlb.experiments provides them): `pace` slows its steps
+    (measured clock), `fixed_cost` is slept as its fixed cost, `report` says which
+    (compute-s, overhead-s) to report (the model clock's, or the measured ones)."""
+
+    name: str
+
+    def pace(self, server_round: int) -> Pace | None: ...
+
+    def fixed_cost(self, server_round: int) -> float: ...
+
+    def report(
+        self, server_round: int, batch_size: int, steps: int, compute_s: float, fixed_s: float
+    ) -> tuple[float, float]: ...
+
+
+def _silo(
+    context: Context, config: RunConfig | None = None
+) -> tuple[RunConfig, SiloData, NodeSettings]:
+    config = config or RunConfig.from_mapping(context.run_config)
     node = node_settings(context.node_config)
     if node.threads > 0:
         # Several silos sharing one machine (a demo, a test) would oversubscribe its cores.
@@ -114,11 +133,20 @@ def _config_flag(msg: Message, key: str) -> bool:
     return config.get(key) is True
 
 
-def train_reply(msg: Message, context: Context) -> Message:
+def train_reply(
+    msg: Message,
+    context: Context,
+    config: RunConfig | None = None,
+    clock: SiloClock | None = None,
+) -> Message:
     """Train τ steps at the batch size and learning rate the server sent; reply with the
-    weights and the metrics the balancer needs."""
+    weights and the metrics the balancer needs.
+
+    `config` replaces the run config (Flower's simulation passes none); `clock` emulates
+    this silo's speed for experiments (it takes precedence over node-config emulation).
+    """
     probe = ResourceProbe()
-    config, data, node = _silo(context)
+    config, data, node = _silo(context, config)
     speed = node.emulated_speed
     batch_size = _config_value(msg, "batch-size", int)
     steps = _config_value(msg, "local-steps", int)
@@ -150,25 +178,33 @@ def train_reply(msg: Message, context: Context) -> Message:
         steps,
         lr,
         config.momentum,
-        pace=EmulatedSpeed(speed) if speed > 0 else None,
+        pace=clock.pace(server_round)
+        if clock is not None
+        else (EmulatedSpeed(speed) if speed > 0 else None),
     )
 
     start = time.perf_counter()
     arrays = ArrayRecord(model.state_dict())
     fixed += time.perf_counter() - start
+    compute = result.compute_s
+    if clock is not None:
+        time.sleep(clock.fixed_cost(server_round))
+        fixed += clock.fixed_cost(server_round)
+        compute, fixed = clock.report(server_round, batch_size, steps, compute, fixed)
     resources = probe.sample()
     metrics = MetricRecord(
         {
             "num-examples": len(data.train),
             "batch-size": batch_size,
             "local-steps": steps,
-            "compute-s": result.compute_s,
+            "compute-s": compute,
             "overhead-s": fixed,
             "cpu": resources.cpu,
             "mem": resources.mem,
             "train-loss": result.loss,
             **({} if node.partition_id is None else {"partition-id": node.partition_id}),
             "emulated-speed": speed,
+            **({"model-clock": 1} if clock is not None and clock.name == "model" else {}),
             **evaluation,
         }
     )
@@ -181,9 +217,9 @@ def train_reply(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
 
-def evaluate_reply(msg: Message, context: Context) -> Message:
+def evaluate_reply(msg: Message, context: Context, config: RunConfig | None = None) -> Message:
     """Evaluate the global model on this silo's held-out split."""
-    config, data, _ = _silo(context)
+    config, data, _ = _silo(context, config)
     if len(data.test) == 0:
         raise SiloConfigError("this silo has no held-out samples: raise silo-test-fraction")
     model = model_for(config, data.test)

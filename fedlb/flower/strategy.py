@@ -76,6 +76,14 @@ class LoadBalancedFedAvg(FedAvg):
             Only the final model gets a separate evaluate phase. Needs a ClientApp that
             honours the `evaluate` flag (fedlb's does). Default False.
         probe_steps: steps of the optional warm-up probe round. Default 0 (none).
+        tune: what the balancer moves: 'batch' (B_i, fedlb's choice) or 'steps' (τ_i with
+            B fixed: the Orchestra/FedCompass family, which the LB-BSP paper rejects because
+            fast silos then take more local steps and bias the model). Default 'batch'.
+        scale_lr_with_batch: η_i = η·B_i/B0 (the paper's other rejected variant: fast
+            silos' data gain a bigger say). Default False.
+        quorum: keep only the fastest ⌈quorum·n⌉ updates of each round, by the time each
+            silo reports (the majority idea of eager-SGD / backup workers); the round
+            lasts as long as the slowest kept one. Default None (wait for all).
         poll_interval: seconds between pulls of replies (Flower's own loop sleeps 3 s).
             Default 0.1; None keeps Flower's loop.
         reporter: where round records go. Default a `RoundReporter` that keeps them.
@@ -98,6 +106,9 @@ class LoadBalancedFedAvg(FedAvg):
         evaluate_every: int = 1,
         evaluate_with_train: bool = False,
         probe_steps: int = 0,
+        tune: str = "batch",
+        scale_lr_with_batch: bool = False,
+        quorum: float | None = None,
         poll_interval: float | None = 0.1,
         reporter: RoundReporter | None = None,
         audit_dir: Path | None = None,
@@ -121,6 +132,13 @@ class LoadBalancedFedAvg(FedAvg):
         self.evaluate_every = evaluate_every
         self.evaluate_with_train = evaluate_with_train
         self.probe_steps = probe_steps
+        if tune not in ("batch", "steps"):
+            raise ValueError(f"tune must be 'batch' or 'steps', got {tune!r}")
+        if quorum is not None and not 0 < quorum <= 1:
+            raise ValueError(f"quorum must be a fraction in (0, 1], got {quorum}")
+        self.tune = tune
+        self.scale_lr_with_batch = scale_lr_with_batch
+        self.quorum = quorum
         self.poll_interval = poll_interval
         self.reporter = reporter if reporter is not None else RoundReporter()
         self.audit_dir = audit_dir
@@ -128,7 +146,7 @@ class LoadBalancedFedAvg(FedAvg):
         self.manager: BatchSizeManager | None = None
         self._rng = random.Random(seed)
         self._num_rounds = 0
-        self._sent: dict[int, int] = {}  # node -> batch size sent this round
+        self._sent: dict[int, tuple[int, int]] = {}  # node -> (batch size, steps) sent
         self._messages: list[Message] = []  # this round's train messages (ids set on push)
         self._template: dict[str, tuple[tuple[int, ...], str]] = {}  # global arrays' shapes
         self._started = 0.0
@@ -158,7 +176,7 @@ class LoadBalancedFedAvg(FedAvg):
     def _manager_for(self, nodes: list[int]) -> BatchSizeManager:
         if self.manager is None:
             self.manager = BatchSizeManager(
-                {str(n): self.batch_size for n in nodes}, self.tuner, self.estimator
+                {str(n): self._initial_load for n in nodes}, self.tuner, self.estimator
             )
             log.info(
                 "load balancing %d silos: B0 = %d each, X = %d, τ = %d, η = %g (fixed)",
@@ -175,6 +193,10 @@ class LoadBalancedFedAvg(FedAvg):
                     "silo node %d joined: fair share B = %d", node, self.manager.sizes[str(node)]
                 )
         return self.manager
+
+    @property
+    def _initial_load(self) -> int:
+        return self.local_steps if self.tune == "steps" else self.batch_size
 
     def current_sizes(self) -> dict[int, int]:
         """Every known silo's batch size for the next round, by node id."""
@@ -195,7 +217,10 @@ class LoadBalancedFedAvg(FedAvg):
     ) -> list[Message]:
         nodes = self._select_nodes(grid, self.fraction_train, wait=self.manager is None)
         sizes = self._manager_for(nodes).sizes
-        self._sent = {n: sizes[str(n)] for n in nodes}
+        self._sent = {
+            n: (self.batch_size, sizes[str(n)]) if self.tune == "steps" else (sizes[str(n)], steps)
+            for n in nodes
+        }
         self._template = {k: (tuple(a.shape), str(a.dtype)) for k, a in arrays.items()}
         self._started = time.monotonic()
         messages = []
@@ -204,9 +229,12 @@ class LoadBalancedFedAvg(FedAvg):
             # and FedAvg shares one RecordDict among all messages.
             node_config = ConfigRecord(dict(config))
             node_config["server-round"] = server_round
-            node_config["batch-size"] = self._sent[node]
-            node_config["local-steps"] = steps
-            node_config["learning-rate"] = self.learning_rate
+            batch, node_steps = self._sent[node]
+            node_config["batch-size"] = batch
+            node_config["local-steps"] = node_steps
+            node_config["learning-rate"] = self.learning_rate * (
+                batch / self.batch_size if self.scale_lr_with_batch else 1.0
+            )
             if self.evaluate_with_train and self._evaluation_due(server_round - 1):
                 node_config["evaluate"] = True  # evaluate the incoming model first
             content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: node_config})
@@ -269,15 +297,16 @@ class LoadBalancedFedAvg(FedAvg):
         for key in ("batch-size", "local-steps"):
             if not numbers[key].is_integer():
                 return None, f"{key} must be a whole number, got {numbers[key]!r}"
-        if int(numbers["batch-size"]) != self._sent.get(node):
-            return None, (
-                f"batch-size {int(numbers['batch-size'])} is not the {self._sent.get(node)} "
-                "it was sent"
-            )
+        sent = dict(zip(("batch-size", "local-steps"), self._sent.get(node, (0, 0)), strict=True))
+        for key, value in sent.items():
+            if int(numbers[key]) != value:
+                return None, f"{key} {int(numbers[key])} is not the {value} it was sent"
+        # The load unit the manager balances: samples per step, or steps of B0 samples.
+        by_steps = self.tune == "steps"
         report = WorkerReport(
             worker=str(node),
-            batch_size=int(numbers["batch-size"]),
-            iterations=int(numbers["local-steps"]),
+            batch_size=int(numbers["local-steps" if by_steps else "batch-size"]),
+            iterations=1 if by_steps else int(numbers["local-steps"]),
             compute_s=numbers["compute-s"],
             overhead_s=numbers["overhead-s"],
             cpu=numbers.get("cpu"),
@@ -315,6 +344,9 @@ class LoadBalancedFedAvg(FedAvg):
         failed += [
             f"node-{n}: no reply within the round timeout" for n in self._sent if n not in answered
         ]
+        if self.quorum is not None and valid:
+            valid, late = self._fastest(valid)
+            failed += [f"node-{m.metadata.src_node_id}: not among the quorum" for m in late]
         reports: list[WorkerReport] = []
         rejected: list[str] = []
         metrics_of: dict[int, dict[str, float]] = {}
@@ -344,6 +376,18 @@ class LoadBalancedFedAvg(FedAvg):
         record.rejected = rejected
         return valid, record
 
+    def _fastest(self, valid: list[Message]) -> tuple[list[Message], list[Message]]:
+        """The quorum: the ⌈quorum·n⌉ replies whose silos report the shortest busy time."""
+        assert self.quorum is not None
+
+        def busy(msg: Message) -> float:
+            m = _numbers(next(iter(msg.content.metric_records.values())))
+            return m.get("compute-s", math.inf) + m.get("overhead-s", 0.0)
+
+        keep = max(1, math.ceil(self.quorum * len(self._sent)))
+        ranked = sorted(valid, key=busy)
+        return ranked[:keep], ranked[keep:]
+
     def _label(self, node: int) -> str:
         return self._labels.get(node, f"node-{node}")
 
@@ -369,6 +413,7 @@ class LoadBalancedFedAvg(FedAvg):
             efficiency = ideal / slowest
             idle = 1.0 - sum(busy.values()) / (len(busy) * slowest)
         emulated = any(m.get("emulated-speed", 0.0) > 0 for m in metrics_of.values())
+        modelled = any(m.get("model-clock", 0.0) > 0 for m in metrics_of.values())
         silos = []
         for node, metrics in sorted(metrics_of.items(), key=lambda kv: self._label(kv[0])):
             report = by_node.get(node)
@@ -376,8 +421,8 @@ class LoadBalancedFedAvg(FedAvg):
                 SiloRound(
                     silo=self._label(node),
                     node=node,
-                    batch_size=self._sent[node],
-                    local_steps=report.iterations if report else self.local_steps,
+                    batch_size=self._sent[node][0],
+                    local_steps=self._sent[node][1],
                     compute_s=report.compute_s if report else math.nan,
                     fixed_s=report.overhead_s if report else math.nan,
                     round_s=busy.get(node, math.nan),
@@ -390,7 +435,7 @@ class LoadBalancedFedAvg(FedAvg):
             )
         return RoundRecord(
             round=server_round,
-            clock="measured (emulated speeds)" if emulated else "measured",
+            clock="model" if modelled else "measured (emulated speeds)" if emulated else "measured",
             silos=silos,
             round_s=_none_if_nan(slowest),
             ideal_s=_none_if_nan(ideal),

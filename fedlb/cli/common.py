@@ -27,8 +27,9 @@ class UsageError(typer.BadParameter):
 def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
 ) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(message)s",
-        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
-    )
+    level = logging.INFO if verbose else logging.WARNING
+    handler = RichHandler(console=Console(stderr=True), show_path=False)
+    # Records of libraries' own loggers (flwr logs DEBUG) propagate to the root's handlers
+    # whatever the root's level: the handler's level is what filters them.
+    handler.setLevel(level)
+    logging.basicConfig(level=level, format="%(message)s", handlers=[handler])

@@ -1,16 +1,29 @@
 """fedlb.experiments: emulated workers and clocks, what-if runs, policy comparisons."""
 
 from .clocks import GpuLikeTime, LinearTime, TimeModel, ideal_split, round_time
+from .profiles import CLOCKS, EC2_5, EmulatedClock, SpeedProfile, preset
+from .runner import POLICIES, PolicyResult, Scenario, ScenarioError, run_experiment, run_policy
 from .whatif import CLOCK as WHATIF_CLOCK
 from .whatif import WhatIfRound, what_if
 
 __all__ = [
+    "CLOCKS",
+    "EC2_5",
+    "POLICIES",
     "WHATIF_CLOCK",
+    "EmulatedClock",
     "GpuLikeTime",
     "LinearTime",
+    "PolicyResult",
+    "Scenario",
+    "ScenarioError",
+    "SpeedProfile",
     "TimeModel",
     "WhatIfRound",
     "ideal_split",
+    "preset",
     "round_time",
+    "run_experiment",
+    "run_policy",
     "what_if",
 ]

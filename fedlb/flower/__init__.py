@@ -24,8 +24,9 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .grid import PollingGrid
     from .launch import Federation, RunOutcome
     from .report import RoundRecord, RoundReporter, SiloRound, render_round
-    from .silo import evaluate_reply, node_settings, train_reply
+    from .silo import SiloClock, evaluate_reply, node_settings, train_reply
     from .strategy import LoadBalancedFedAvg, default_estimator
+    from .task import federation_data, model_for
 
 _EXPORTS = {
     "LoadBalancedFedAvg": ".strategy",
@@ -45,6 +46,9 @@ _EXPORTS = {
     "free_port": ".deploy",
     "start_supernode": ".deploy",
     "train_reply": ".silo",
+    "SiloClock": ".silo",
+    "federation_data": ".task",
+    "model_for": ".task",
     "evaluate_reply": ".silo",
     "node_settings": ".silo",
 }
@@ -61,10 +65,13 @@ __all__ = [
     "RoundReporter",
     "RunConfig",
     "RunOutcome",
+    "SiloClock",
     "SiloRound",
     "default_estimator",
     "evaluate_reply",
+    "federation_data",
     "free_port",
+    "model_for",
     "node_settings",
     "render_round",
     "start_supernode",

@@ -88,7 +88,8 @@ class SiloClock(Protocol):
     (measured clock), `fixed_cost` is slept as its fixed cost, `report` says which
     (compute-s, overhead-s) to report (the model clock's, or the measured ones)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def pace(self, server_round: int) -> Pace | None: ...
 

@@ -1,0 +1,121 @@
+"""`fedlb experiment`: compare policies on one federation (Flower's Simulation Engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from fedlb.experiments import POLICIES, PolicyResult, Scenario, ScenarioError, run_experiment
+
+from .common import UsageError, app, console
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+@app.command()
+def experiment(
+    scenario: Annotated[
+        Path | None, typer.Argument(help="Scenario TOML file (see scenarios/).")
+    ] = None,
+    dataset: Annotated[str | None, typer.Option(help="digits.")] = None,
+    silos: Annotated[int | None, typer.Option(help="Number of silos.")] = None,
+    speeds: Annotated[
+        str | None, typer.Option(help="Relative speeds 1,2,3,6 or ec2-5 or hetero-K:N.")
+    ] = None,
+    base_speed: Annotated[float | None, typer.Option(help="Samples/s of speed 1.")] = None,
+    overheads: Annotated[str | None, typer.Option(help="Fixed s per round (per silo).")] = None,
+    traces: Annotated[
+        str | None, typer.Option(help="static, step:R:F, periodic:P:F, walk:S (per silo).")
+    ] = None,
+    partition: Annotated[str | None, typer.Option(help="iid, classes:K, dirichlet:α.")] = None,
+    model: Annotated[str | None, typer.Option(help="mlp.")] = None,
+    rounds: Annotated[int | None, typer.Option(help="Rounds per policy.")] = None,
+    local_steps: Annotated[int | None, typer.Option(help="τ.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="B0.")] = None,
+    learning_rate: Annotated[float | None, typer.Option(help="η.")] = None,
+    clock: Annotated[str | None, typer.Option(help="model or measured.")] = None,
+    policies: Annotated[
+        str | None, typer.Option(help="Comma list of: " + ", ".join(POLICIES))
+    ] = None,
+    target_accuracy: Annotated[float | None, typer.Option(help="For time-to-target.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of data, model, profiles.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Results folder.")] = None,
+) -> None:
+    """Run every policy on the same federation (same seed, partition, initial model, τ, X,
+    η) and write rounds.jsonl, summary.json, partition.json and PNG plots."""
+    flags: dict[str, Any] = {
+        "dataset": dataset,
+        "silos": silos,
+        "speeds": speeds,
+        "base-speed": base_speed,
+        "overheads": overheads,
+        "traces": traces,
+        "partition": partition,
+        "model": model,
+        "rounds": rounds,
+        "local-steps": local_steps,
+        "batch-size": batch_size,
+        "learning-rate": learning_rate,
+        "clock": clock,
+        "policies": policies,
+        "target-accuracy": target_accuracy,
+        "seed": seed,
+        "out": None if out is None else str(out),
+    }
+    flags = {k: v for k, v in flags.items() if v is not None}
+    try:
+        chosen = Scenario.from_file(scenario, flags) if scenario else Scenario.from_mapping(flags)
+    except ScenarioError as error:
+        raise UsageError(str(error)) from error
+    folder = Path(chosen.out or Path("runs") / f"experiment-{chosen.name}")
+    console.print(
+        f"[bold]fedlb experiment[/] {chosen.name}: {chosen.silos} silos, speeds "
+        f"{chosen.speeds} x {chosen.base_speed:g} samples/s, {chosen.partition}, "
+        f"{chosen.rounds} rounds, clock: {chosen.clock}; policies {chosen.policies}"
+    )
+
+    def done(name: str, result: PolicyResult) -> None:
+        summary = result.summary(chosen.target_accuracy)
+        console.print(
+            f"  {name}: {summary['rounds']} rounds in {summary['total_clock_s']:.1f} s "
+            f"(clock: {chosen.clock}), final accuracy {_fmt(summary['final_accuracy'], '.3f')}"
+        )
+
+    summary = run_experiment(chosen, folder, on_policy=done)
+    table = Table(
+        title=f"{chosen.name} — clock: {chosen.clock}, target accuracy {chosen.target_accuracy:g}",
+        title_justify="left",
+    )
+    for column in (
+        "policy",
+        "time to target s",
+        "speedup vs fedavg",
+        "final acc",
+        "best acc",
+        "mean E",
+        "idle",
+    ):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    baseline = summary["policies"].get("fedavg", {}).get("time_to_target_s")
+    for name, row in summary["policies"].items():
+        ttt = row["time_to_target_s"]
+        speedup = baseline / ttt if baseline and ttt else None
+        table.add_row(
+            name,
+            _fmt(ttt, ".2f"),
+            _fmt(speedup, ".2f") + ("x" if speedup else ""),
+            _fmt(row["final_accuracy"], ".3f"),
+            _fmt(row["best_accuracy"], ".3f"),
+            _fmt(row["mean_balance_efficiency"], ".3f"),
+            _fmt(row["idle_fraction"], ".0%"),
+        )
+    console.print(table)
+    console.print(
+        f"results: {folder}/rounds.jsonl, summary.json, partition.json, accuracy.png, "
+        "batch_sizes.png, round_time.png, idle.png"
+    )

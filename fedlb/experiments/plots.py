@@ -1,0 +1,117 @@
+"""PNG plots of a policy comparison (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .runner import PolicyResult, Scenario
+
+
+def plot_results(scenario: Scenario, results: dict[str, PolicyResult], out: Path) -> list[Path]:
+    """accuracy.png, batch_sizes.png, round_time.png and idle.png in `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    clock = f"clock: {scenario.clock}"
+    written = []
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for name, result in results.items():
+        points: list[tuple[float, float]] = []
+        for t, record in zip(result.clock_s, result.records, strict=True):
+            accuracy = result.accuracy(record)
+            if accuracy is not None:
+                points.append((t, accuracy))
+        axis.plot([t for t, _ in points], [a for _, a in points], marker="o", ms=3, label=name)
+    axis.axhline(scenario.target_accuracy, color="grey", ls="--", lw=1, label="target")
+    axis.set_xlabel(f"time (s, {clock})")
+    axis.set_ylabel("test accuracy")
+    axis.set_title(f"{scenario.name}: accuracy against time")
+    axis.legend()
+    figure.tight_layout()
+    written.append(out / "accuracy.png")
+    figure.savefig(written[-1], dpi=110)
+    plt.close(figure)
+
+    names = list(results)
+    all_silos = sorted({s.silo for r in results.values() for rec in r.records for s in rec.silos})
+    colour = {silo: f"C{i % 10}" for i, silo in enumerate(all_silos)}
+    figure, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), squeeze=False)
+    for axis, name in zip(axes[0], names, strict=True):
+        records = results[name].records
+        for silo in all_silos:
+            points = [(r.round, s.batch_size) for r in records for s in r.silos if s.silo == silo]
+            if points:
+                axis.plot(
+                    [p[0] for p in points],
+                    [p[1] for p in points],
+                    marker=".",
+                    color=colour[silo],
+                    label=silo,
+                )
+        axis.set_title(name)
+        axis.set_xlabel("round")
+        axis.xaxis.get_major_locator().set_params(integer=True)
+    axes[0][0].set_ylabel("batch size B")
+    handles = [Line2D([], [], color=colour[s], marker=".", label=s) for s in all_silos]
+    figure.legend(handles=handles, loc="upper right", fontsize=7)
+    figure.suptitle("batch size per silo per round (silos a policy dropped are not drawn)")
+    figure.tight_layout(rect=(0, 0, 0.93, 1))
+    written.append(out / "batch_sizes.png")
+    figure.savefig(written[-1], dpi=110)
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for name, result in results.items():
+        line = axis.plot(
+            [r.round for r in result.records],
+            [r.round_s for r in result.records],
+            marker="o",
+            ms=3,
+            label=name,
+        )
+        axis.plot(
+            [r.round for r in result.records],
+            [r.ideal_s for r in result.records],
+            ls=":",
+            color=line[0].get_color(),
+        )
+    axis.set_xlabel("round")
+    axis.set_ylabel(f"round time (s, {clock})")
+    axis.set_title("round time (solid) against the ideal T* (dotted)")
+    axis.legend()
+    figure.tight_layout()
+    written.append(out / "round_time.png")
+    figure.savefig(written[-1], dpi=110)
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    width = 0.8 / max(1, len(names))
+    for k, name in enumerate(names):
+        records = results[name].records
+        silos = sorted({s.silo for r in records for s in r.silos})
+        shares = []
+        for silo in silos:
+            idle = sum(
+                s.idle_s
+                for r in records
+                for s in r.silos
+                if s.silo == silo and s.idle_s == s.idle_s
+            )
+            total = sum(r.round_s or 0.0 for r in records)
+            shares.append(idle / total if total else 0.0)
+        axis.bar([i + k * width for i in range(len(silos))], shares, width, label=name)
+        axis.set_xticks([i + 0.4 - width / 2 for i in range(len(silos))], silos)
+    axis.set_ylabel("share of run time idle")
+    axis.set_title(f"idle share per silo ({clock})")
+    axis.legend()
+    figure.tight_layout()
+    written.append(out / "idle.png")
+    figure.savefig(written[-1], dpi=110)
+    plt.close(figure)
+    return written

@@ -1,0 +1,377 @@
+"""Policy comparisons: the same federation under FedAvg, fedlb and the alternatives.
+
+Each policy runs through Flower's Simulation Engine with the same strategy
+(LoadBalancedFedAvg) and silo handler as a deployment; the silos' speeds come from
+profiles, and every output names its clock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedlb.balance import Deadband, Proportional, Static
+
+from .profiles import CLOCKS, EmulatedClock, SpeedProfile, preset
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+log = logging.getLogger("fedlb.experiments")
+
+# name -> (what it is, strategy arguments)
+POLICIES: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
+    "fedavg": ("FedAvg: every silo at B0", lambda: {"tuner": Static()}),
+    "lb": ("fedlb: B tuned from EMA speeds, τ and η fixed", lambda: {"tuner": Proportional()}),
+    "lb-tau": (
+        "τ tuned per silo, B fixed (Orchestra/FedCompass family)",
+        lambda: {"tuner": Proportional(), "tune": "steps"},
+    ),
+    "lb-lr": (
+        "B tuned and η scaled with B",
+        lambda: {"tuner": Proportional(), "scale_lr_with_batch": True},
+    ),
+    "deadband": ("dynamic-batching controller on B", lambda: {"tuner": Deadband()}),
+    "quorum": (
+        "aggregate the fastest ⌈n/2⌉ updates, drop the rest",
+        lambda: {"tuner": Static(), "quorum": 0.5},
+    ),
+}
+
+
+class ScenarioError(ValueError):
+    """A scenario setting that cannot be run; the message names it."""
+
+
+@dataclass
+class Scenario:
+    """One federation to compare policies on. Keys in files and flags use '-' for '_'.
+
+    speeds: relative silo speeds ('1,2,3,6': bigger is faster), or a preset ('ec2-5',
+        'hetero-K:N'), times base_speed samples/s.
+    overheads: fixed seconds per round, one value for all or one per silo.
+    traces: speed traces (see SpeedProfile), one for all or one per silo.
+    """
+
+    name: str = "scenario"
+    dataset: str = "digits"
+    silos: int = 4
+    speeds: str = "1,2,3,6"
+    base_speed: float = 100.0
+    overheads: str = "0"
+    traces: str = "static"
+    partition: str = "iid"
+    model: str = "mlp"
+    rounds: int = 20
+    local_steps: int = 20
+    batch_size: int = 32
+    learning_rate: float = 0.05
+    clock: str = "model"
+    policies: str = "fedavg,lb"
+    target_accuracy: float = 0.8
+    seed: int = 0
+    out: str = ""
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return [f.replace("_", "-") for f in cls.__dataclass_fields__]
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> Scenario:
+        known = {f.replace("_", "-"): f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ScenarioError(f"unknown scenario key(s) {unknown}; known: {sorted(known)}")
+        kwargs = {}
+        for key, value in values.items():
+            name = known[key]
+            kind = type(getattr(cls, name))
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if isinstance(value, (list, tuple)) and kind is str:
+                value = ",".join(str(v) for v in value)
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise ScenarioError(f"scenario key {key} must be {kind.__name__}, got {value!r}")
+            kwargs[name] = value
+        scenario = cls(**kwargs)
+        scenario.check()
+        return scenario
+
+    @classmethod
+    def from_file(cls, path: Path, overrides: dict[str, Any] | None = None) -> Scenario:
+        try:
+            values = tomllib.loads(path.read_text())
+        except FileNotFoundError as error:
+            raise ScenarioError(f"scenario file {path} does not exist") from error
+        except tomllib.TOMLDecodeError as error:
+            raise ScenarioError(f"scenario file {path} is not valid TOML: {error}") from error
+        values.setdefault("name", path.stem)
+        return cls.from_mapping({**values, **(overrides or {})})
+
+    def policy_names(self) -> list[str]:
+        return [p.strip() for p in self.policies.split(",") if p.strip()]
+
+    def speeds_per_silo(self) -> list[float]:
+        speeds = preset(self.speeds, self.base_speed)
+        if len(speeds) != self.silos:
+            raise ScenarioError(
+                f"speeds {self.speeds!r} give {len(speeds)} silos, not {self.silos}"
+            )
+        return speeds
+
+    def _per_silo(self, text: str, what: str) -> list[str]:
+        values = [v.strip() for v in text.split(",")]
+        if len(values) == 1:
+            values *= self.silos
+        if len(values) != self.silos:
+            raise ScenarioError(f"{what} has {len(values)} values for {self.silos} silos")
+        return values
+
+    def profiles(self) -> list[SpeedProfile]:
+        overheads = self._per_silo(self.overheads, "overheads")
+        traces = self._per_silo(self.traces, "traces")
+        try:
+            return [
+                SpeedProfile(v, float(o), t, seed=self.seed + i)
+                for i, (v, o, t) in enumerate(
+                    zip(self.speeds_per_silo(), overheads, traces, strict=True)
+                )
+            ]
+        except ValueError as error:
+            raise ScenarioError(str(error)) from error
+
+    def check(self) -> None:
+        if self.silos < 1 or self.rounds < 1 or self.local_steps < 1 or self.batch_size < 1:
+            raise ScenarioError("silos, rounds, local-steps and batch-size must be >= 1")
+        if self.clock not in CLOCKS:
+            raise ScenarioError(f"clock must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
+        unknown = [p for p in self.policy_names() if p not in POLICIES]
+        if unknown or not self.policy_names():
+            raise ScenarioError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
+        if not 0 < self.target_accuracy <= 1:
+            raise ScenarioError(f"target-accuracy must be in (0, 1], got {self.target_accuracy}")
+        self.profiles()
+        try:
+            self.run_config()
+        except ValueError as error:
+            raise ScenarioError(str(error)) from error
+
+    def run_config(self, out_dir: str = "") -> Any:
+        from fedlb.flower import RunConfig
+
+        return RunConfig.from_mapping(
+            {
+                "num-silos": self.silos,
+                "num-rounds": self.rounds,
+                "local-steps": self.local_steps,
+                "batch-size": self.batch_size,
+                "learning-rate": self.learning_rate,
+                "dataset": self.dataset,
+                "partition": self.partition,
+                "model": self.model,
+                "seed": self.seed,
+                "evaluate-every": 1,
+                "evaluate-mode": "with-train",
+                "out-dir": out_dir,
+            }
+        )
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    records: list[Any] = field(default_factory=list)  # RoundRecords
+    clock_s: list[float] = field(default_factory=list)  # clock time at the end of each round
+
+    def accuracy(self, record: Any) -> float | None:
+        value = record.server_accuracy if record.server_accuracy is not None else record.accuracy
+        return None if value is None else float(value)
+
+    def summary(self, target: float) -> dict[str, Any]:
+        accuracies = [self.accuracy(r) for r in self.records]
+        reached = [
+            t
+            for t, a in zip(self.clock_s, accuracies, strict=True)
+            if a is not None and a >= target
+        ]
+        known = [a for a in accuracies if a is not None]
+        efficiencies = [r.efficiency for r in self.records if r.efficiency is not None]
+        idle = [r.idle_fraction for r in self.records if r.idle_fraction is not None]
+        return {
+            "time_to_target_s": reached[0] if reached else None,
+            "best_accuracy": max(known) if known else None,
+            "final_accuracy": known[-1] if known else None,
+            "mean_balance_efficiency": sum(efficiencies) / len(efficiencies)
+            if efficiencies
+            else None,
+            "idle_fraction": sum(idle) / len(idle) if idle else None,
+            "rounds": len(self.records),
+            "total_clock_s": self.clock_s[-1] if self.clock_s else None,
+        }
+
+
+def run_policy(scenario: Scenario, policy: str, out_dir: Path) -> PolicyResult:
+    """One policy through Flower's Simulation Engine; its records and clock times."""
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from fedlb.flower import (
+        LoadBalancedFedAvg,
+        RoundReporter,
+        evaluate_reply,
+        federation_data,
+        model_for,
+        train_reply,
+    )
+    from fedlb.training import evaluate, tensor_dataset
+
+    config = scenario.run_config(str(out_dir))
+    profiles = scenario.profiles()
+    clock_name = scenario.clock
+    result = PolicyResult(policy)
+    strategy_args = POLICIES[policy][1]()
+
+    server = ServerApp()
+
+    @server.main()
+    def _server(grid: Grid, context: Context) -> None:
+        pool, test = federation_data(config)
+        model = model_for(config, pool)
+        test_set = tensor_dataset(test.x, test.y)
+
+        def server_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+            model.load_state_dict(arrays.to_torch_state_dict())
+            loss, accuracy = evaluate(model, test_set)
+            return MetricRecord({"accuracy": accuracy, "loss": loss})
+
+        reporter = RoundReporter(out_dir)
+        strategy = LoadBalancedFedAvg(
+            batch_size=config.batch_size,
+            local_steps=config.local_steps,
+            learning_rate=config.learning_rate,
+            expected_silos=config.num_silos,
+            evaluate_every=1,
+            evaluate_with_train=True,
+            reporter=reporter,
+            seed=config.seed,
+            min_available_nodes=config.num_silos,
+            min_train_nodes=1,
+            min_evaluate_nodes=1,
+            **strategy_args,
+        )
+        strategy.start(
+            grid=grid,
+            initial_arrays=ArrayRecord(model.state_dict()),
+            num_rounds=config.num_rounds,
+            timeout=3600,
+            train_config=ConfigRecord(),
+            evaluate_fn=server_evaluate,
+        )
+        result.records = list(reporter.records)
+
+    client = ClientApp()
+
+    @client.train()
+    def _train(msg: Message, context: Context) -> Message:
+        silo = int(context.node_config["partition-id"])
+        return train_reply(msg, context, config, EmulatedClock(clock_name, profiles[silo]))
+
+    @client.evaluate()
+    def _evaluate(msg: Message, context: Context) -> Message:
+        return evaluate_reply(msg, context, config)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Ray warns that it will stop overriding CUDA_VISIBLE_DEVICES for CPU-only actors;
+    # opting in to that behaviour now silences it and changes nothing for fedlb.
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    run_simulation(
+        server_app=server,
+        client_app=client,
+        num_supernodes=scenario.silos,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": 2, "include_dashboard": False},
+        },
+    )
+    if len(result.records) != scenario.rounds:
+        raise RuntimeError(
+            f"policy {policy}: the simulation ended after {len(result.records)} of "
+            f"{scenario.rounds} rounds; see the log above"
+        )
+    elapsed = 0.0
+    for record in result.records:
+        elapsed += record.round_s if record.round_s is not None else math.nan
+        result.clock_s.append(elapsed)
+    return result
+
+
+def write_results(
+    scenario: Scenario, results: dict[str, PolicyResult], out: Path
+) -> dict[str, Any]:
+    """rounds.jsonl, summary.json and partition.json in `out`; returns the summary."""
+    from fedlb.data import describe, partition
+    from fedlb.flower import federation_data
+
+    with (out / "rounds.jsonl").open("w") as handle:
+        for name, result in results.items():
+            for record, clock_s in zip(result.records, result.clock_s, strict=True):
+                for line in record.json_lines():
+                    row = json.loads(line)
+                    row.update({"policy": name, "clock_time_s": clock_s, "clock": scenario.clock})
+                    handle.write(json.dumps(row) + "\n")
+    summary = {
+        "scenario": asdict(scenario),
+        "clock": scenario.clock,
+        "target_accuracy": scenario.target_accuracy,
+        "policies": {n: r.summary(scenario.target_accuracy) for n, r in results.items()},
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    config = scenario.run_config()
+    pool, _ = federation_data(config)
+    parts = partition(pool.y, scenario.silos, scenario.partition, scenario.seed)
+    (out / "partition.json").write_text(
+        json.dumps(describe(pool.y, parts, pool.num_classes), indent=1)
+    )
+    return summary
+
+
+def _warnings_only(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING
+
+
+def run_experiment(
+    scenario: Scenario,
+    out: Path,
+    on_policy: Callable[[str, PolicyResult], None] | None = None,
+    quiet: bool = True,
+) -> dict[str, Any]:
+    """Every policy of the scenario, then the results and plots in `out`. With `quiet`,
+    Flower's per-round INFO lines are held back (its warnings still show)."""
+    from .plots import plot_results
+
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, PolicyResult] = {}
+    flower = logging.getLogger("flwr")
+    if quiet:
+        flower.addFilter(_warnings_only)
+    try:
+        for name in scenario.policy_names():
+            results[name] = run_policy(scenario, name, out / "policies" / name)
+            if on_policy is not None:
+                on_policy(name, results[name])
+    finally:
+        flower.removeFilter(_warnings_only)
+    summary = write_results(scenario, results, out)
+    plot_results(scenario, results, out)
+    return summary

@@ -1,0 +1,156 @@
+"""Emulated silos, clocks, scenarios, and a small policy comparison end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from fedlb.cli import app
+from fedlb.experiments import (
+    EmulatedClock,
+    Scenario,
+    ScenarioError,
+    SpeedProfile,
+    preset,
+)
+
+
+def test_speed_traces():
+    assert SpeedProfile(100).speed_at(7) == 100
+    step = SpeedProfile(100, trace="step:5:0.5")
+    assert [step.speed_at(r) for r in (4, 5, 9)] == [100, 50, 50]
+    periodic = SpeedProfile(100, trace="periodic:2:0.25")
+    assert [periodic.speed_at(r) for r in range(1, 7)] == [100, 100, 25, 25, 100, 100]
+    walk = SpeedProfile(100, trace="walk:0.3", seed=4)
+    values = [walk.speed_at(r) for r in range(1, 30)]
+    assert values == [SpeedProfile(100, trace="walk:0.3", seed=4).speed_at(r) for r in range(1, 30)]
+    assert len(set(values)) > 10
+    assert all(25 <= v <= 400 for v in values)
+    for bad in ("jump", "step:5", "periodic:x:1", "walk"):
+        with pytest.raises(ValueError, match="trace"):
+            SpeedProfile(100, trace=bad)
+
+
+def test_model_clock_reports_the_model_and_measured_paces():
+    profile = SpeedProfile(200.0, overhead=0.5)
+    model = EmulatedClock("model", profile)
+    assert model.report(1, batch_size=20, steps=10, compute_s=0.01, fixed_s=0.001) == (1.0, 0.5)
+    assert model.pace(1) is None
+    assert model.fixed_cost(1) == 0.0
+    measured = EmulatedClock("measured", profile)
+    assert measured.pace(1)(0.001, 20) == pytest.approx(0.1)
+    assert measured.fixed_cost(1) == 0.5
+    with pytest.raises(ValueError, match="clock must be one of"):
+        EmulatedClock("wall", profile)
+
+
+def test_presets():
+    ec2 = preset("ec2-5", 100.0)
+    assert len(ec2) == 5
+    assert max(ec2) == 100.0
+    hetero = preset("hetero-4:5", 10.0)
+    assert max(hetero) / min(hetero) == pytest.approx(4)
+    assert preset("1,2", 3.0) == [3.0, 6.0]
+    with pytest.raises(ValueError, match="hetero-K:N"):
+        preset("hetero-4", 1.0)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"silo": 3}, "unknown scenario key"),
+        ({"rounds": "3"}, "rounds must be int"),
+        ({"clock": "wall"}, "clock must be one of"),
+        ({"policies": "fedavg,magic"}, "unknown policies ['magic']"),
+        ({"silos": 3, "speeds": "1,2"}, "give 2 silos, not 3"),
+        ({"overheads": "1,2"}, "overheads has 2 values for 4 silos"),
+        ({"traces": "jump"}, "unknown speed trace"),
+        ({"partition": "shards"}, "partition must be"),
+        ({"target-accuracy": 1.5}, "target-accuracy must be in"),
+    ],
+)
+def test_bad_scenarios_are_refused(values, message):
+    with pytest.raises(ScenarioError) as caught:
+        Scenario.from_mapping(values)
+    assert message in str(caught.value)
+
+
+def test_the_shipped_scenarios_parse():
+    from pathlib import Path
+
+    for path in sorted(Path("scenarios").glob("*.toml")):
+        scenario = Scenario.from_file(path)
+        assert scenario.policy_names()
+
+
+@pytest.mark.slow
+def test_a_small_comparison_end_to_end(tmp_path):
+    """Flower's Simulation Engine, model clock, four policies, digits."""
+    result = CliRunner().invoke(
+        app,
+        [
+            "experiment",
+            "--silos",
+            "3",
+            "--speeds",
+            "1,2,4",
+            "--rounds",
+            "3",
+            "--local-steps",
+            "5",
+            "--batch-size",
+            "16",
+            "--learning-rate",
+            "0.1",
+            "--policies",
+            "fedavg,lb,lb-tau,quorum",
+            "--target-accuracy",
+            "0.3",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "speedup vs" in result.output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["clock"] == "model"
+    assert set(summary["policies"]) == {"fedavg", "lb", "lb-tau", "quorum"}
+    for row in summary["policies"].values():
+        assert {
+            "time_to_target_s",
+            "best_accuracy",
+            "final_accuracy",
+            "mean_balance_efficiency",
+            "idle_fraction",
+            "rounds",
+        } <= set(row)
+        assert row["rounds"] == 3
+    rows = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    by = {}
+    for row in rows:
+        by.setdefault(row["policy"], []).append(row)
+    assert all(r["clock"] == "model" for r in rows)
+    # fedavg: uniform B; lb: B moves toward 1:2:4 with τ fixed, E = 1 from round 2 (model clock)
+    assert {r["batch_size"] for r in by["fedavg"]} == {16}
+    lb_late = [r for r in by["lb"] if r["round"] >= 2]
+    assert min(r["efficiency"] for r in lb_late) > 0.95
+    assert {r["local_steps"] for r in by["lb"]} == {5}
+    sizes = {r["silo"]: r["batch_size"] for r in lb_late if r["round"] == 3}
+    assert sizes["silo-2"] > sizes["silo-1"] > sizes["silo-0"]
+    # lb-tau: B fixed, τ moves
+    assert {r["batch_size"] for r in by["lb-tau"]} == {16}
+    assert len({r["local_steps"] for r in by["lb-tau"]}) > 1
+    # quorum: two of three silos kept each round
+    assert all(r["round_silos"] == 2 for r in by["quorum"])
+    # the clock: lb's rounds are shorter than fedavg's
+    assert (
+        summary["policies"]["lb"]["total_clock_s"] < summary["policies"]["fedavg"]["total_clock_s"]
+    )
+    for png in ("accuracy.png", "batch_sizes.png", "round_time.png", "idle.png"):
+        assert (tmp_path / png).stat().st_size > 5000
+    parts = json.loads((tmp_path / "partition.json").read_text())
+    assert len(parts) == 3
+    assert np.sum([p["samples"] for p in parts]) > 1000

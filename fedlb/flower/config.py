@@ -17,7 +17,7 @@ TUNERS = ("proportional", "deadband", "static")
 ESTIMATORS = ("ema", "ema-restart", "memoryless")
 DATASETS = ("digits",)
 EVALUATE_MODES = ("with-train", "separate")
-MODELS = ("mlp", "lenet5")
+MODELS = ("mlp", "cnn", "lenet5")  # "lstm" arrives with a text dataset
 
 
 RUN_SETTING_HELP = {
@@ -35,7 +35,7 @@ RUN_SETTING_HELP = {
     "evaluate-mode": "with-train (inside the next train message) or separate (own phase).",
     "dataset": "digits (embedded).",
     "partition": "iid, classes:K (K classes per silo) or dirichlet:α.",
-    "model": "mlp or lenet5.",
+    "model": "mlp, cnn, or lenet5 (28x28 or 32x32 images only).",
     "seed": "Seed of the partition, the model and the batch order.",
     "server-test-fraction": "Share held out for server-side evaluation (0: none).",
     "silo-test-fraction": "Share of each silo's part held out for its evaluation.",

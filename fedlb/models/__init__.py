@@ -6,8 +6,9 @@ from torch import nn
 
 from .lenet import LeNet5
 from .mlp import MLP
+from .small import CharLSTM, SmallCNN
 
-MODELS = ("mlp", "lenet5")
+MODELS = ("mlp", "lenet5", "cnn", "lstm")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
@@ -20,7 +21,11 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
     if name == "lenet5":
         channels, height = input_shape[0], input_shape[-1]
         return LeNet5(channels, num_classes, image_size=height)
+    if name == "cnn":
+        return SmallCNN(input_shape[0], num_classes, image_size=input_shape[-1])
+    if name == "lstm":
+        return CharLSTM(vocab_size=num_classes)
     raise ValueError(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
 
 
-__all__ = ["MLP", "MODELS", "LeNet5", "build_model"]
+__all__ = ["MLP", "MODELS", "CharLSTM", "LeNet5", "SmallCNN", "build_model"]

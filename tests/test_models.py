@@ -1,0 +1,46 @@
+"""The reference models: shapes, parameter counts, one training step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedlb.models import MODELS, CharLSTM, LeNet5, SmallCNN, build_model
+
+
+@pytest.mark.parametrize(
+    ("model", "x", "classes"),
+    [
+        (LeNet5(), torch.randn(4, 1, 28, 28), 10),
+        (LeNet5(3, image_size=32), torch.randn(4, 3, 32, 32), 10),
+        (SmallCNN(), torch.randn(4, 1, 28, 28), 10),
+        (SmallCNN(3, image_size=32), torch.randn(4, 3, 32, 32), 10),
+        (CharLSTM(vocab_size=60), torch.randint(0, 60, (4, 20)), 60),
+    ],
+)
+def test_models_produce_logits_and_train(model, x, classes):
+    logits = model(x)
+    assert logits.shape == (4, classes)
+    y = torch.randint(0, classes, (4,))
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = torch.nn.functional.cross_entropy(model(x), y)
+    for _ in range(10):
+        optimiser.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimiser.step()
+    assert torch.nn.functional.cross_entropy(model(x), y) < before
+
+
+def test_lenet5_has_the_papers_size():
+    assert sum(p.numel() for p in LeNet5().parameters()) == 61_706
+
+
+def test_build_model_is_seeded_and_names_its_choices():
+    a = build_model("cnn", (1, 28, 28), 10, seed=3)
+    b = build_model("cnn", (1, 28, 28), 10, seed=3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    with pytest.raises(ValueError, match="choose from"):
+        build_model("resnet", (1, 28, 28), 10, seed=0)
+    assert set(MODELS) == {"mlp", "lenet5", "cnn", "lstm"}
+    with pytest.raises(ValueError, match="divisible by 4"):
+        SmallCNN(image_size=30)

@@ -104,3 +104,49 @@ def test_cifar10_refuses_a_pickle_that_runs_code_and_missing_batches(tmp_path):
     (folder / "test_batch").unlink()
     with pytest.raises(FileNotFoundError, match="missing CIFAR-10 python batches"):
         load_cifar10(folder)
+
+
+HEART_HEADER = (
+    "id,age,sex,dataset,cp,trestbps,chol,fbs,restecg,thalch,exang,oldpeak,slope,ca,thal,num"
+)
+HEART_ROWS = [
+    "1,63,Male,Cleveland,typical angina,145,233,TRUE,lv hypertrophy,150,FALSE,2.3,"
+    "downsloping,0,fixed defect,0",
+    "2,67,Male,Cleveland,asymptomatic,160,286,FALSE,lv hypertrophy,108,TRUE,1.5,flat,3,normal,2",
+    "3,54,Female,Hungary,atypical angina,130,,FALSE,normal,150,FALSE,0,,,,0",
+    "4,59,Male,Switzerland,asymptomatic,,0,,st-t abnormality,120,TRUE,1.2,flat,,,3",
+    "5,48,Female,VA Long Beach,non-anginal,140,250,FALSE,normal,130,FALSE,0.5,upsloping,,normal,1",
+]
+
+
+def test_heart_disease_table_features_labels_and_hospitals(tmp_path):
+    from fedlb.data import load_heart_disease, partition_by_id
+
+    path = tmp_path / "heart_disease_uci.csv"
+    path.write_text("\n".join([HEART_HEADER, *HEART_ROWS]) + "\n")
+    data = load_heart_disease(path)
+    assert data.x.shape[0] == 5
+    assert data.x.dtype == np.float32
+    assert np.isfinite(data.x).all()  # gaps filled, with 'was missing' flags
+    assert data.y.tolist() == [0, 1, 0, 1, 1]
+    assert data.num_classes == 2
+    parts = partition_by_id(data.groups)
+    assert {k: len(v) for k, v in parts.items()} == {
+        "Cleveland": 2,
+        "Hungary": 1,
+        "Switzerland": 1,
+        "VA Long Beach": 1,
+    }
+    sub = data.subset(parts["Cleveland"])
+    assert set(sub.groups.tolist()) == {"Cleveland"}
+
+
+def test_heart_disease_refuses_other_tables(tmp_path):
+    from fedlb.data import load_heart_disease
+
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not the UCI Heart Disease table"):
+        load_heart_disease(other)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_heart_disease(tmp_path / "absent.csv")

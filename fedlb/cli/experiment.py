@@ -22,7 +22,11 @@ def experiment(
     scenario: Annotated[
         Path | None, typer.Argument(help="Scenario TOML file (see scenarios/).")
     ] = None,
-    dataset: Annotated[str | None, typer.Option(help="digits.")] = None,
+    dataset: Annotated[
+        str | None,
+        typer.Option(help="digits, fashion-mnist, mnist-5k, cifar10, heart-disease."),
+    ] = None,
+    data_dir: Annotated[str | None, typer.Option(help="Where the dataset's files are.")] = None,
     silos: Annotated[int | None, typer.Option(help="Number of silos.")] = None,
     speeds: Annotated[
         str | None, typer.Option(help="Relative speeds 1,2,3,6 or ec2-5 or hetero-K:N.")
@@ -32,8 +36,10 @@ def experiment(
     traces: Annotated[
         str | None, typer.Option(help="static, step:R:F, periodic:P:F, walk:S (per silo).")
     ] = None,
-    partition: Annotated[str | None, typer.Option(help="iid, classes:K, dirichlet:α.")] = None,
-    model: Annotated[str | None, typer.Option(help="mlp.")] = None,
+    partition: Annotated[
+        str | None, typer.Option(help="iid, classes:K, dirichlet:α, natural.")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="mlp, cnn, lenet5.")] = None,
     rounds: Annotated[int | None, typer.Option(help="Rounds per policy.")] = None,
     local_steps: Annotated[int | None, typer.Option(help="τ.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="B0.")] = None,
@@ -50,6 +56,7 @@ def experiment(
     η) and write rounds.jsonl, summary.json, partition.json and PNG plots."""
     flags: dict[str, Any] = {
         "dataset": dataset,
+        "data-dir": data_dir,
         "silos": silos,
         "speeds": speeds,
         "base-speed": base_speed,

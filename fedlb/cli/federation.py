@@ -24,16 +24,12 @@ from fedlb.flower import (
     RunConfig,
     RunOutcome,
     free_port,
+    read_toml,
     render_round,
     start_supernode,
 )
 
 from .common import UsageError, app, console
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 SERVER_KEYS = {"host": str, "port": int, "out-dir": str, "run-timeout": float}
 SILO_KEYS = {
@@ -59,11 +55,9 @@ def read_config(
     if path is None:
         return {section: {} for section in sections}
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError as error:
-        raise UsageError(f"config file {path} does not exist") from error
-    except tomllib.TOMLDecodeError as error:
-        raise UsageError(f"config file {path} is not valid TOML: {error}") from error
+        data = read_toml(path)
+    except ConfigError as error:
+        raise UsageError(str(error)) from error
     unknown = sorted(set(data) - set(sections))
     if unknown:
         raise UsageError(f"{path}: unknown section(s) {unknown}; expected {sorted(sections)}")

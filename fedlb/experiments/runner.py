@@ -11,7 +11,6 @@ import json
 import logging
 import math
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,11 +19,6 @@ from typing import Any
 from fedlb.balance import Deadband, Proportional, Static
 
 from .profiles import CLOCKS, EmulatedClock, SpeedProfile, preset
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 log = logging.getLogger("fedlb.experiments")
 
@@ -109,12 +103,12 @@ class Scenario:
 
     @classmethod
     def from_file(cls, path: Path, overrides: dict[str, Any] | None = None) -> Scenario:
+        from fedlb.flower import ConfigError, read_toml
+
         try:
-            values = tomllib.loads(path.read_text())
-        except FileNotFoundError as error:
-            raise ScenarioError(f"scenario file {path} does not exist") from error
-        except tomllib.TOMLDecodeError as error:
-            raise ScenarioError(f"scenario file {path} is not valid TOML: {error}") from error
+            values = read_toml(path, "scenario file")
+        except ConfigError as error:
+            raise ScenarioError(str(error)) from error
         values.setdefault("name", path.stem)
         return cls.from_mapping({**values, **(overrides or {})})
 

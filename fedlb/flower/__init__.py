@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
-    from .config import RUN_SETTING_HELP, ConfigError, RunConfig
+    from .config import RUN_SETTING_HELP, ConfigError, RunConfig, read_toml
     from .deploy import DeployError, free_port, start_supernode
     from .dropin import LocalRound
     from .grid import PollingGrid
@@ -39,6 +39,7 @@ _EXPORTS = {
     "RunConfig": ".config",
     "ConfigError": ".config",
     "RUN_SETTING_HELP": ".config",
+    "read_toml": ".config",
     "render_round": ".report",
     "Federation": ".launch",
     "RunOutcome": ".launch",
@@ -73,6 +74,7 @@ __all__ = [
     "free_port",
     "model_for",
     "node_settings",
+    "read_toml",
     "render_round",
     "start_supernode",
     "train_reply",

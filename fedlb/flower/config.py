@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 TUNERS = ("proportional", "deadband", "static")
 ESTIMATORS = ("ema", "ema-restart", "memoryless")
@@ -49,6 +56,16 @@ RUN_SETTING_HELP = {
 
 class ConfigError(ValueError):
     """A setting that cannot be used; the message names the key and what to do."""
+
+
+def read_toml(path: Path, what: str = "config file") -> dict[str, Any]:
+    """A TOML file's tables, or a ConfigError that names the file and what is wrong."""
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError as error:
+        raise ConfigError(f"{what} {path} does not exist") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{what} {path} is not valid TOML: {error}") from error
 
 
 @dataclass(frozen=True)

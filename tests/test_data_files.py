@@ -150,3 +150,45 @@ def test_heart_disease_refuses_other_tables(tmp_path):
         load_heart_disease(other)
     with pytest.raises(FileNotFoundError, match="no such file"):
         load_heart_disease(tmp_path / "absent.csv")
+
+
+PLAY = """THE TEMPEST
+
+SCENE 2
+
+[Enter PROSPERO and MIRANDA]
+
+MIRANDA.
+If by your art, my dearest father, you have
+Put the wild waters in this roar, allay them.
+
+PROSPERO.
+Be collected: [Aside] no more amazement.
+Tell your piteous heart there's no harm done.
+
+MIRANDA.
+O! woe the day!
+"""
+
+
+def test_shakespeare_roles_become_groups_of_next_character_samples(tmp_path):
+    from fedlb.data import load_shakespeare
+    from fedlb.data.text import VOCABULARY, speeches
+
+    said = speeches(PLAY)
+    assert set(said) == {"MIRANDA", "PROSPERO"}
+    assert said["PROSPERO"].startswith("Be collected:  no more amazement.")
+    assert said["MIRANDA"].endswith("O! woe the day!")
+    (tmp_path / "tempest_gut.txt").write_text(PLAY)
+    data = load_shakespeare(tmp_path, roles=2, sequence=10, per_role=20)
+    assert data.x.shape[1] == 10
+    assert data.x.dtype == np.int64
+    assert set(data.groups.tolist()) == {"tempest/MIRANDA", "tempest/PROSPERO"}
+    assert data.num_classes == len(VOCABULARY)
+    first = data.x[0]  # a window of MIRANDA's text, and the character after it
+    text = "".join(VOCABULARY[i] for i in first)
+    assert text in said["MIRANDA"] or text in said["PROSPERO"]
+    with pytest.raises(ValueError, match="only 2 roles"):
+        load_shakespeare(tmp_path, roles=3, sequence=10)
+    with pytest.raises(FileNotFoundError, match="no play texts"):
+        load_shakespeare(tmp_path / "empty")

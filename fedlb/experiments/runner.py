@@ -77,27 +77,18 @@ class Scenario:
     out: str = ""
 
     @classmethod
-    def keys(cls) -> list[str]:
-        return [f.replace("_", "-") for f in cls.__dataclass_fields__]
-
-    @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> Scenario:
-        known = {f.replace("_", "-"): f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise ScenarioError(f"unknown scenario key(s) {unknown}; known: {sorted(known)}")
-        kwargs = {}
-        for key, value in values.items():
-            name = known[key]
-            kind = type(getattr(cls, name))
-            if kind is float and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-            if isinstance(value, (list, tuple)) and kind is str:
-                value = ",".join(str(v) for v in value)
-            if isinstance(value, bool) or not isinstance(value, kind):
-                raise ScenarioError(f"scenario key {key} must be {kind.__name__}, got {value!r}")
-            kwargs[name] = value
-        scenario = cls(**kwargs)
+        from fedlb.flower import ConfigError, dataclass_arguments
+
+        # TOML lists are accepted for the comma-separated keys (speeds, policies, ...).
+        flat = {
+            k: ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else v
+            for k, v in values.items()
+        }
+        try:
+            scenario = cls(**dataclass_arguments(cls, flat, "scenario key"))
+        except ConfigError as error:
+            raise ScenarioError(str(error)) from error
         scenario.check()
         return scenario
 

@@ -18,7 +18,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
-    from .config import RUN_SETTING_HELP, ConfigError, RunConfig, read_toml
+    from .config import (
+        RUN_SETTING_HELP,
+        ConfigError,
+        RunConfig,
+        dataclass_arguments,
+        read_toml,
+    )
     from .deploy import DeployError, free_port, start_supernode
     from .dropin import LocalRound
     from .grid import PollingGrid
@@ -40,6 +46,7 @@ _EXPORTS = {
     "ConfigError": ".config",
     "RUN_SETTING_HELP": ".config",
     "read_toml": ".config",
+    "dataclass_arguments": ".config",
     "render_round": ".report",
     "Federation": ".launch",
     "RunOutcome": ".launch",
@@ -68,6 +75,7 @@ __all__ = [
     "RunOutcome",
     "SiloClock",
     "SiloRound",
+    "dataclass_arguments",
     "default_estimator",
     "evaluate_reply",
     "federation_data",

@@ -124,23 +124,9 @@ class RunConfig:
     out_dir: str = ""
 
     @classmethod
-    def setting_names(cls) -> list[str]:
-        return [f.name.replace("_", "-") for f in fields(cls)]
-
-    @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
         """Build from Flower's run config (or any mapping with '-' keys)."""
-        known = {f.name.replace("_", "-"): f for f in fields(cls)}
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise ConfigError(
-                f"unknown setting(s) {', '.join(unknown)}; the settings are: " + ", ".join(known)
-            )
-        kwargs: dict[str, Any] = {}
-        for key, value in values.items():
-            field = known[key]
-            kwargs[field.name] = _coerce(key, value, field.type)
-        config = cls(**kwargs)
+        config = cls(**dataclass_arguments(cls, values, "setting"))
         config.check()
         return config
 
@@ -203,12 +189,24 @@ class RunConfig:
             raise ConfigError("invalid run settings: " + "; ".join(problems))
 
 
-def _coerce(key: str, value: Any, annotation: object) -> Any:
-    expected = {"int": int, "float": float, "str": str}[str(annotation)]
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, bool) or not isinstance(value, expected):
-        raise ConfigError(
-            f"setting {key} must be {expected.__name__}, got {value!r} ({type(value).__name__})"
-        )
-    return value
+def dataclass_arguments(cls: type, values: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """Keyword arguments for a dataclass of int/float/str fields from a mapping whose keys
+    spell the fields with '-' for '_': unknown keys and wrong types are a ConfigError that
+    names the key ('what' says what a key is: "setting", "scenario key"). Ints are taken
+    for floats; nothing else is converted."""
+    known = {f.name.replace("_", "-"): f for f in fields(cls)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown {what}(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    arguments: dict[str, Any] = {}
+    for key, value in values.items():
+        field = known[key]
+        expected = {"int": int, "float": float, "str": str}[str(field.type)]
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) or not isinstance(value, expected):
+            raise ConfigError(
+                f"{what} {key} must be {expected.__name__}, got {value!r} ({type(value).__name__})"
+            )
+        arguments[field.name] = value
+    return arguments

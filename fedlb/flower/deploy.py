@@ -230,11 +230,6 @@ def write_connection(home: Path, address: str) -> None:
     )
 
 
-def run_config_text(values: Mapping[str, Any]) -> str:
-    """Flower's --run-config syntax (the same as node config)."""
-    return node_config_text(values)
-
-
 def _flwr(home: Path, args: list[str], timeout: float = 120) -> dict[str, Any]:
     command = [str(bin_dir() / "flwr"), *args, "--format", "json"]
     done = subprocess.run(
@@ -259,7 +254,8 @@ def _flwr(home: Path, args: list[str], timeout: float = 120) -> dict[str, Any]:
 
 def submit_run(home: Path, app: Path, run_config: Mapping[str, Any]) -> str:
     """Submit the app with these run settings; returns the run id (no waiting)."""
-    reply = _flwr(home, ["run", str(app), CONNECTION, "--run-config", run_config_text(run_config)])
+    # --run-config has the same syntax as --node-config
+    reply = _flwr(home, ["run", str(app), CONNECTION, "--run-config", node_config_text(run_config)])
     return str(reply["run-id"])
 
 
@@ -270,11 +266,6 @@ def run_status(home: Path, run_id: str) -> str:
         if str(run.get("run-id")) == run_id:
             return str(run.get("status", "unknown"))
     return "unknown"
-
-
-def online_nodes(home: Path) -> int:
-    reply = _flwr(home, ["supernode", "ls", CONNECTION], timeout=60)
-    return sum(1 for n in reply.get("nodes", []) if str(n.get("status")).lower() == "online")
 
 
 def stream_logs(home: Path, run_id: str, log_path: Path) -> subprocess.Popen[bytes]:

@@ -8,6 +8,7 @@ import struct
 
 import numpy as np
 import pytest
+import torch
 
 from fedlb.data import load_cifar10, load_fashion_mnist, load_idx_folder, read_idx
 
@@ -192,3 +193,29 @@ def test_shakespeare_roles_become_groups_of_next_character_samples(tmp_path):
         load_shakespeare(tmp_path, roles=3, sequence=10)
     with pytest.raises(FileNotFoundError, match="no play texts"):
         load_shakespeare(tmp_path / "empty")
+
+
+def test_shakespeare_is_a_run_dataset_with_one_role_per_silo(tmp_path):
+    """dataset shakespeare + partition natural: silo i trains on role i's lines only."""
+    from fedlb.flower import RunConfig, federation_data, model_for
+    from fedlb.flower.task import silo_data
+
+    speech = "Now is the winter of our discontent made glorious summer by this sun. " * 4
+    play = "".join(f"{name}.\n{speech}{name.lower()}\n\n" * 6 for name in ("ANNE", "RICHARD"))
+    (tmp_path / "richard_iii_gut.txt").write_text(play)
+    config = RunConfig.from_mapping(
+        {
+            "dataset": "shakespeare",
+            "data-dir": str(tmp_path),
+            "model": "lstm",
+            "partition": "natural",
+            "num-silos": 2,
+        }
+    )
+    pool, test = federation_data(config)
+    assert pool.x.shape[1] == 80
+    assert len(test) > 0
+    roles = [set(silo_data(config, i, 2).train.groups.tolist()) for i in range(2)]
+    assert roles == [{"richard_iii/ANNE"}, {"richard_iii/RICHARD"}]
+    logits = model_for(config, pool)(torch.as_tensor(pool.x[:3]))
+    assert logits.shape == (3, pool.num_classes)

@@ -86,9 +86,51 @@ def test_the_shipped_scenarios_parse():
         assert scenario.policy_names()
 
 
+def test_the_speedup_ceiling_is_uniform_over_ideal_round_time():
+    # speeds 100 and 300 samples/s, τ = 10, B0 = 16: FedAvg's round 10·16/100 = 1.6 s; the
+    # best split of 32 is 8 : 24, 0.8 s each: the ceiling is 2x. With 0.4 s fixed cost each:
+    # (0.4 + 1.6) / (0.4 + 0.8) = 1.67x.
+    values = {"silos": 2, "speeds": "1,3", "local-steps": 10, "batch-size": 16, "rounds": 3}
+    assert Scenario.from_mapping(values).speedup_ceiling() == pytest.approx(2.0)
+    fixed = Scenario.from_mapping({**values, "overheads": "0.4"})
+    assert fixed.speedup_ceiling() == pytest.approx(2.0 / 1.2)
+    # the fast silo slows 3x from round 2: uniform rounds 1.6, 1.6, 1.6; ideal 0.8, 1.6, 1.6
+    step = Scenario.from_mapping({**values, "traces": "static,step:2:0.333333333"})
+    assert step.speedup_ceiling() == pytest.approx(4.8 / 4.0, rel=1e-3)
+
+
+def test_seeds_combine_into_means_with_spread_and_reach():
+    from fedlb.experiments.runner import combine_seeds
+
+    scenario = Scenario.from_mapping({"policies": "fedavg,lb", "repeats": 2, "seed": 5})
+    assert scenario.seeds() == [5, 6]
+
+    def one(ttt_lb, final_lb):
+        row = {"time_to_target_s": None, "final_accuracy": 0.5, "rounds": 4}
+        return {
+            "speedup_ceiling": 2.0,
+            "policies": {
+                "fedavg": row,
+                "lb": {**row, "time_to_target_s": ttt_lb, "final_accuracy": final_lb},
+            },
+        }
+
+    combined = combine_seeds(scenario, {5: one(10.0, 0.6), 6: one(20.0, 0.8)})
+    lb, fedavg = combined["policies"]["lb"], combined["policies"]["fedavg"]
+    assert lb["time_to_target_s"] == pytest.approx(15.0)
+    assert lb["final_accuracy"] == pytest.approx(0.7)
+    assert lb["final_accuracy_std"] == pytest.approx(0.1414, abs=1e-4)
+    assert lb["reached_target"] == "2/2"
+    assert fedavg["time_to_target_s"] is None
+    assert fedavg["reached_target"] == "0/2"
+    assert set(lb["per_seed"]) == {"5", "6"}
+    assert combined["seeds"] == [5, 6]
+    assert combined["speedup_ceiling"] == 2.0
+
+
 @pytest.mark.slow
 def test_a_small_comparison_end_to_end(tmp_path):
-    """Flower's Simulation Engine, model clock, four policies, digits."""
+    """Flower's Simulation Engine, model clock, four policies, two seeds, digits."""
     result = CliRunner().invoke(
         app,
         [
@@ -109,12 +151,15 @@ def test_a_small_comparison_end_to_end(tmp_path):
             "fedavg,lb,lb-tau,quorum",
             "--target-accuracy",
             "0.3",
+            "--repeats",
+            "2",
             "--out",
             str(tmp_path),
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "speedup vs" in result.output
+    assert "speedup" in result.output
+    assert "fedavg's time to target" in result.output
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["clock"] == "model"
     assert set(summary["policies"]) == {"fedavg", "lb", "lb-tau", "quorum"}
@@ -126,9 +171,23 @@ def test_a_small_comparison_end_to_end(tmp_path):
             "mean_balance_efficiency",
             "idle_fraction",
             "rounds",
+            "steady_balance_efficiency",
+            "reached_target",
         } <= set(row)
         assert row["rounds"] == 3
+        assert set(row["per_seed"]) == {"0", "1"}
+    assert summary["seeds"] == [0, 1]
+    # FedAvg's round 5·16/100 = 0.8 s; the best integer split of 48 is 7:14:27, 0.35 s
+    assert summary["speedup_ceiling"] == pytest.approx(0.8 / 0.35)
+    for seed in (0, 1):
+        folder = tmp_path / f"seed-{seed}"
+        assert {"summary.json", "partition.json", "rounds.jsonl"} <= {
+            p.name for p in folder.iterdir()
+        }
+    assert (tmp_path / "accuracy.png").stat().st_size > 5000
     rows = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert {r["seed"] for r in rows} == {0, 1}
+    rows = [r for r in rows if r["seed"] == 0]
     by = {}
     for row in rows:
         by.setdefault(row["policy"], []).append(row)
@@ -150,7 +209,7 @@ def test_a_small_comparison_end_to_end(tmp_path):
         summary["policies"]["lb"]["total_clock_s"] < summary["policies"]["fedavg"]["total_clock_s"]
     )
     for png in ("accuracy.png", "batch_sizes.png", "round_time.png", "idle.png"):
-        assert (tmp_path / png).stat().st_size > 5000
-    parts = json.loads((tmp_path / "partition.json").read_text())
+        assert (tmp_path / "seed-0" / png).stat().st_size > 5000
+    parts = json.loads((tmp_path / "seed-0" / "partition.json").read_text())
     assert len(parts) == 3
     assert np.sum([p["samples"] for p in parts]) > 1000

@@ -48,6 +48,9 @@ def test_the_shipped_app_defaults_are_runconfig_defaults():
         ({"server-test-fraction": 1.0}, "server-test-fraction must be in [0, 1)"),
         ({"poll-interval": -1.0}, "poll-interval must be a finite number >= 0"),
         ({"model": "lenet5"}, "lenet5 needs 28x28 or 32x32 images"),
+        ({"model": "lstm"}, "model lstm and dataset shakespeare go together"),
+        ({"dataset": "shakespeare"}, "model lstm and dataset shakespeare go together"),
+        ({"partition": "natural"}, "partition natural needs a dataset with natural silos"),
     ],
 )
 def test_bad_run_settings_are_refused_with_the_key(values, message):

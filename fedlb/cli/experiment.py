@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from fedlb.experiments import POLICIES, PolicyResult, Scenario, ScenarioError, run_experiment
+from fedlb.flower import DATASETS, MODELS
 
 from .common import UsageError, app, console
 
@@ -24,7 +25,7 @@ def experiment(
     ] = None,
     dataset: Annotated[
         str | None,
-        typer.Option(help="digits, fashion-mnist, mnist-5k, cifar10, heart-disease."),
+        typer.Option(help=", ".join(DATASETS) + "."),
     ] = None,
     data_dir: Annotated[str | None, typer.Option(help="Where the dataset's files are.")] = None,
     silos: Annotated[int | None, typer.Option(help="Number of silos.")] = None,
@@ -39,7 +40,7 @@ def experiment(
     partition: Annotated[
         str | None, typer.Option(help="iid, classes:K, dirichlet:α, natural.")
     ] = None,
-    model: Annotated[str | None, typer.Option(help="mlp, cnn, lenet5.")] = None,
+    model: Annotated[str | None, typer.Option(help=", ".join(MODELS) + ".")] = None,
     rounds: Annotated[int | None, typer.Option(help="Rounds per policy.")] = None,
     local_steps: Annotated[int | None, typer.Option(help="τ.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="B0.")] = None,
@@ -50,6 +51,9 @@ def experiment(
     ] = None,
     target_accuracy: Annotated[float | None, typer.Option(help="For time-to-target.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of data, model, profiles.")] = None,
+    repeats: Annotated[
+        int | None, typer.Option(help="Runs per policy, seeds seed, seed+1, ...")
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Results folder.")] = None,
 ) -> None:
     """Run every policy on the same federation (same seed, partition, initial model, τ, X,
@@ -72,6 +76,7 @@ def experiment(
         "policies": policies,
         "target-accuracy": target_accuracy,
         "seed": seed,
+        "repeats": repeats,
         "out": None if out is None else str(out),
     }
     flags = {k: v for k, v in flags.items() if v is not None}
@@ -84,6 +89,7 @@ def experiment(
         f"[bold]fedlb experiment[/] {chosen.name}: {chosen.silos} silos, speeds "
         f"{chosen.speeds} x {chosen.base_speed:g} samples/s, {chosen.partition}, "
         f"{chosen.rounds} rounds, clock: {chosen.clock}; policies {chosen.policies}"
+        + (f"; seeds {', '.join(map(str, chosen.seeds()))}" if chosen.repeats > 1 else "")
     )
 
     def done(name: str, result: PolicyResult) -> None:
@@ -94,35 +100,50 @@ def experiment(
         )
 
     summary = run_experiment(chosen, folder, on_policy=done)
+    seeds = f", mean of {chosen.repeats} seeds" if chosen.repeats > 1 else ""
     table = Table(
-        title=f"{chosen.name} — clock: {chosen.clock}, target accuracy {chosen.target_accuracy:g}",
+        title=f"{chosen.name} — clock: {chosen.clock}, target accuracy "
+        f"{chosen.target_accuracy:g}{seeds}",
         title_justify="left",
+        caption="speedup: fedavg's time to target over the policy's; the most these speeds "
+        f"allow is {summary['speedup_ceiling']:.2f}x (FedAvg's rounds over ideal T* rounds). "
+        "E: mean balance efficiency T*/round time, all rounds and from round 3 on.",
+        caption_justify="left",
     )
-    for column in (
-        "policy",
-        "time to target s",
-        "speedup vs fedavg",
-        "final acc",
-        "best acc",
-        "mean E",
-        "idle",
-    ):
+    columns = ["policy", "to target s", "speedup", "final acc", "best acc"]
+    columns += ["E", "E r≥3", "idle"]
+    if chosen.repeats > 1:
+        columns.insert(2, "reached")
+    for column in columns:
         table.add_column(column, justify="left" if column == "policy" else "right")
     baseline = summary["policies"].get("fedavg", {}).get("time_to_target_s")
     for name, row in summary["policies"].items():
         ttt = row["time_to_target_s"]
         speedup = baseline / ttt if baseline and ttt else None
-        table.add_row(
+        final = _fmt(row["final_accuracy"], ".3f")
+        if "final_accuracy_std" in row:
+            final += f" ± {row['final_accuracy_std']:.3f}"
+        cells = [
             name,
             _fmt(ttt, ".2f"),
             _fmt(speedup, ".2f") + ("x" if speedup else ""),
-            _fmt(row["final_accuracy"], ".3f"),
+            final,
             _fmt(row["best_accuracy"], ".3f"),
             _fmt(row["mean_balance_efficiency"], ".3f"),
+            _fmt(row["steady_balance_efficiency"], ".3f"),
             _fmt(row["idle_fraction"], ".0%"),
-        )
+        ]
+        if chosen.repeats > 1:
+            cells.insert(2, row["reached_target"])
+        table.add_row(*cells)
     console.print(table)
-    console.print(
-        f"results: {folder}/rounds.jsonl, summary.json, partition.json, accuracy.png, "
-        "batch_sizes.png, round_time.png, idle.png"
-    )
+    if chosen.repeats == 1:
+        console.print(
+            f"results: {folder}/rounds.jsonl, summary.json, partition.json, accuracy.png, "
+            "batch_sizes.png, round_time.png, idle.png"
+        )
+    else:
+        console.print(
+            f"results: {folder}/rounds.jsonl, summary.json, accuracy.png (all seeds); "
+            f"each seed's full set in {folder}/seed-S/"
+        )

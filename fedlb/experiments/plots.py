@@ -113,3 +113,43 @@ def plot_results(scenario: Scenario, results: dict[str, PolicyResult], out: Path
     axis.legend()
     written.append(_save(figure, out / "idle.png"))
     return written
+
+
+def plot_seeds(
+    scenario: Scenario, runs: dict[int, dict[str, PolicyResult]], out: Path
+) -> list[Path]:
+    """accuracy.png in `out`: each policy's accuracy per round, the mean over the seeds
+    against the mean clock time, with the band between the lowest and highest seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for name in scenario.policy_names():
+        results = [by_policy[name] for by_policy in runs.values()]
+        rounds = min(len(r.records) for r in results)
+        accuracy = np.array(
+            [
+                [math.nan if (a := r.accuracy(r.records[k])) is None else a for k in range(rounds)]
+                for r in results
+            ]
+        )
+        times = np.array([r.clock_s[:rounds] for r in results]).mean(axis=0)
+        line = axis.plot(times, np.nanmean(accuracy, axis=0), marker="o", ms=3, label=name)
+        axis.fill_between(
+            times,
+            np.nanmin(accuracy, axis=0),
+            np.nanmax(accuracy, axis=0),
+            color=line[0].get_color(),
+            alpha=0.15,
+        )
+    axis.axhline(scenario.target_accuracy, color="grey", ls="--", lw=1, label="target")
+    axis.set_xlabel(f"time (s, clock: {scenario.clock}; mean over seeds)")
+    axis.set_ylabel("test accuracy")
+    axis.set_title(
+        f"{scenario.name}: accuracy, mean of {len(runs)} seeds (band: lowest to highest)"
+    )
+    axis.legend()
+    return [_save(figure, out / "accuracy.png")]

@@ -12,7 +12,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,11 @@ POLICIES: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
 }
 
 
+# Round 1 is uniform (nothing measured yet) and round 2 the first balanced one: the
+# balance goals are judged from round 3 on.
+STEADY_FROM_ROUND = 3
+
+
 class ScenarioError(ValueError):
     """A scenario setting that cannot be run; the message names it."""
 
@@ -54,6 +59,8 @@ class Scenario:
         'hetero-K:N'), times base_speed samples/s.
     overheads: fixed seconds per round, one value for all or one per silo.
     traces: speed traces (see SpeedProfile), one for all or one per silo.
+    repeats: runs of every policy with seeds seed, seed+1, ... (data split, initial
+        model, batch order and random-walk traces all follow the seed).
     """
 
     name: str = "scenario"
@@ -74,6 +81,7 @@ class Scenario:
     policies: str = "fedavg,lb"
     target_accuracy: float = 0.8
     seed: int = 0
+    repeats: int = 1
     out: str = ""
 
     @classmethod
@@ -102,6 +110,28 @@ class Scenario:
             raise ScenarioError(str(error)) from error
         values.setdefault("name", path.stem)
         return cls.from_mapping({**values, **(overrides or {})})
+
+    def seeds(self) -> list[int]:
+        return [self.seed + k for k in range(self.repeats)]
+
+    def speedup_ceiling(self) -> float:
+        """The most any policy can shorten the run against FedAvg's uniform split: the sum
+        over rounds of the uniform round time over the sum of the ideal T* (the best split
+        of X = n·B0 for each round's speeds and fixed costs)."""
+        from .clocks import LinearTime, ideal_split, round_time
+
+        uniform = ideal = 0.0
+        profiles = self.profiles()
+        for server_round in range(1, self.rounds + 1):
+            models = {
+                str(i): LinearTime(p.speed_at(server_round), p.overhead)
+                for i, p in enumerate(profiles)
+            }
+            uniform += max(
+                round_time(m, self.batch_size, self.local_steps) for m in models.values()
+            )
+            ideal += ideal_split(models, self.silos * self.batch_size, self.local_steps)[1]
+        return uniform / ideal
 
     def policy_names(self) -> list[str]:
         return [p.strip() for p in self.policies.split(",") if p.strip()]
@@ -136,8 +166,8 @@ class Scenario:
             raise ScenarioError(str(error)) from error
 
     def check(self) -> None:
-        if self.silos < 1 or self.rounds < 1 or self.local_steps < 1 or self.batch_size < 1:
-            raise ScenarioError("silos, rounds, local-steps and batch-size must be >= 1")
+        if min(self.silos, self.rounds, self.local_steps, self.batch_size, self.repeats) < 1:
+            raise ScenarioError("silos, rounds, local-steps, batch-size and repeats must be >= 1")
         if self.clock not in CLOCKS:
             raise ScenarioError(f"clock must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
         unknown = [p for p in self.policy_names() if p not in POLICIES]
@@ -191,6 +221,11 @@ class PolicyResult:
         ]
         known = [a for a in accuracies if a is not None]
         efficiencies = [r.efficiency for r in self.records if r.efficiency is not None]
+        steady = [
+            r.efficiency
+            for r in self.records
+            if r.efficiency is not None and r.round >= STEADY_FROM_ROUND
+        ]
         idle = [r.idle_fraction for r in self.records if r.idle_fraction is not None]
         return {
             "time_to_target_s": reached[0] if reached else None,
@@ -199,6 +234,7 @@ class PolicyResult:
             "mean_balance_efficiency": sum(efficiencies) / len(efficiencies)
             if efficiencies
             else None,
+            "steady_balance_efficiency": sum(steady) / len(steady) if steady else None,
             "idle_fraction": sum(idle) / len(idle) if idle else None,
             "rounds": len(self.records),
             "total_clock_s": self.clock_s[-1] if self.clock_s else None,
@@ -314,26 +350,73 @@ def write_results(
             for record, clock_s in zip(result.records, result.clock_s, strict=True):
                 for line in record.json_lines():
                     row = json.loads(line)
-                    row.update({"policy": name, "clock_time_s": clock_s, "clock": scenario.clock})
+                    row.update(
+                        {
+                            "policy": name,
+                            "seed": scenario.seed,
+                            "clock_time_s": clock_s,
+                            "clock": scenario.clock,
+                        }
+                    )
                     handle.write(json.dumps(row) + "\n")
     summary = {
         "scenario": asdict(scenario),
         "clock": scenario.clock,
         "target_accuracy": scenario.target_accuracy,
+        "speedup_ceiling": scenario.speedup_ceiling(),
         "policies": {n: r.summary(scenario.target_accuracy) for n, r in results.items()},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     config = scenario.run_config()
     pool, _ = federation_data(config)
-    parts = partition(pool.y, scenario.silos, scenario.partition, scenario.seed)
+    parts = partition(pool.y, scenario.silos, scenario.partition, scenario.seed, pool.groups)
     (out / "partition.json").write_text(
         json.dumps(describe(pool.y, parts, pool.num_classes), indent=1)
     )
     return summary
 
 
+def combine_seeds(scenario: Scenario, summaries: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One summary over several seeds: each policy's figures are means over the seeds
+    (time_to_target_s only when every seed reached the target, else null), with their
+    standard deviations (`*_std`), `reached_target` ('k/n') and every seed's own summary."""
+    import statistics
+
+    policies: dict[str, Any] = {}
+    for name in scenario.policy_names():
+        runs = {seed: summary["policies"][name] for seed, summary in summaries.items()}
+        combined: dict[str, Any] = {}
+        for key in next(iter(runs.values())):
+            values = [run[key] for run in runs.values()]
+            known = [v for v in values if v is not None]
+            combined[key] = statistics.fmean(known) if len(known) == len(values) else None
+            if key in ("time_to_target_s", "final_accuracy", "best_accuracy") and len(known) > 1:
+                combined[f"{key}_std"] = statistics.stdev(known)
+        reached = sum(run["time_to_target_s"] is not None for run in runs.values())
+        combined["reached_target"] = f"{reached}/{len(runs)}"
+        combined["per_seed"] = {str(seed): run for seed, run in runs.items()}
+        policies[name] = combined
+    return {
+        "scenario": asdict(scenario),
+        "clock": scenario.clock,
+        "target_accuracy": scenario.target_accuracy,
+        "seeds": list(summaries),
+        "speedup_ceiling": statistics.fmean(s["speedup_ceiling"] for s in summaries.values()),
+        "policies": policies,
+    }
+
+
 def _warnings_only(record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.WARNING
+    return record.levelno >= logging.WARNING and not _known_deprecation(record)
+
+
+def _known_deprecation(record: logging.LogRecord) -> bool:
+    """Flower 1.41 marks run_simulation deprecated in favour of `flwr run`; experiments
+    use it on purpose (speed profiles and policies travel as Python objects, not as run
+    config), so its banner, printed once per policy, is held back; docs/experiments.md
+    says so."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return bool(args) and str(args[0]).startswith("The `run_simulation` function is deprecated")
 
 
 def run_experiment(
@@ -342,22 +425,39 @@ def run_experiment(
     on_policy: Callable[[str, PolicyResult], None] | None = None,
     quiet: bool = True,
 ) -> dict[str, Any]:
-    """Every policy of the scenario, then the results and plots in `out`. With `quiet`,
-    Flower's per-round INFO lines are held back (its warnings still show)."""
-    from .plots import plot_results
+    """Every policy of the scenario, then the results and plots in `out`; with repeats,
+    every seed's in `out/seed-S` and their combination in `out`. With `quiet`, Flower's
+    per-round INFO lines are held back (its warnings still show)."""
+    from .plots import plot_results, plot_seeds
 
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, PolicyResult] = {}
     flower = logging.getLogger("flwr")
     if quiet:
         flower.addFilter(_warnings_only)
+    summaries: dict[int, dict[str, Any]] = {}
+    all_results: dict[int, dict[str, PolicyResult]] = {}
     try:
-        for name in scenario.policy_names():
-            results[name] = run_policy(scenario, name, out / "policies" / name)
-            if on_policy is not None:
-                on_policy(name, results[name])
+        for seed in scenario.seeds():
+            one = replace(scenario, seed=seed, repeats=1)
+            folder = out if scenario.repeats == 1 else out / f"seed-{seed}"
+            folder.mkdir(parents=True, exist_ok=True)
+            results: dict[str, PolicyResult] = {}
+            for name in one.policy_names():
+                results[name] = run_policy(one, name, folder / "policies" / name)
+                if on_policy is not None:
+                    label = name if scenario.repeats == 1 else f"{name} seed {seed}"
+                    on_policy(label, results[name])
+            summaries[seed] = write_results(one, results, folder)
+            plot_results(one, results, folder)
+            all_results[seed] = results
     finally:
         flower.removeFilter(_warnings_only)
-    summary = write_results(scenario, results, out)
-    plot_results(scenario, results, out)
+    if scenario.repeats == 1:
+        return summaries[scenario.seed]
+    with (out / "rounds.jsonl").open("w") as handle:
+        for seed in summaries:
+            handle.write((out / f"seed-{seed}" / "rounds.jsonl").read_text())
+    summary = combine_seeds(scenario, summaries)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_seeds(scenario, all_results, out)
     return summary

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .config import (
+        DATASETS,
+        MODELS,
         RUN_SETTING_HELP,
         ConfigError,
         RunConfig,
@@ -45,6 +47,8 @@ _EXPORTS = {
     "RunConfig": ".config",
     "ConfigError": ".config",
     "RUN_SETTING_HELP": ".config",
+    "DATASETS": ".config",
+    "MODELS": ".config",
     "read_toml": ".config",
     "dataclass_arguments": ".config",
     "render_round": ".report",
@@ -62,6 +66,8 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "DATASETS",
+    "MODELS",
     "RUN_SETTING_HELP",
     "ConfigError",
     "DeployError",

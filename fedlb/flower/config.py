@@ -22,9 +22,10 @@ else:  # pragma: no cover
 
 TUNERS = ("proportional", "deadband", "static")
 ESTIMATORS = ("ema", "ema-restart", "memoryless")
-DATASETS = ("digits", "fashion-mnist", "mnist-5k", "cifar10", "heart-disease")
+DATASETS = ("digits", "fashion-mnist", "mnist-5k", "cifar10", "heart-disease", "shakespeare")
+NATURAL_DATASETS = ("heart-disease", "shakespeare")  # datasets whose samples carry a silo
 EVALUATE_MODES = ("with-train", "separate")
-MODELS = ("mlp", "cnn", "lenet5")  # "lstm" arrives with a text dataset
+MODELS = ("mlp", "cnn", "lenet5", "lstm")
 
 
 RUN_SETTING_HELP = {
@@ -40,10 +41,11 @@ RUN_SETTING_HELP = {
     "max-batch": "Largest B any silo gets (0: no limit).",
     "evaluate-every": "Federated evaluation every k rounds and after the last.",
     "evaluate-mode": "with-train (inside the next train message) or separate (own phase).",
-    "dataset": "digits (embedded), fashion-mnist, mnist-5k, cifar10, heart-disease.",
+    "dataset": "digits (embedded), fashion-mnist, mnist-5k, cifar10, heart-disease, "
+    "shakespeare (the num-silos roles with the most lines).",
     "data-dir": "Where the dataset's files are ('' : its default place; see datasets/).",
-    "partition": "iid, classes:K (K classes per silo), dirichlet:α, natural (hospitals).",
-    "model": "mlp, cnn, or lenet5 (28x28 or 32x32 images only).",
+    "partition": "iid, classes:K (K classes per silo), dirichlet:α, natural (hospitals, roles).",
+    "model": "mlp, cnn, lenet5 (28x28 or 32x32 images), or lstm (shakespeare).",
     "seed": "Seed of the partition, the model and the batch order.",
     "server-test-fraction": "Share held out for server-side evaluation (0: none).",
     "silo-test-fraction": "Share of each silo's part held out for its evaluation.",
@@ -173,12 +175,17 @@ class RunConfig:
                 problems.append(f"{key} must be one of {', '.join(allowed)}")
         if self.evaluate_mode not in EVALUATE_MODES:
             problems.append(f"evaluate-mode must be one of {', '.join(EVALUATE_MODES)}")
-        if self.model == "lenet5" and self.dataset in ("digits", "heart-disease"):
+        if self.model == "lenet5" and self.dataset in ("digits", "heart-disease", "shakespeare"):
             problems.append(f"model lenet5 needs 28x28 or 32x32 images, not {self.dataset}")
-        if self.model == "cnn" and self.dataset == "heart-disease":
-            problems.append("model cnn needs images; heart-disease is a table: use mlp")
-        if self.partition == "natural" and self.dataset != "heart-disease":
-            problems.append("partition natural needs a dataset with natural silos (heart-disease)")
+        if self.model == "cnn" and self.dataset in ("heart-disease", "shakespeare"):
+            problems.append(f"model cnn needs images; {self.dataset} is not images")
+        if (self.model == "lstm") != (self.dataset == "shakespeare"):
+            problems.append("model lstm and dataset shakespeare go together (character sequences)")
+        if self.partition == "natural" and self.dataset not in NATURAL_DATASETS:
+            problems.append(
+                "partition natural needs a dataset with natural silos: "
+                + ", ".join(NATURAL_DATASETS)
+            )
         if self.partition not in ("iid", "natural") and not self.partition.startswith(
             ("classes:", "dirichlet:")
         ):

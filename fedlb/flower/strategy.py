@@ -344,9 +344,14 @@ class LoadBalancedFedAvg(FedAvg):
         failed += [
             f"node-{n}: no reply within the round timeout" for n in self._sent if n not in answered
         ]
+        for line in failed:
+            log.warning("round %d: %s", server_round, line)
         if self.quorum is not None and valid:
             valid, late = self._fastest(valid)
-            failed += [f"node-{m.metadata.src_node_id}: not among the quorum" for m in late]
+            dropped = [f"node-{m.metadata.src_node_id}: not among the quorum" for m in late]
+            for line in dropped:  # the policy working as designed, not a fault
+                log.info("round %d: %s", server_round, line)
+            failed += dropped
         reports: list[WorkerReport] = []
         rejected: list[str] = []
         metrics_of: dict[int, dict[str, float]] = {}
@@ -369,8 +374,6 @@ class LoadBalancedFedAvg(FedAvg):
                 reports.append(report)
         next_sizes = self.manager.step(reports)
         rejected += [f"{self._label(int(w))}: {why}" for w, why in self.manager.last_rejected]
-        for line in failed:
-            log.warning("round %d: %s", server_round, line)
         record = self._record(server_round, reports, metrics_of, next_sizes, wall)
         record.failed = failed
         record.rejected = rejected

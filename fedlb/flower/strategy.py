@@ -26,8 +26,10 @@ from fedlb.balance import (
     WorkerReport,
     ideal_round_time,
 )
+from fedlb.he import CiphertextError
 
 from .grid import PollingGrid
+from .he import EncryptedAggregation
 from .report import RoundRecord, RoundReporter, SiloRound
 
 log = logging.getLogger("fedlb.flower")
@@ -90,6 +92,10 @@ class LoadBalancedFedAvg(FedAvg):
         audit_dir: when set, every round's received updates, their weights and the
             aggregate are written to audit_dir/round-K.npz. Default None.
         seed: seed of node sampling when fraction_train < 1. Default 0.
+        he: CKKS aggregation (`EncryptedAggregation` over a public context): the initial
+            model is encrypted, replies must carry ciphertexts under the run's key, and
+            the dataset-size-weighted average is computed on ciphertexts; the global
+            model stays encrypted, so evaluation is federated only. Default None.
         **fedavg: FedAvg's own arguments (fraction_train, min_available_nodes, ...).
     """
 
@@ -113,6 +119,7 @@ class LoadBalancedFedAvg(FedAvg):
         reporter: RoundReporter | None = None,
         audit_dir: Path | None = None,
         seed: int = 0,
+        he: EncryptedAggregation | None = None,
         **fedavg: Any,
     ) -> None:
         super().__init__(**fedavg)
@@ -152,6 +159,10 @@ class LoadBalancedFedAvg(FedAvg):
         self._started = 0.0
         self._pending: RoundRecord | None = None
         self._labels: dict[int, str] = {}
+        self.he = he
+        self._global: ArrayRecord | None = None  # this round's global arrays (sent)
+        # checked ciphertexts by reply (object id: replies need not have ids of their own yet)
+        self._ciphertexts: dict[int, list[Any]] = {}
 
     # ---- nodes and sizes ---------------------------------------------------------------
     def _select_nodes(self, grid: Grid, fraction: float, wait: bool) -> list[int]:
@@ -222,6 +233,8 @@ class LoadBalancedFedAvg(FedAvg):
             for n in nodes
         }
         self._template = {k: (tuple(a.shape), str(a.dtype)) for k, a in arrays.items()}
+        self._global = arrays
+        self._ciphertexts = {}
         self._started = time.monotonic()
         messages = []
         for node in nodes:
@@ -267,6 +280,14 @@ class LoadBalancedFedAvg(FedAvg):
                 f"got {metrics.get(self.weighted_by_key)!r}"
             )
         arrays = next(iter(content.array_records.values()))
+        if self.he is not None:
+            assert self._global is not None
+            try:
+                checked = self.he.check(arrays, self._global)
+            except CiphertextError as error:
+                return f"encrypted update rejected: {error}"
+            self._ciphertexts[id(msg)] = checked
+            return None
         if set(arrays.keys()) != set(self._template):
             return "its arrays do not have the global model's keys"
         for key, array in arrays.items():
@@ -464,7 +485,17 @@ class LoadBalancedFedAvg(FedAvg):
             )
             return None, None
         contents = [m.content for m in valid]
-        arrays = aggregate_arrayrecords(contents, self.weighted_by_key)
+        if self.he is not None:
+            assert self._global is not None
+            weights = [
+                _numbers(next(iter(c.metric_records.values())))[self.weighted_by_key]
+                for c in contents
+            ]
+            arrays = self.he.average(
+                [self._ciphertexts[id(m)] for m in valid], weights, self._global
+            )
+        else:
+            arrays = aggregate_arrayrecords(contents, self.weighted_by_key)
         if self.audit_dir is not None:
             self._audit(server_round, valid, arrays)
         numbers = [_numbers(next(iter(c.metric_records.values()))) for c in contents]
@@ -595,6 +626,13 @@ class LoadBalancedFedAvg(FedAvg):
         """Run the rounds (see flwr's Strategy.start), polling replies every
         `poll_interval` s, and publish every round's record."""
         self._num_rounds = num_rounds
+        if self.he is not None:
+            if evaluate_fn is not None:
+                raise ValueError(
+                    "under HE the server holds only ciphertexts and cannot evaluate the "
+                    "model: pass no evaluate_fn (silos evaluate it: federated evaluation)"
+                )
+            initial_arrays = self.he.encrypt(initial_arrays)
         if self.poll_interval is not None:
             grid = PollingGrid(grid, self.poll_interval)
         if self.probe_steps > 0:

@@ -1,0 +1,189 @@
+"""CKKS on Flower's wire: encrypted ArrayRecords, the silo's encryption mod, and the
+server's encrypted weighted average.
+
+An encrypted ArrayRecord holds `ckks/layout` (JSON: names, shapes, dtypes, slots, the
+key's fingerprint) and `ckks/0`, `ckks/1`, ... (serialised ciphertexts), all as uint8
+arrays so Flower chunks them like any model. No context or key ever travels.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tenseal as ts
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+
+from fedlb.he import (
+    CiphertextError,
+    HeKeyError,
+    Layout,
+    decrypt_arrays,
+    encrypt_arrays,
+    fingerprint,
+    load_ciphertexts,
+    load_context,
+    weighted_sum,
+)
+
+log = logging.getLogger("fedlb.flower")
+
+LAYOUT_KEY = "ckks/layout"
+NODE_CONTEXT_KEY = "he-context"  # node config: path of the silo's secret context
+
+
+def is_encrypted(record: ArrayRecord) -> bool:
+    return LAYOUT_KEY in record
+
+
+def encrypted_record(ciphertexts: Sequence[bytes], layout: Layout) -> ArrayRecord:
+    arrays = OrderedDict([(LAYOUT_KEY, Array(np.frombuffer(layout.to_json().encode(), np.uint8)))])
+    for k, data in enumerate(ciphertexts):
+        arrays[f"ckks/{k}"] = Array(np.frombuffer(data, np.uint8))
+    return ArrayRecord(arrays)
+
+
+def read_encrypted(record: ArrayRecord) -> tuple[list[bytes], Layout]:
+    """(ciphertexts, layout) of an encrypted record; CiphertextError if it is not one."""
+    if LAYOUT_KEY not in record:
+        raise CiphertextError("the arrays are not encrypted (no ckks/layout)")
+    try:
+        layout = Layout.from_json(record[LAYOUT_KEY].numpy().tobytes())
+        keys = [f"ckks/{k}" for k in range(layout.count)]
+        if set(record.keys()) != {LAYOUT_KEY, *keys}:
+            raise CiphertextError(
+                f"expected ciphertexts ckks/0..{layout.count - 1}, got {sorted(record.keys())}"
+            )
+        return [record[key].numpy().tobytes() for key in keys], layout
+    except CiphertextError:
+        raise
+    except Exception as error:  # a corrupt Array payload
+        raise CiphertextError(f"the encrypted arrays cannot be decoded: {error}") from error
+
+
+def encrypt_record(context: ts.Context, record: ArrayRecord) -> ArrayRecord:
+    ciphertexts, layout = encrypt_arrays(context, {k: a.numpy() for k, a in record.items()})
+    return encrypted_record(ciphertexts, layout)
+
+
+def decrypt_record(context: ts.Context, record: ArrayRecord) -> ArrayRecord:
+    ciphertexts, layout = read_encrypted(record)
+    if layout.fingerprint != fingerprint(context):
+        raise HeKeyError(
+            f"the model is encrypted under key {layout.fingerprint[:12]}…, this silo's key "
+            f"is {fingerprint(context)[:12]}…: the silo and the server use keys of "
+            "different `fedlb keygen` runs"
+        )
+    arrays = decrypt_arrays(context, ciphertexts, layout)
+    return ArrayRecord(OrderedDict((k, Array(v)) for k, v in arrays.items()))
+
+
+@functools.lru_cache(maxsize=4)
+def _silo_context(path: str) -> ts.Context:
+    return load_context(path, "silo")
+
+
+Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Message]
+
+
+def he_mod(context: ts.Context | None = None) -> Mod:
+    """A Flower mod for any ClientApp: decrypts the incoming global model, and encrypts
+    the reply's arrays. The secret context is `context`, or the file named by the node
+    config's `he-context`; with neither, messages pass through untouched. A silo with a
+    key refuses a plaintext model (it would otherwise send its update in the clear).
+
+    The seconds spent decrypting, encrypting and serialising are added to the reply's
+    `overhead-s` (a fixed per-round cost, so the balancer accounts for it) and reported
+    as `he-s`."""
+
+    def mod(
+        msg: Message, ctx: Context, call_next: Callable[[Message, Context], Message]
+    ) -> Message:
+        path = ctx.node_config.get(NODE_CONTEXT_KEY)
+        secret = context if context is not None else _silo_context(str(path)) if path else None
+        records = msg.content.array_records
+        incoming = next(iter(records.values())) if records else None
+        encrypted = incoming is not None and is_encrypted(incoming)
+        if secret is None:
+            if encrypted:
+                raise HeKeyError(
+                    "the server sends an encrypted model but this silo has no HE key: start "
+                    f"it with --he-context silo.context (node config {NODE_CONTEXT_KEY})"
+                )
+            return call_next(msg, ctx)
+        if incoming is not None and not encrypted:
+            raise HeKeyError(
+                "this silo has an HE key but the server sent a plaintext model; refusing to "
+                "send an unencrypted update: start the server with --he-context server.context"
+            )
+        he_s = 0.0
+        if incoming is not None:
+            start = time.perf_counter()
+            content = RecordDict(
+                {
+                    **{k: v for k, v in msg.content.items() if k not in records},
+                    **{k: decrypt_record(secret, v) for k, v in records.items()},
+                }
+            )
+            msg.content = content
+            he_s += time.perf_counter() - start
+        reply = call_next(msg, ctx)
+        if reply.has_error() or not reply.has_content():
+            return reply
+        start = time.perf_counter()
+        out_records = reply.content.array_records
+        encrypted_out = {k: encrypt_record(secret, v) for k, v in out_records.items()}
+        he_s += time.perf_counter() - start
+        content = RecordDict({**dict(reply.content.items()), **encrypted_out})
+        for metrics in content.metric_records.values():
+            if out_records and "overhead-s" in metrics:
+                metrics["overhead-s"] = float(metrics["overhead-s"]) + he_s  # type: ignore[arg-type]
+            metrics["he-s"] = he_s
+        reply.content = content
+        return reply
+
+    return mod
+
+
+class EncryptedAggregation:
+    """The server's side: holds only a public context (checked: no secret key), encrypts
+    the initial model, checks replies' ciphertexts, and averages them under encryption."""
+
+    def __init__(self, context: ts.Context) -> None:
+        from fedlb.he import check_context
+
+        self.context = check_context(context, "server", "the server's HE context")
+        self.fingerprint = fingerprint(context)
+
+    @classmethod
+    def from_file(cls, path: str) -> EncryptedAggregation:
+        return cls(load_context(path, "server"))
+
+    def encrypt(self, record: ArrayRecord) -> ArrayRecord:
+        return record if is_encrypted(record) else encrypt_record(self.context, record)
+
+    def check(self, record: ArrayRecord, like: ArrayRecord) -> list[Any]:
+        """The reply's ciphertexts, loaded and checked against the run's key and the global
+        model's layout; CiphertextError says what is wrong."""
+        ciphertexts, layout = read_encrypted(record)
+        _, expected = read_encrypted(like)
+        if (layout.names, layout.shapes, layout.dtypes) != (
+            expected.names,
+            expected.shapes,
+            expected.dtypes,
+        ):
+            raise CiphertextError("its encrypted arrays do not have the global model's layout")
+        return load_ciphertexts(self.context, ciphertexts, layout)
+
+    def average(
+        self, updates: Sequence[list[Any]], weights: Sequence[float], like: ArrayRecord
+    ) -> ArrayRecord:
+        total = float(sum(weights))
+        ciphertexts = weighted_sum(updates, [w / total for w in weights])
+        _, layout = read_encrypted(like)
+        return encrypted_record(ciphertexts, layout)

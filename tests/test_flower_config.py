@@ -164,3 +164,22 @@ def test_a_failed_run_makes_the_command_exit_non_zero(tmp_path):
         finish(RunOutcome("7", "finished:failed", out_dir=tmp_path, log_path=log))
     assert caught.value.exit_code == 1
     finish(RunOutcome("8", "finished:completed", out_dir=tmp_path, log_path=log))  # no exit
+
+
+def test_wrong_he_key_files_are_refused_before_anything_starts(tmp_path):
+    from fedlb.he import write_keys
+
+    keys = write_keys(tmp_path / "keys")
+    result = runner.invoke(app, ["server", "--he-context", str(keys.secret)])
+    assert result.exit_code == 2, result.output
+    assert "holds a secret key: the server must never have it" in flat(result.output)
+    silo_args = ["silo", "--partition-id", "0", "--num-partitions", "2", "--he-context"]
+    result = runner.invoke(app, [*silo_args, str(keys.public)])
+    assert result.exit_code == 2, result.output
+    assert "has no secret key" in flat(result.output)
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\x00" * 64)
+    result = runner.invoke(app, [*silo_args, str(junk)])
+    assert result.exit_code == 2, result.output
+    assert "not a TenSEAL context" in flat(result.output)
+    assert "junk" in flat(result.output)

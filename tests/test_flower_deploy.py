@@ -85,6 +85,81 @@ def test_three_silos_with_speed_factors_1_2_4(tmp_path):
             os.kill(pid, 0)
 
 
+def test_he_fedavg_on_real_processes(tmp_path):
+    """CKKS end to end: the server holds the public context only; every round's aggregate
+    (computed on ciphertexts) decrypts to the dataset-size-weighted mean of the decrypted
+    updates; the final model stays encrypted and `fedlb decrypt` opens it at a silo."""
+    from collections import OrderedDict
+
+    from flwr.app import Array, ArrayRecord
+    from typer.testing import CliRunner
+
+    from fedlb.cli import app
+    from fedlb.flower import decrypt_record
+    from fedlb.he import load_context, write_keys
+
+    keys = write_keys(tmp_path / "keys")
+    secret = load_context(keys.secret, "silo")
+    out = tmp_path / "out"
+    with Federation(tmp_path / "procs") as federation:
+        for i, factor in enumerate((1, 3)):
+            federation.add_silo(
+                f"silo-{i}", {**silo_config(i, 2, factor), "he-context": str(keys.secret)}
+            )
+        settings = {
+            "num-silos": 2,
+            "partition": "dirichlet:0.5",  # unequal dataset sizes: the weights matter
+            "keep-updates": 1,
+            "he-context": str(keys.public),
+        }
+        outcome = federation.run(run_settings(out, **settings), timeout=400)
+    assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
+    assert "HE on" in outcome.log_path.read_text()
+    assert [r.round for r in outcome.records] == [1, 2, 3]
+    assert all(not r.failed and not r.rejected for r in outcome.records)
+    assert outcome.records[-1].accuracy is not None  # federated evaluation under HE
+    for record in outcome.records:
+        for silo in record.silos:
+            assert 0 < silo.he_s <= silo.fixed_s  # HE time counts as the fixed cost
+    assert not (out / "model.pt").exists()
+
+    def open_record(saved, prefix):
+        names = [n for n in saved.files if n.startswith(prefix)]
+        arrays = OrderedDict((n[len(prefix) :], Array(saved[n])) for n in names)
+        return decrypt_record(secret, ArrayRecord(arrays))
+
+    for k in (1, 2, 3):
+        with np.load(out / "updates" / f"round-{k}.npz") as saved:
+            nodes = [name.split("/")[1] for name in saved.files if name.startswith("weight/")]
+            weights = {n: float(saved[f"weight/{n}"]) for n in nodes}
+            assert len(set(weights.values())) == 2
+            updates = {n: open_record(saved, f"update/{n}/") for n in nodes}
+            aggregate = open_record(saved, "aggregate/")
+        total = sum(weights.values())
+        for key, array in aggregate.items():
+            expected = sum(updates[n][key].numpy() * weights[n] / total for n in nodes)
+            np.testing.assert_allclose(array.numpy(), expected, rtol=0, atol=1e-4)
+
+    result = CliRunner().invoke(
+        app,
+        [
+            "decrypt",
+            str(out / "model.ckks.npz"),
+            "--context",
+            str(keys.secret),
+            "--out",
+            str(tmp_path / "model.pt"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "model.pt").stat().st_size > 0
+    refused = CliRunner().invoke(
+        app, ["decrypt", str(out / "model.ckks.npz"), "--context", str(keys.public)]
+    )
+    assert refused.exit_code == 2
+    assert "has no secret key" in refused.output
+
+
 def test_a_silo_killed_mid_run_the_others_finish(tmp_path):
     out = tmp_path / "out"
     with Federation(tmp_path / "procs") as federation:

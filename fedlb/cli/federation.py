@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import signal
 import sys
@@ -43,6 +44,7 @@ SILO_KEYS = {
     "threads": int,
     "port": int,
     "workdir": str,
+    "he-context": str,
 }
 BASE_SPEED = 200.0  # samples/s of an emulated silo with slowdown 1
 
@@ -136,8 +138,25 @@ def with_run_options(
 def settings(file_values: dict[str, Any], flags: dict[str, Any]) -> RunConfig:
     merged = {**file_values, **flags}
     try:
-        return RunConfig.from_mapping(merged)
+        config = RunConfig.from_mapping(merged)
     except ConfigError as error:
+        raise UsageError(str(error)) from error
+    if config.he_context:
+        # The ServerApp loads it again in its own process; refuse a wrong file here first,
+        # before any process starts. The path must be absolute for that process.
+        path = Path(config.he_context).resolve()
+        check_context_file(path, "server")
+        config = dataclasses.replace(config, he_context=str(path))
+    return config
+
+
+def check_context_file(path: Path, role: str) -> str:
+    """The key file's fingerprint, or a UsageError naming the file and the fix."""
+    from fedlb.he import HeKeyError, fingerprint, load_context
+
+    try:
+        return fingerprint(load_context(path, "server" if role == "server" else "silo"))
+    except HeKeyError as error:
         raise UsageError(str(error)) from error
 
 
@@ -157,6 +176,7 @@ def run_federation(
     timeout: float | None,
     local_silos: list[float] | None = None,
     base_speed: float = BASE_SPEED,
+    silo_context: Path | None = None,
 ) -> RunOutcome:
     """Start a SuperLink (and local silos), run, show every round, stop what was started."""
     out_dir = out_dir.resolve()
@@ -169,6 +189,11 @@ def run_federation(
                 f"[bold]fedlb server[/]: SuperLink on {federation.address}; waiting for "
                 f"{config.num_silos} silos; results in {out_dir}"
             )
+            if config.he_context:
+                console.print(
+                    f"  HE on: updates averaged as CKKS ciphertexts under {config.he_context}"
+                    " (no secret key at the server; evaluation federated only)"
+                )
             for i, slowdown in enumerate(local_silos or []):
                 federation.add_silo(
                     f"silo-{i}",
@@ -177,6 +202,7 @@ def run_federation(
                         "num-partitions": len(local_silos or []),
                         "emulated-speed": base_speed / slowdown,
                         "threads": 1,
+                        **({"he-context": str(silo_context)} if silo_context else {}),
                     },
                 )
                 console.print(
@@ -192,9 +218,11 @@ def run_federation(
 
 def finish(outcome: RunOutcome) -> None:
     if outcome.ok:
+        encrypted = outcome.out_dir is not None and (outcome.out_dir / "model.ckks.npz").exists()
+        model = "model.ckks.npz" if encrypted else "model.pt"
         console.print(
             f"[green]run {outcome.run_id} completed[/]: {len(outcome.records)} rounds. Results: "
-            f"{outcome.out_dir}/rounds.jsonl, summary.json, model.pt; ServerApp log: "
+            f"{outcome.out_dir}/rounds.jsonl, summary.json, {model}; ServerApp log: "
             f"{outcome.log_path}"
         )
         return
@@ -256,6 +284,9 @@ def demo(
     out_dir: Annotated[
         Path | None, typer.Option("--out-dir", help="Results folder (default runs/<time>).")
     ] = None,
+    he: Annotated[
+        bool, typer.Option("--he", help="Encrypt updates (CKKS; fresh keys in out-dir/keys).")
+    ] = False,
     *,
     run_flags: dict[str, Any],
 ) -> None:
@@ -275,11 +306,21 @@ def demo(
         "local-steps": 10,
         "batch-size": 16,
     }
+    folder = out_dir or default_out_dir()
+    silo_context = None
+    if he:
+        if run_flags.get("he-context"):
+            raise UsageError("--he makes fresh keys; give either --he or --he-context")
+        from fedlb.he import write_keys
+
+        keys = write_keys(folder / "keys")
+        run_flags = {**run_flags, "he-context": str(keys.public)}
+        silo_context = keys.secret.resolve()
     run = settings(defaults, run_flags)
     if run.num_silos != len(factors):
         raise UsageError(f"--num-silos {run.num_silos} but {len(factors)} --slowdowns")
     outcome = run_federation(
-        run, "127.0.0.1", None, out_dir or default_out_dir(), None, factors, base_speed
+        run, "127.0.0.1", None, folder, None, factors, base_speed, silo_context
     )
     finish(outcome)
 
@@ -306,6 +347,10 @@ def silo(
     threads: Annotated[int | None, typer.Option(help="torch threads (0: torch's default).")] = None,
     port: Annotated[int | None, typer.Option(help="Local port of this SuperNode's API.")] = None,
     workdir: Annotated[Path | None, typer.Option(help="Logs and Flower home.")] = None,
+    he_context: Annotated[
+        Path | None,
+        typer.Option(help="The silos' secret CKKS context (fedlb keygen's silo.context)."),
+    ] = None,
 ) -> None:
     """Start this silo's SuperNode against the server and keep it up until Ctrl-C."""
     values = read_config(config, {"silo": SILO_KEYS})["silo"]
@@ -320,6 +365,7 @@ def silo(
         "threads": threads,
         "port": port,
         "workdir": workdir,
+        "he-context": None if he_context is None else str(he_context),
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if "data-path" in values:
@@ -354,6 +400,11 @@ def silo(
             node_config[key] = values[key]
     if "data-path" in values:
         node_config["data-path"] = str(Path(values["data-path"]).resolve())
+    if values.get("he-context"):
+        path = Path(values["he-context"]).resolve()
+        print_ = check_context_file(path, "silo")  # before anything starts
+        node_config["he-context"] = str(path)
+        console.print(f"HE on: key fingerprint {print_} ({path})")
     name = f"silo-{values.get('partition-id', Path(values.get('data-path', 'x')).stem)}"
     work = Path(values.get("workdir") or Path("runs") / name).resolve()
     address = values.get("server", "127.0.0.1:8000")

@@ -30,6 +30,13 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .deploy import DeployError, free_port, start_supernode
     from .dropin import LocalRound
     from .grid import PollingGrid
+    from .he import (
+        EncryptedAggregation,
+        decrypt_record,
+        he_mod,
+        load_encrypted,
+        save_encrypted,
+    )
     from .launch import Federation, RunOutcome
     from .report import RoundRecord, RoundReporter, SiloRound, render_round
     from .silo import SiloClock, evaluate_reply, node_settings, train_reply
@@ -41,6 +48,11 @@ _EXPORTS = {
     "LocalRound": ".dropin",
     "default_estimator": ".strategy",
     "PollingGrid": ".grid",
+    "EncryptedAggregation": ".he",
+    "decrypt_record": ".he",
+    "he_mod": ".he",
+    "load_encrypted": ".he",
+    "save_encrypted": ".he",
     "RoundRecord": ".report",
     "RoundReporter": ".report",
     "SiloRound": ".report",
@@ -71,6 +83,7 @@ __all__ = [
     "RUN_SETTING_HELP",
     "ConfigError",
     "DeployError",
+    "EncryptedAggregation",
     "Federation",
     "LoadBalancedFedAvg",
     "LocalRound",
@@ -82,14 +95,18 @@ __all__ = [
     "SiloClock",
     "SiloRound",
     "dataclass_arguments",
+    "decrypt_record",
     "default_estimator",
     "evaluate_reply",
     "federation_data",
     "free_port",
+    "he_mod",
+    "load_encrypted",
     "model_for",
     "node_settings",
     "read_toml",
     "render_round",
+    "save_encrypted",
     "start_supernode",
     "train_reply",
 ]

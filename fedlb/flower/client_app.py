@@ -6,9 +6,11 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from .he import he_mod
 from .silo import evaluate_reply, train_reply
 
-app = ClientApp()
+# The HE mod is a pass-through unless the node config names an `he-context`.
+app = ClientApp(mods=[he_mod()])
 
 
 @app.train()

@@ -52,6 +52,7 @@ RUN_SETTING_HELP = {
     "round-timeout": "Seconds to wait for replies before a round goes on without them.",
     "poll-interval": "Seconds between pulls of replies (0: Flower's 3 s loop).",
     "keep-updates": "1: keep every round's updates and aggregate in out-dir/updates.",
+    "he-context": "The server's public CKKS context (fedlb keygen): encrypted updates.",
     "out-dir": "Results folder.",
 }
 
@@ -98,6 +99,8 @@ class RunConfig:
         which sleeps 3 s between pulls).
     keep_updates: 1 writes every round's received updates and the aggregate to
         out_dir/updates/round-K.npz (an audit trail; 0: off).
+    he_context: the server's public CKKS context (`fedlb keygen`'s server.context): updates
+        travel and are averaged encrypted, the server never sees a model ('' : off).
     out_dir: where the run writes rounds.jsonl and summary.json ('' : nowhere).
     """
 
@@ -123,6 +126,7 @@ class RunConfig:
     round_timeout: float = 600.0
     poll_interval: float = 0.1
     keep_updates: int = 0
+    he_context: str = ""
     out_dir: str = ""
 
     @classmethod

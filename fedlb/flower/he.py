@@ -13,23 +13,19 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tenseal as ts
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
-from fedlb.he import (
-    CiphertextError,
-    HeKeyError,
-    Layout,
-    decrypt_arrays,
-    encrypt_arrays,
-    fingerprint,
-    load_ciphertexts,
-    load_context,
-    weighted_sum,
-)
+# fedlb.he (and TenSEAL, ~0.5 s of imports) is loaded only where a key or a ciphertext is
+# at hand: Flower starts a fresh ClientApp process per message, and a plaintext
+# federation should not pay for it.
+if TYPE_CHECKING:
+    import tenseal as ts
+
+    from fedlb.he import Layout
 
 log = logging.getLogger("fedlb.flower")
 
@@ -42,6 +38,7 @@ def is_encrypted(record: ArrayRecord) -> bool:
 
 
 def encrypted_record(ciphertexts: Sequence[bytes], layout: Layout) -> ArrayRecord:
+    """The ciphertexts and their layout as one ArrayRecord of uint8 arrays."""
     arrays = OrderedDict([(LAYOUT_KEY, Array(np.frombuffer(layout.to_json().encode(), np.uint8)))])
     for k, data in enumerate(ciphertexts):
         arrays[f"ckks/{k}"] = Array(np.frombuffer(data, np.uint8))
@@ -50,6 +47,8 @@ def encrypted_record(ciphertexts: Sequence[bytes], layout: Layout) -> ArrayRecor
 
 def read_encrypted(record: ArrayRecord) -> tuple[list[bytes], Layout]:
     """(ciphertexts, layout) of an encrypted record; CiphertextError if it is not one."""
+    from fedlb.he import CiphertextError, Layout
+
     if LAYOUT_KEY not in record:
         raise CiphertextError("the arrays are not encrypted (no ckks/layout)")
     try:
@@ -66,12 +65,37 @@ def read_encrypted(record: ArrayRecord) -> tuple[list[bytes], Layout]:
         raise CiphertextError(f"the encrypted arrays cannot be decoded: {error}") from error
 
 
+def save_encrypted(record: ArrayRecord, path: Path) -> Path:
+    """An encrypted model to an .npz of its uint8 arrays (no key inside)."""
+    read_encrypted(record)  # refuses anything that is not one
+    with path.open("wb") as handle:
+        np.savez(handle, **{k: a.numpy() for k, a in record.items()})  # type: ignore[arg-type]
+    return path
+
+
+def load_encrypted(path: Path) -> ArrayRecord:
+    """What `save_encrypted` wrote; CiphertextError if the file is not an encrypted model."""
+    from fedlb.he import CiphertextError
+
+    try:
+        with np.load(path) as data:
+            record = ArrayRecord(OrderedDict((k, Array(data[k])) for k in data.files))
+    except (OSError, ValueError) as error:
+        raise CiphertextError(f"{path}: not an encrypted model file ({error})") from error
+    read_encrypted(record)
+    return record
+
+
 def encrypt_record(context: ts.Context, record: ArrayRecord) -> ArrayRecord:
+    from fedlb.he import encrypt_arrays
+
     ciphertexts, layout = encrypt_arrays(context, {k: a.numpy() for k, a in record.items()})
     return encrypted_record(ciphertexts, layout)
 
 
 def decrypt_record(context: ts.Context, record: ArrayRecord) -> ArrayRecord:
+    from fedlb.he import HeKeyError, decrypt_arrays, fingerprint
+
     ciphertexts, layout = read_encrypted(record)
     if layout.fingerprint != fingerprint(context):
         raise HeKeyError(
@@ -85,6 +109,8 @@ def decrypt_record(context: ts.Context, record: ArrayRecord) -> ArrayRecord:
 
 @functools.lru_cache(maxsize=4)
 def _silo_context(path: str) -> ts.Context:
+    from fedlb.he import load_context
+
     return load_context(path, "silo")
 
 
@@ -109,13 +135,15 @@ def he_mod(context: ts.Context | None = None) -> Mod:
         records = msg.content.array_records
         incoming = next(iter(records.values())) if records else None
         encrypted = incoming is not None and is_encrypted(incoming)
-        if secret is None:
-            if encrypted:
-                raise HeKeyError(
-                    "the server sends an encrypted model but this silo has no HE key: start "
-                    f"it with --he-context silo.context (node config {NODE_CONTEXT_KEY})"
-                )
+        if secret is None and not encrypted:
             return call_next(msg, ctx)
+        from fedlb.he import HeKeyError
+
+        if secret is None:
+            raise HeKeyError(
+                "the server sends an encrypted model but this silo has no HE key: start "
+                f"it with --he-context silo.context (node config {NODE_CONTEXT_KEY})"
+            )
         if incoming is not None and not encrypted:
             raise HeKeyError(
                 "this silo has an HE key but the server sent a plaintext model; refusing to "
@@ -155,13 +183,15 @@ class EncryptedAggregation:
     the initial model, checks replies' ciphertexts, and averages them under encryption."""
 
     def __init__(self, context: ts.Context) -> None:
-        from fedlb.he import check_context
+        from fedlb.he import check_context, fingerprint
 
         self.context = check_context(context, "server", "the server's HE context")
         self.fingerprint = fingerprint(context)
 
     @classmethod
     def from_file(cls, path: str) -> EncryptedAggregation:
+        from fedlb.he import load_context
+
         return cls(load_context(path, "server"))
 
     def encrypt(self, record: ArrayRecord) -> ArrayRecord:
@@ -170,6 +200,8 @@ class EncryptedAggregation:
     def check(self, record: ArrayRecord, like: ArrayRecord) -> list[Any]:
         """The reply's ciphertexts, loaded and checked against the run's key and the global
         model's layout; CiphertextError says what is wrong."""
+        from fedlb.he import CiphertextError, load_ciphertexts
+
         ciphertexts, layout = read_encrypted(record)
         _, expected = read_encrypted(like)
         if (layout.names, layout.shapes, layout.dtypes) != (
@@ -183,6 +215,8 @@ class EncryptedAggregation:
     def average(
         self, updates: Sequence[list[Any]], weights: Sequence[float], like: ArrayRecord
     ) -> ArrayRecord:
+        from fedlb.he import weighted_sum
+
         total = float(sum(weights))
         ciphertexts = weighted_sum(updates, [w / total for w in weights])
         _, layout = read_encrypted(like)

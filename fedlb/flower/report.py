@@ -30,6 +30,7 @@ class SiloRound:
     next_batch_size: int
     accuracy: float | None = None  # federated evaluation on its held-out split
     loss: float | None = None
+    he_s: float = 0.0  # of fixed_s: CKKS decryption, encryption and serialisation
 
 
 @dataclass

@@ -16,6 +16,7 @@ from fedlb.balance import EMA, Deadband, Memoryless, Proportional, SpeedEstimato
 from fedlb.training import evaluate, tensor_dataset
 
 from .config import RunConfig
+from .he import EncryptedAggregation, save_encrypted
 from .report import RoundReporter
 from .strategy import LoadBalancedFedAvg, default_estimator
 from .task import federation_data, model_for
@@ -42,6 +43,7 @@ def make_estimator(config: RunConfig) -> type[SpeedEstimator] | Any:
 
 def build_strategy(config: RunConfig, reporter: RoundReporter) -> LoadBalancedFedAvg:
     return LoadBalancedFedAvg(
+        he=EncryptedAggregation.from_file(config.he_context) if config.he_context else None,
         batch_size=config.batch_size,
         local_steps=config.local_steps,
         learning_rate=config.learning_rate,
@@ -90,6 +92,12 @@ def main(grid: Grid, context: Context) -> None:
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 
     strategy = build_strategy(config, reporter)
+    if strategy.he is not None:
+        log.info(
+            "HE on: updates are averaged as CKKS ciphertexts (key %s); the server holds no "
+            "secret key and evaluation is federated only",
+            strategy.he.fingerprint,
+        )
     started = time.monotonic()
     result = strategy.start(
         grid=grid,
@@ -97,12 +105,15 @@ def main(grid: Grid, context: Context) -> None:
         num_rounds=config.num_rounds,
         timeout=config.round_timeout,
         train_config=ConfigRecord(),
-        evaluate_fn=server_evaluate,
+        evaluate_fn=None if strategy.he is not None else server_evaluate,
     )
     if out_dir is not None:
-        import torch
+        if strategy.he is not None:  # still encrypted: `fedlb decrypt` at a silo opens it
+            save_encrypted(result.arrays, out_dir / "model.ckks.npz")
+        else:
+            import torch
 
-        torch.save(result.arrays.to_torch_state_dict(), out_dir / "model.pt")
+            torch.save(result.arrays.to_torch_state_dict(), out_dir / "model.pt")
         summary = {
             **reporter.summary(),
             "wall_s": time.monotonic() - started,

@@ -455,6 +455,7 @@ class LoadBalancedFedAvg(FedAvg):
                     num_examples=int(metrics[self.weighted_by_key]),
                     emulated_speed=metrics.get("emulated-speed", 0.0),
                     next_batch_size=next_sizes[str(node)],
+                    he_s=metrics.get("he-s", 0.0),
                 )
             )
         return RoundRecord(

@@ -213,3 +213,38 @@ def test_a_small_comparison_end_to_end(tmp_path):
     parts = json.loads((tmp_path / "seed-0" / "partition.json").read_text())
     assert len(parts) == 3
     assert np.sum([p["samples"] for p in parts]) > 1000
+
+
+@pytest.mark.slow
+def test_experiments_run_under_he(tmp_path):
+    """The Simulation Engine with CKKS: the silos' mod and the encrypted average, and the
+    HE seconds in every silo's fixed cost."""
+    result = CliRunner().invoke(
+        app,
+        [
+            "experiment",
+            "--silos",
+            "2",
+            "--speeds",
+            "1,3",
+            "--rounds",
+            "2",
+            "--local-steps",
+            "5",
+            "--batch-size",
+            "16",
+            "--policies",
+            "lb",
+            "--he",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "HE: CKKS" in result.output
+    rows = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    assert all(0 < r["he_s"] <= r["fixed_s"] for r in rows)
+    assert rows[-1]["accuracy"] is not None  # federated evaluation: the server cannot
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["scenario"]["he"] is True

@@ -54,6 +54,10 @@ def experiment(
     repeats: Annotated[
         int | None, typer.Option(help="Runs per policy, seeds seed, seed+1, ...")
     ] = None,
+    he: Annotated[
+        bool | None,
+        typer.Option("--he/--no-he", help="Encrypt updates with CKKS (fresh keys)."),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Results folder.")] = None,
 ) -> None:
     """Run every policy on the same federation (same seed, partition, initial model, τ, X,
@@ -77,6 +81,7 @@ def experiment(
         "target-accuracy": target_accuracy,
         "seed": seed,
         "repeats": repeats,
+        "he": he,
         "out": None if out is None else str(out),
     }
     flags = {k: v for k, v in flags.items() if v is not None}
@@ -90,6 +95,7 @@ def experiment(
         f"{chosen.speeds} x {chosen.base_speed:g} samples/s, {chosen.partition}, "
         f"{chosen.rounds} rounds, clock: {chosen.clock}; policies {chosen.policies}"
         + (f"; seeds {', '.join(map(str, chosen.seeds()))}" if chosen.repeats > 1 else "")
+        + ("; HE: CKKS (measured HE seconds join each silo's fixed cost)" if chosen.he else "")
     )
 
     def done(name: str, result: PolicyResult) -> None:

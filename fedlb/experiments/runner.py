@@ -61,6 +61,9 @@ class Scenario:
     traces: speed traces (see SpeedProfile), one for all or one per silo.
     repeats: runs of every policy with seeds seed, seed+1, ... (data split, initial
         model, batch order and random-walk traces all follow the seed).
+    he: updates travel and are averaged as CKKS ciphertexts (fresh keys per run); the
+        measured HE seconds join each silo's fixed cost on either clock, so the model
+        clock is no longer bit-for-bit repeatable with it.
     """
 
     name: str = "scenario"
@@ -82,6 +85,7 @@ class Scenario:
     target_accuracy: float = 0.8
     seed: int = 0
     repeats: int = 1
+    he: bool = False
     out: str = ""
 
     @classmethod
@@ -263,6 +267,14 @@ def run_policy(scenario: Scenario, policy: str, out_dir: Path) -> PolicyResult:
     clock_name = scenario.clock
     result = PolicyResult(policy)
     strategy_args = POLICIES[policy][1]()
+    mods = []
+    if scenario.he:
+        from fedlb.flower import EncryptedAggregation, he_mod
+        from fedlb.he import generate_keys, public_context
+
+        secret = generate_keys()
+        strategy_args["he"] = EncryptedAggregation(public_context(secret))
+        mods.append(he_mod(secret))
 
     server = ServerApp()
 
@@ -298,11 +310,12 @@ def run_policy(scenario: Scenario, policy: str, out_dir: Path) -> PolicyResult:
             num_rounds=config.num_rounds,
             timeout=3600,
             train_config=ConfigRecord(),
-            evaluate_fn=server_evaluate,
+            # under HE the server cannot read the model: federated evaluation only
+            evaluate_fn=None if scenario.he else server_evaluate,
         )
         result.records = list(reporter.records)
 
-    client = ClientApp()
+    client = ClientApp(mods=mods)
 
     @client.train()
     def _train(msg: Message, context: Context) -> Message:
@@ -330,6 +343,11 @@ def run_policy(scenario: Scenario, policy: str, out_dir: Path) -> PolicyResult:
         raise RuntimeError(
             f"policy {policy}: the simulation ended after {len(result.records)} of "
             f"{scenario.rounds} rounds; see the log above"
+        )
+    if all(r.round_s is None for r in result.records):
+        reasons = next((r.failed for r in result.records if r.failed), ["see the log above"])
+        raise RuntimeError(
+            f"policy {policy}: no silo sent a usable update in any round: {reasons[0]}"
         )
     elapsed = 0.0
     for record in result.records:

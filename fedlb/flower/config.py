@@ -201,10 +201,10 @@ class RunConfig:
 
 
 def dataclass_arguments(cls: type, values: Mapping[str, Any], what: str) -> dict[str, Any]:
-    """Keyword arguments for a dataclass of int/float/str fields from a mapping whose keys
-    spell the fields with '-' for '_': unknown keys and wrong types are a ConfigError that
-    names the key ('what' says what a key is: "setting", "scenario key"). Ints are taken
-    for floats; nothing else is converted."""
+    """Keyword arguments for a dataclass of int/float/str/bool fields from a mapping whose
+    keys spell the fields with '-' for '_': unknown keys and wrong types are a ConfigError
+    that names the key ('what' says what a key is: "setting", "scenario key"). Ints are
+    taken for floats; nothing else is converted."""
     known = {f.name.replace("_", "-"): f for f in fields(cls)}
     unknown = sorted(set(values) - set(known))
     if unknown:
@@ -212,10 +212,10 @@ def dataclass_arguments(cls: type, values: Mapping[str, Any], what: str) -> dict
     arguments: dict[str, Any] = {}
     for key, value in values.items():
         field = known[key]
-        expected = {"int": int, "float": float, "str": str}[str(field.type)]
+        expected = {"int": int, "float": float, "str": str, "bool": bool}[str(field.type)]
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if isinstance(value, bool) or not isinstance(value, expected):
+        if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
             raise ConfigError(
                 f"{what} {key} must be {expected.__name__}, got {value!r} ({type(value).__name__})"
             )

@@ -114,6 +114,15 @@ def _silo_context(path: str) -> ts.Context:
     return load_context(path, "silo")
 
 
+@functools.lru_cache(maxsize=4)
+def _context_from_bytes(data: bytes) -> ts.Context:
+    import tenseal
+
+    from fedlb.he import check_context
+
+    return check_context(tenseal.context_from(data), "silo", "the silo's HE context")
+
+
 Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Message]
 
 
@@ -126,12 +135,27 @@ def he_mod(context: ts.Context | None = None) -> Mod:
     The seconds spent decrypting, encrypting and serialising are added to the reply's
     `overhead-s` (a fixed per-round cost, so the balancer accounts for it) and reported
     as `he-s`."""
+    # Kept serialised: a simulation ships the ClientApp, mods included, to Ray actors by
+    # pickling, and TenSEAL contexts do not pickle. Each process deserialises it once.
+    secret_bytes = (
+        None
+        if context is None
+        else context.serialize(
+            save_public_key=True,
+            save_secret_key=True,
+            save_galois_keys=False,
+            save_relin_keys=False,
+        )
+    )
 
     def mod(
         msg: Message, ctx: Context, call_next: Callable[[Message, Context], Message]
     ) -> Message:
         path = ctx.node_config.get(NODE_CONTEXT_KEY)
-        secret = context if context is not None else _silo_context(str(path)) if path else None
+        if secret_bytes is not None:
+            secret = _context_from_bytes(secret_bytes)
+        else:
+            secret = _silo_context(str(path)) if path else None
         records = msg.content.array_records
         incoming = next(iter(records.values())) if records else None
         encrypted = incoming is not None and is_encrypted(incoming)

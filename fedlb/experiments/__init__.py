@@ -2,7 +2,15 @@
 
 from .clocks import GpuLikeTime, LinearTime, TimeModel, ideal_split, round_time
 from .profiles import CLOCKS, EC2_5, EmulatedClock, SpeedProfile, preset
-from .runner import POLICIES, PolicyResult, Scenario, ScenarioError, run_experiment, run_policy
+from .runner import (
+    POLICIES,
+    PolicyResult,
+    Scenario,
+    ScenarioError,
+    quiet_flower,
+    run_experiment,
+    run_policy,
+)
 from .whatif import CLOCK as WHATIF_CLOCK
 from .whatif import WhatIfRound, what_if
 
@@ -22,6 +30,7 @@ __all__ = [
     "WhatIfRound",
     "ideal_split",
     "preset",
+    "quiet_flower",
     "round_time",
     "run_experiment",
     "run_policy",

@@ -7,11 +7,12 @@ profiles, and every output names its clock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -424,6 +425,17 @@ def combine_seeds(scenario: Scenario, summaries: dict[int, dict[str, Any]]) -> d
     }
 
 
+@contextlib.contextmanager
+def quiet_flower() -> Iterator[None]:
+    """Hold back Flower's per-round INFO lines (its warnings still show) while inside."""
+    flower = logging.getLogger("flwr")
+    flower.addFilter(_warnings_only)
+    try:
+        yield
+    finally:
+        flower.removeFilter(_warnings_only)
+
+
 def _warnings_only(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.WARNING and not _known_deprecation(record)
 
@@ -449,12 +461,9 @@ def run_experiment(
     from .plots import plot_results, plot_seeds
 
     out.mkdir(parents=True, exist_ok=True)
-    flower = logging.getLogger("flwr")
-    if quiet:
-        flower.addFilter(_warnings_only)
     summaries: dict[int, dict[str, Any]] = {}
     all_results: dict[int, dict[str, PolicyResult]] = {}
-    try:
+    with quiet_flower() if quiet else contextlib.nullcontext():
         for seed in scenario.seeds():
             one = replace(scenario, seed=seed, repeats=1)
             folder = out if scenario.repeats == 1 else out / f"seed-{seed}"
@@ -468,8 +477,6 @@ def run_experiment(
             summaries[seed] = write_results(one, results, folder)
             plot_results(one, results, folder)
             all_results[seed] = results
-    finally:
-        flower.removeFilter(_warnings_only)
     if scenario.repeats == 1:
         return summaries[scenario.seed]
     with (out / "rounds.jsonl").open("w") as handle:

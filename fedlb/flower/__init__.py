@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .he import (
         EncryptedAggregation,
         decrypt_record,
+        encrypted_record,
         he_mod,
         load_encrypted,
         save_encrypted,
@@ -50,6 +51,7 @@ _EXPORTS = {
     "PollingGrid": ".grid",
     "EncryptedAggregation": ".he",
     "decrypt_record": ".he",
+    "encrypted_record": ".he",
     "he_mod": ".he",
     "load_encrypted": ".he",
     "save_encrypted": ".he",
@@ -97,6 +99,7 @@ __all__ = [
     "dataclass_arguments",
     "decrypt_record",
     "default_estimator",
+    "encrypted_record",
     "evaluate_reply",
     "federation_data",
     "free_port",

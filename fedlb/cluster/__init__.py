@@ -1,0 +1,19 @@
+"""fedlb.cluster: load-balanced BSP inside one datacenter on torch.distributed.
+
+`weighted_allreduce_hook` (a DDP comm hook: g = Σ x_r g_r / X), `Coordinator` (reports
+gathered to rank 0, sizes broadcast; blocking on CPU, one iteration late on GPU), and
+`LoadBalancer`, which puts both into a user's own training loop.
+"""
+
+from .balancer import LoadBalancer
+from .coordinator import ClusterError, Coordinator, Exchange
+from .hook import WeightedState, weighted_allreduce_hook
+
+__all__ = [
+    "ClusterError",
+    "Coordinator",
+    "Exchange",
+    "LoadBalancer",
+    "WeightedState",
+    "weighted_allreduce_hook",
+]

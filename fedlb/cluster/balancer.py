@@ -1,0 +1,115 @@
+"""Adopt load balancing in your own training script: wrap the dataset, keep your loop.
+
+    model = DDP(model)
+    balancer = LoadBalancer(model, dataset, batch_size=32)
+    for x, y in balancer.batches(iterations=1000):
+        loss = F.cross_entropy(model(x), y)     # a mean over the batch, as usual
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    balancer.close()
+
+`LoadBalancer` registers the weighted all-reduce hook on the DDP model, draws each rank's
+batches from the whole dataset with a resizable sampler, and at every iteration boundary
+(when the loop asks for the next batch) reports the iteration to the coordinator and applies
+the size it gets back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+
+from fedlb.balance import EMA, SpeedEstimator, Tuner, WorkerReport
+from fedlb.training import ResizableBatchSampler, ResourceProbe
+
+from .coordinator import Coordinator, Exchange
+from .hook import WeightedState, weighted_allreduce_hook
+
+
+class LoadBalancer:
+    """Args:
+    model: your DistributedDataParallel model (the hook is registered on it).
+    dataset: the whole dataset; every rank samples from all of it (seeded per rank).
+    batch_size: B0, every rank's starting size; X = world x B0 is kept.
+    tuner, estimator: the balancing policy (default Proportional with EMA).
+    asynchronous: GPU mode: sizes applied one iteration late, exchange off the
+        critical path.
+    pace: emulate a slower machine: (real seconds, batch) -> seconds to take.
+    seed: base seed of the ranks' batch streams.
+    on_exchange: rank 0's callback after every exchange.
+    loader_args: more DataLoader arguments (num_workers=0 keeps sizes exact).
+    """
+
+    def __init__(
+        self,
+        model: DistributedDataParallel,
+        dataset: Dataset[Any],
+        batch_size: int,
+        tuner: Tuner | None = None,
+        estimator: Callable[[], SpeedEstimator] = EMA,
+        *,
+        asynchronous: bool = False,
+        pace: Callable[[float, int], float] | None = None,
+        seed: int = 0,
+        on_exchange: Callable[[Exchange], None] | None = None,
+        **loader_args: Any,
+    ) -> None:
+        self.coordinator = Coordinator(
+            batch_size, tuner, estimator, asynchronous=asynchronous, on_exchange=on_exchange
+        )
+        rank = self.coordinator.rank
+        self.state = WeightedState(pace=pace, batch_size=batch_size)
+        self._set_size(batch_size)
+        model.register_comm_hook(self.state, weighted_allreduce_hook)
+        self.sampler = ResizableBatchSampler(dataset, batch_size, seed=seed * 1009 + rank)  # type: ignore[arg-type]
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, **loader_args)
+        self.probe = ResourceProbe(next(model.parameters()).device)
+        self.iteration = 0
+        self.last_report: WorkerReport | None = None
+
+    def _set_size(self, size: int) -> None:
+        self.state.batch_size = size
+        self.state.weight = size / self.coordinator.total
+
+    def batches(self, iterations: int) -> Iterator[Any]:
+        """`iterations` batches; the boundary work happens when the next one is asked for
+        (and after the last), so the loop body stays yours."""
+        stream = iter(self.loader)
+        for _ in range(iterations):
+            batch = next(stream)
+            self.state.ready_s = None
+            self.state.started = time.perf_counter()
+            yield batch
+            self.finish_iteration()
+
+    def finish_iteration(self) -> int:
+        """Report the iteration just run; returns this rank's next batch size."""
+        if self.state.ready_s is None:
+            raise RuntimeError(
+                "no gradients were all-reduced this iteration: call loss.backward() on the "
+                "DDP model inside the loop"
+            )
+        resources = self.probe.sample()
+        report = WorkerReport(
+            worker=str(self.coordinator.rank),
+            batch_size=self.state.batch_size,
+            iterations=1,
+            compute_s=self.state.ready_s,
+            cpu=resources.cpu,
+            mem=resources.mem,
+            accel_mem=resources.accel_mem,
+        )
+        self.last_report = report
+        size = self.coordinator.step(report)
+        self.sampler.batch_size = size
+        self._set_size(size)
+        self.iteration += 1
+        return size
+
+    def close(self) -> None:
+        self.coordinator.close()

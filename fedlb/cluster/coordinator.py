@@ -1,0 +1,132 @@
+"""The coordinator: every rank's report gathered to rank 0, whose BatchSizeManager decides
+the next sizes, broadcast back to all ranks over the job's own process group.
+
+CPU mode blocks at every iteration boundary (NARX needs the newest CPU and memory state).
+GPU mode runs the exchange in a background thread over a separate gloo group while the next
+iteration computes, and applies the sizes one iteration late (LB-BSP Section 4): every rank
+applies them at the same iteration, so X = Σ x_r holds in every iteration.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from fedlb.balance import EMA, BatchSizeManager, Proportional, SpeedEstimator, Tuner, WorkerReport
+
+log = logging.getLogger("fedlb.cluster")
+
+
+class ClusterError(RuntimeError):
+    """The job cannot go on (a rank died, a collective failed); the message says which."""
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One boundary as rank 0 saw it: the reports (None: rejected or missing) and sizes."""
+
+    iteration: int
+    reports: list[WorkerReport]
+    sizes: list[int]
+    rejected: list[tuple[str, str]]
+
+
+class Coordinator:
+    """Args:
+    batch_size: every rank's starting size B0; X = world size x B0 is kept.
+    tuner, estimator: rank 0's BatchSizeManager's (default Proportional, EMA).
+    asynchronous: GPU mode (exchange in the background, sizes one iteration late).
+    group: the process group (default: the whole job).
+    on_exchange: called on rank 0 after every exchange (logging, results).
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        tuner: Tuner | None = None,
+        estimator: Callable[[], SpeedEstimator] = EMA,
+        *,
+        asynchronous: bool = False,
+        group: dist.ProcessGroup | None = None,
+        on_exchange: Callable[[Exchange], None] | None = None,
+    ) -> None:
+        if not dist.is_initialized():
+            raise ClusterError("torch.distributed is not initialised: launch with torchrun")
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.sizes = [batch_size] * self.world
+        self.total = batch_size * self.world
+        self.group = group
+        self.on_exchange = on_exchange
+        self.manager = (
+            BatchSizeManager(
+                {str(r): batch_size for r in range(self.world)},
+                tuner if tuner is not None else Proportional(),
+                estimator,
+            )
+            if self.rank == 0
+            else None
+        )
+        self.asynchronous = asynchronous
+        self._iteration = 0
+        self._pending: concurrent.futures.Future[list[int]] | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        if asynchronous:
+            # Its own gloo group: the background collectives must not interleave with the
+            # training's (NCCL or gloo) on the main group.
+            self.group = dist.new_group(backend="gloo")
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, "fedlb-coordinator")
+
+    @property
+    def batch_size(self) -> int:
+        """This rank's current batch size."""
+        return self.sizes[self.rank]
+
+    def _exchange(self, report: WorkerReport, iteration: int) -> list[int]:
+        gathered: list[WorkerReport | None] | None = [None] * self.world if self.rank == 0 else None
+        try:
+            dist.gather_object(report, gathered, dst=0, group=self.group)
+            box: list[list[int] | None] = [None]
+            if self.manager is not None:
+                assert gathered is not None
+                reports = [r for r in gathered if r is not None]
+                by_name = self.manager.step(reports)
+                sizes = [by_name[str(r)] for r in range(self.world)]
+                box = [sizes]
+                if self.on_exchange is not None:
+                    self.on_exchange(
+                        Exchange(iteration, reports, sizes, list(self.manager.last_rejected))
+                    )
+            dist.broadcast_object_list(box, src=0, group=self.group)
+        except RuntimeError as error:  # gloo/NCCL: a peer closed the connection or timed out
+            raise ClusterError(
+                f"rank {self.rank}: the exchange after iteration {iteration} failed ({error}); "
+                "a rank has probably died, so the job stops"
+            ) from error
+        decided = box[0]
+        assert decided is not None
+        return decided
+
+    def step(self, report: WorkerReport) -> int:
+        """This iteration's report in, this rank's next batch size out."""
+        self._iteration += 1
+        if self._pool is None:
+            self.sizes = self._exchange(report, self._iteration)
+            return self.batch_size
+        if self._pending is not None:
+            self.sizes = self._pending.result()  # the previous exchange: one iteration late
+        self._pending = self._pool.submit(self._exchange, report, self._iteration)
+        return self.batch_size
+
+    def close(self) -> None:
+        """Finish a pending background exchange (every rank must, or a peer would hang)."""
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None

@@ -1,0 +1,304 @@
+"""Cluster-mode experiments: one data-parallel job of N ranks on this machine (torchrun,
+gloo), each rank emulating a machine of its own speed, balanced by a chosen policy.
+
+`launch(scenario)` starts `torchrun --standalone --nproc-per-node N` on this module; every
+rank runs `worker(scenario)`. Rank 0 writes iterations.jsonl (one line per iteration and
+rank) and summary.json into the scenario's `out` folder, and shows a table as it goes.
+Every output names its clock: `measured` (real compute, sleep-padded to each rank's
+profile).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedlb.balance import (
+    EMA,
+    NARX,
+    Deadband,
+    LeaderStraggler,
+    Proportional,
+    SpeedEstimator,
+    Static,
+    Tuner,
+    ideal_round_time,
+)
+
+from .clocks import GpuLikeTime
+from .profiles import SpeedProfile, preset
+
+log = logging.getLogger("fedlb.cluster")
+
+CLUSTER_POLICIES = {
+    "bsp": "uniform batches: plain BSP",
+    "lb-ema": "LB-BSP on CPUs with EMA speeds, blocking exchange",
+    "lb-narx": "LB-BSP on CPUs with NARX speeds (EMA until its warm-up ends)",
+    "lb-gpu": "leader/straggler tuning on a GPU-like time curve, sizes one iteration late",
+    "deadband": "the dynamic-batching controller",
+}
+
+
+class ClusterScenarioError(ValueError):
+    """A cluster scenario setting that cannot run; the message names it."""
+
+
+@dataclass
+class ClusterScenario:
+    """One job. `speeds`: relative speed per rank ('1,1,2,4': bigger is faster) times
+    `base-speed` samples/s; `traces`: SpeedProfile traces over iterations, one for all or
+    one per rank. For lb-gpu each rank's time per iteration is GPU-like: `launch` s plus
+    max(B, `saturation`)/speed."""
+
+    name: str = "cluster"
+    nproc: int = 4
+    dataset: str = "digits"
+    model: str = "mlp"
+    iterations: int = 60
+    batch_size: int = 32
+    learning_rate: float = 0.05
+    speeds: str = "1,1,2,4"
+    base_speed: float = 400.0
+    traces: str = "static"
+    policy: str = "lb-ema"
+    narx_warmup: int = 500
+    launch: float = 0.005
+    saturation: int = 8
+    seed: int = 0
+    out: str = ""
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> ClusterScenario:
+        from fedlb.flower import ConfigError, dataclass_arguments
+
+        flat = {
+            k: ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else v
+            for k, v in values.items()
+        }
+        try:
+            scenario = cls(**dataclass_arguments(cls, flat, "cluster scenario key"))
+        except ConfigError as error:
+            raise ClusterScenarioError(str(error)) from error
+        scenario.check()
+        return scenario
+
+    def to_mapping(self) -> dict[str, Any]:
+        return {k.replace("_", "-"): v for k, v in dataclasses.asdict(self).items()}
+
+    def check(self) -> None:
+        if min(self.nproc, self.iterations, self.batch_size) < 1:
+            raise ClusterScenarioError("nproc, iterations and batch-size must be >= 1")
+        if self.policy not in CLUSTER_POLICIES:
+            raise ClusterScenarioError(
+                f"policy must be one of {', '.join(CLUSTER_POLICIES)}, got {self.policy!r}"
+            )
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ClusterScenarioError("learning-rate must be a finite number > 0")
+        self.profiles()
+
+    def profiles(self) -> list[SpeedProfile]:
+        try:
+            speeds = preset(self.speeds, self.base_speed)
+            traces = [t.strip() for t in self.traces.split(",")]
+            if len(traces) == 1:
+                traces *= len(speeds)
+            if len(speeds) != self.nproc or len(traces) != self.nproc:
+                raise ClusterScenarioError(
+                    f"speeds give {len(speeds)} ranks and traces {len(traces)}, "
+                    f"not nproc = {self.nproc}"
+                )
+            return [
+                SpeedProfile(v, 0.0, t, seed=self.seed + r)
+                for r, (v, t) in enumerate(zip(speeds, traces, strict=True))
+            ]
+        except ValueError as error:
+            raise ClusterScenarioError(str(error)) from error
+
+    def tuner(self) -> Tuner:
+        if self.policy == "bsp":
+            return Static()
+        if self.policy == "deadband":
+            return Deadband()
+        if self.policy == "lb-gpu":
+            return LeaderStraggler()
+        return Proportional()
+
+    def estimator(self) -> type[SpeedEstimator] | Any:
+        if self.policy == "lb-narx":
+            warmup = self.narx_warmup
+            return lambda: NARX(warmup=warmup)
+        return EMA
+
+    def ceiling(self) -> float:
+        """BSP's mean iteration time over the ideal's, from the profiles (compute only)."""
+        uniform = ideal = 0.0
+        for iteration in range(1, self.iterations + 1):
+            speeds = {str(r): p.speed_at(iteration) for r, p in enumerate(self.profiles())}
+            uniform += max(self.batch_size / v for v in speeds.values())
+            ideal += ideal_round_time(speeds, self.batch_size * self.nproc)
+        return uniform / ideal
+
+
+def _pace(scenario: ClusterScenario, rank: int, iteration: list[int]) -> Any:
+    profile = scenario.profiles()[rank]
+
+    def pace(real_s: float, batch: int) -> float:
+        speed = profile.speed_at(iteration[0])
+        if scenario.policy == "lb-gpu":
+            gpu = GpuLikeTime(speed, launch=scenario.launch, saturation=scenario.saturation)
+            return max(real_s, gpu.compute_s(batch))
+        return max(real_s, batch / speed)
+
+    return pace
+
+
+def worker(scenario: ClusterScenario) -> None:
+    """One rank of the job (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from fedlb.cluster import ClusterError, Exchange, LoadBalancer
+    from fedlb.data import load_digits
+    from fedlb.models import build_model
+    from fedlb.training import tensor_dataset
+
+    torch.set_num_threads(1)  # N ranks share this machine's cores
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    out = Path(scenario.out)
+    if scenario.dataset != "digits":
+        raise ClusterScenarioError("cluster experiments run on the embedded digits for now")
+    data = load_digits()
+    dataset = tensor_dataset(data.x, data.y)
+    model = DistributedDataParallel(
+        build_model(scenario.model, tuple(data.x.shape[1:]), data.num_classes, scenario.seed)
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=scenario.learning_rate)
+    (out / f"rank-{rank}.pid").write_text(str(os.getpid()))
+    iteration = [1]
+    rows: list[dict[str, Any]] = []
+    losses: list[float] = []
+    iteration_s: list[float] = []
+
+    def record(exchange: Exchange) -> None:
+        speeds = {r.worker: r.speed for r in exchange.reports}
+        slowest = max(r.compute_s for r in exchange.reports)
+        ideal = ideal_round_time(speeds, sum(r.batch_size for r in exchange.reports))
+        for r in exchange.reports:
+            rows.append(
+                {
+                    "iteration": exchange.iteration,
+                    "rank": int(r.worker),
+                    "batch_size": r.batch_size,
+                    "compute_s": r.compute_s,
+                    "cpu": r.cpu,
+                    "mem": r.mem,
+                    "next_batch_size": exchange.sizes[int(r.worker)],
+                    "slowest_compute_s": slowest,
+                    "ideal_s": ideal,
+                    "efficiency": ideal / slowest,
+                    "policy": scenario.policy,
+                    "clock": "measured (emulated speeds)",
+                }
+            )
+
+    balancer = LoadBalancer(
+        model,
+        dataset,
+        scenario.batch_size,
+        scenario.tuner(),
+        scenario.estimator(),
+        asynchronous=scenario.policy == "lb-gpu",
+        pace=_pace(scenario, rank, iteration),
+        seed=scenario.seed,
+        on_exchange=record if rank == 0 else None,
+    )
+    started = time.perf_counter()
+    try:
+        last = time.perf_counter()
+        for x, y in balancer.batches(scenario.iterations):
+            loss: torch.Tensor = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+            losses.append(loss.item())
+            now = time.perf_counter()
+            iteration_s.append(now - last)  # the BSP iteration as this rank lived it
+            last = now
+            iteration[0] += 1
+            if rank == 0 and iteration[0] % 10 == 1:
+                log.info(
+                    "iteration %d: sizes %s, loss %.3f",
+                    iteration[0] - 1,
+                    balancer.coordinator.sizes,
+                    losses[-1],
+                )
+        balancer.close()
+    except ClusterError as error:
+        print(f"fedlb cluster: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from error
+    wall = time.perf_counter() - started
+    if rank == 0:
+        with (out / "iterations.jsonl").open("w") as handle:
+            for row in rows:
+                handle.write(json.dumps(row) + "\n")
+        steady = [r["efficiency"] for r in rows if r["iteration"] > 10 and r["rank"] == 0]
+        summary = {
+            "scenario": dataclasses.asdict(scenario),
+            "clock": "measured (emulated speeds)",
+            "wall_s": wall,
+            "mean_iteration_s": statistics.fmean(iteration_s[10:] or iteration_s),
+            "ceiling": scenario.ceiling(),
+            "steady_efficiency": statistics.fmean(steady) if steady else None,
+            "final_sizes": balancer.coordinator.sizes,
+            "first_losses": losses[:10],
+            "last_losses": losses[-10:],
+        }
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def launch(scenario: ClusterScenario, out: Path, timeout: float | None = None) -> int:
+    """Run the job with torchrun on this machine; returns its exit code (0: success)."""
+    out.mkdir(parents=True, exist_ok=True)
+    scenario = dataclasses.replace(scenario, out=str(out.resolve()))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only: this is one machine
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={scenario.nproc}",
+        "--module",
+        "fedlb.experiments.cluster_run",
+        json.dumps(scenario.to_mapping()),
+    ]
+    with (out / "torchrun.log").open("w") as log_file:
+        process = subprocess.Popen(
+            command, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        (out / "torchrun.pid").write_text(str(process.pid))
+        try:
+            return process.wait(timeout=timeout)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            os.killpg(process.pid, 9)
+            process.wait()
+            raise
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="fedlb cluster %(message)s")
+    worker(ClusterScenario.from_mapping(json.loads(sys.argv[1])))

@@ -4,7 +4,6 @@ coordinator balances emulated heterogeneous ranks, a dead rank stops the job."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -43,7 +42,9 @@ def _one_step(rank: int, store: str, out: str, weighted: bool) -> None:
     if weighted:
         state = WeightedState(weight=SIZES[rank] / sum(SIZES))
         model.register_comm_hook(state, weighted_allreduce_hook)
-    loss = nn.functional.cross_entropy(model(x[start : start + SIZES[rank]]), y[start : start + SIZES[rank]])
+    loss = nn.functional.cross_entropy(
+        model(x[start : start + SIZES[rank]]), y[start : start + SIZES[rank]]
+    )
     loss.backward()
     if rank == 0:
         torch.save([p.grad for p in model.parameters()], out)
@@ -62,3 +63,69 @@ def test_weighted_aggregation_equals_one_process_on_the_union(tmp_path, weighted
     close = all(torch.allclose(a, b, atol=1e-6) for a, b in zip(distributed, union, strict=True))
     # the hook: exactly the gradient of the union batch; DDP's plain average: not
     assert close is weighted
+
+
+def test_four_ranks_converge_to_their_speeds_under_torchrun(tmp_path):
+    """torchrun, 4 gloo ranks at speeds 1 : 1 : 2 : 4 (sleep-padded): sizes follow the
+    speeds with X kept, the loss goes down, every process is gone afterwards."""
+    import json
+
+    from fedlb.experiments import ClusterScenario, launch
+
+    scenario = ClusterScenario.from_mapping(
+        {"iterations": 40, "speeds": "1,1,2,4", "policy": "lb-ema", "learning-rate": 0.1}
+    )
+    code = launch(scenario, tmp_path, timeout=240)
+    assert code == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["final_sizes"] == [16, 16, 32, 64]
+    assert summary["steady_efficiency"] > 0.9
+    first, last = summary["first_losses"], summary["last_losses"]
+    assert sum(last) / len(last) < sum(first) / len(first)
+    rows = [json.loads(line) for line in (tmp_path / "iterations.jsonl").read_text().splitlines()]
+    by_iteration: dict[int, int] = {}
+    for row in rows:
+        by_iteration[row["iteration"]] = by_iteration.get(row["iteration"], 0) + row["batch_size"]
+    assert set(by_iteration.values()) == {128}  # X = 4 x 32 in every iteration
+    for pid_file in tmp_path.glob("rank-*.pid"):
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), 0)
+
+
+def test_a_rank_that_dies_fails_the_job_with_a_clear_message(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    command = [
+        sys.executable,
+        "-m",
+        "fedlb.cli",
+        "cluster",
+        "--policies",
+        "lb-ema",
+        "--iterations",
+        "100000",
+        "--out",
+        str(tmp_path),
+    ]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = tmp_path / "lb-ema" / "rank-2.pid"
+        deadline = time.monotonic() + 120
+        while not victim.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2.0)  # well into training
+        os.kill(int(victim.read_text()), signal.SIGKILL)
+        output, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 1, output
+    assert "the job failed" in output
+    # torchrun's root cause, or a surviving rank's own report of the lost peer
+    assert "rank 2 was killed by signal 9" in output or "has probably died" in output
+    for pid_file in (tmp_path / "lb-ema").glob("rank-*.pid"):
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), 0)

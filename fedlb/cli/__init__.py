@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import experiment, federation, he, tune  # noqa: F401 (the modules register their commands)
+from . import cluster, experiment, federation, he, tune  # noqa: F401 (the modules register their commands)
 from .common import app
 
 

@@ -1,6 +1,7 @@
 """fedlb.experiments: emulated workers and clocks, what-if runs, policy comparisons."""
 
 from .clocks import GpuLikeTime, LinearTime, TimeModel, ideal_split, round_time
+from .cluster_run import CLUSTER_POLICIES, ClusterScenario, ClusterScenarioError, launch
 from .profiles import CLOCKS, EC2_5, EmulatedClock, SpeedProfile, preset
 from .runner import (
     POLICIES,
@@ -16,9 +17,12 @@ from .whatif import WhatIfRound, what_if
 
 __all__ = [
     "CLOCKS",
+    "CLUSTER_POLICIES",
     "EC2_5",
     "POLICIES",
     "WHATIF_CLOCK",
+    "ClusterScenario",
+    "ClusterScenarioError",
     "EmulatedClock",
     "GpuLikeTime",
     "LinearTime",
@@ -29,6 +33,7 @@ __all__ = [
     "TimeModel",
     "WhatIfRound",
     "ideal_split",
+    "launch",
     "preset",
     "quiet_flower",
     "round_time",

@@ -1,0 +1,111 @@
+"""`fedlb cluster`: a load-balanced data-parallel job on this machine under torchrun."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from fedlb.experiments import CLUSTER_POLICIES, ClusterScenario, ClusterScenarioError, launch
+
+from .common import UsageError, app, console
+
+
+def _failure(log_path: Path) -> str:
+    """The job's own reason (fedlb's message, or torchrun's root cause) from its log."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    ours = [line for line in text.splitlines() if line.startswith("fedlb cluster:")]
+    if ours:
+        return ours[0].removeprefix("fedlb cluster: ")
+    cause = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.S)
+    if cause:
+        rank, code = cause.groups()
+        how = f"was killed by signal {-int(code)}" if int(code) < 0 else f"exited with {code}"
+        return f"rank {rank} {how}; the job stopped"
+    return "see the log"
+
+
+@app.command()
+def cluster(
+    scenario: Annotated[Path | None, typer.Argument(help="Cluster scenario TOML.")] = None,
+    nproc: Annotated[int | None, typer.Option(help="Ranks (processes) on this machine.")] = None,
+    policies: Annotated[
+        str | None, typer.Option(help="Comma list of: " + ", ".join(CLUSTER_POLICIES))
+    ] = None,
+    iterations: Annotated[int | None, typer.Option(help="Iterations per policy.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="B0 per rank; X = nproc x B0.")] = None,
+    speeds: Annotated[
+        str | None, typer.Option(help="Relative speed per rank (bigger is faster), e.g. 1,1,2,4.")
+    ] = None,
+    base_speed: Annotated[float | None, typer.Option(help="Samples/s of speed 1.")] = None,
+    traces: Annotated[
+        str | None, typer.Option(help="static, step:I:F, periodic:P:F, walk:S (per rank).")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Results folder.")] = Path("runs/cluster"),
+    timeout: Annotated[float, typer.Option(help="Seconds before a job is stopped.")] = 600.0,
+) -> None:
+    """Run one data-parallel job per policy with torchrun (gloo, loopback), each rank
+    emulating its own speed (clock: measured, sleep-padded), and compare them with BSP."""
+    from fedlb.flower import read_toml
+
+    values: dict[str, Any] = read_toml(scenario, "cluster scenario") if scenario else {}
+    chosen_policies = policies or str(values.pop("policies", "bsp,lb-ema"))
+    values.pop("policies", None)
+    flags = {
+        "nproc": nproc,
+        "iterations": iterations,
+        "batch-size": batch_size,
+        "speeds": speeds,
+        "base-speed": base_speed,
+        "traces": traces,
+    }
+    values.update({k: v for k, v in flags.items() if v is not None})
+    names = [p.strip() for p in chosen_policies.split(",") if p.strip()]
+    try:
+        jobs = {p: ClusterScenario.from_mapping({**values, "policy": p}) for p in names}
+    except ClusterScenarioError as error:
+        raise UsageError(str(error)) from error
+    first = next(iter(jobs.values()))
+    console.print(
+        f"[bold]fedlb cluster[/]: {first.nproc} ranks, speeds {first.speeds} x "
+        f"{first.base_speed:g} samples/s, X = {first.nproc * first.batch_size}, "
+        f"{first.iterations} iterations; clock: measured (emulated speeds, sleep-padded)"
+    )
+    summaries: dict[str, dict[str, Any]] = {}
+    for name, job in jobs.items():
+        folder = out / name
+        code = launch(job, folder, timeout)
+        if code != 0:
+            console.print(f"[red]{name}: the job failed[/]: {_failure(folder / 'torchrun.log')}")
+            console.print(f"log: {folder / 'torchrun.log'}")
+            raise typer.Exit(1)
+        summaries[name] = json.loads((folder / "summary.json").read_text())
+        console.print(
+            f"  {name}: {summaries[name]['mean_iteration_s'] * 1000:.1f} ms per iteration, "
+            f"sizes {summaries[name]['final_sizes']}"
+        )
+    table = Table(
+        title="iteration time, clock: measured (emulated speeds)",
+        caption=f"ceiling these speeds allow over BSP: {first.ceiling():.2f}x (compute only)",
+        title_justify="left",
+        caption_justify="left",
+    )
+    for column in ("policy", "ms / iteration", "speedup vs bsp", "E (steady)", "final sizes"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    base = summaries.get("bsp", {}).get("mean_iteration_s")
+    for name, summary in summaries.items():
+        speedup = base / summary["mean_iteration_s"] if base else None
+        steady = summary["steady_efficiency"]
+        table.add_row(
+            name,
+            f"{summary['mean_iteration_s'] * 1000:.1f}",
+            "–" if speedup is None else f"{speedup:.2f}x",
+            "–" if steady is None else f"{steady:.3f}",
+            str(summary["final_sizes"]),
+        )
+    console.print(table)
+    console.print(f"results: {out}/<policy>/iterations.jsonl, summary.json, torchrun.log")

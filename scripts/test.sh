@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 venv="${FEDLB_VENV:-.venv}"
 echo "== ruff"
-"$venv/bin/ruff" check fedlb tests benchmarks
-"$venv/bin/ruff" format --check fedlb tests benchmarks
+"$venv/bin/ruff" check fedlb tests benchmarks examples
+"$venv/bin/ruff" format --check fedlb tests benchmarks examples
 echo "== mypy"
 "$venv/bin/mypy"
 echo "== pytest"

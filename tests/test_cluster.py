@@ -129,3 +129,33 @@ def test_a_rank_that_dies_fails_the_job_with_a_clear_message(tmp_path):
     for pid_file in (tmp_path / "lb-ema").glob("rank-*.pid"):
         with pytest.raises(ProcessLookupError):
             os.kill(int(pid_file.read_text()), 0)
+
+
+def test_the_adoption_example_runs_under_torchrun(tmp_path):
+    """examples/cluster_train.py: a plain training script plus the lines marked fedlb."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "examples/cluster_train.py",
+            "--iterations",
+            "30",
+            "--slowdowns",
+            "1,3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    final = [line for line in result.stdout.splitlines() if line.startswith("final sizes")]
+    assert final == ["final sizes [48, 16] (X = 64)"], result.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -109,3 +110,34 @@ def cluster(
         )
     console.print(table)
     console.print(f"results: {out}/<policy>/iterations.jsonl, summary.json, torchrun.log")
+
+
+@app.command()
+def manager(
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 50071,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    max_workers: Annotated[
+        int, typer.Option(help="Threads; more than the workers of all jobs together.")
+    ] = 64,
+    wait_timeout: Annotated[
+        float, typer.Option(help="Seconds a waiting report waits for the other workers.")
+    ] = 60.0,
+) -> None:
+    """Serve the BatchSizeManager over gRPC for workers of any framework (see
+    docs/cluster.md): each worker reports its iteration and gets its next batch size."""
+    import signal
+    import threading
+
+    from fedlb.cluster import serve
+
+    try:
+        server, bound, _ = serve(port, host, max_workers, wait_timeout)
+    except (OSError, RuntimeError) as error:
+        raise UsageError(f"cannot serve on {host}:{port}: {error}") from error
+    console.print(f"[bold]fedlb manager[/] on {host}:{bound} (gRPC, fedlb.BatchSizeManager)")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        stop.wait()
+    server.stop(grace=1.0).wait()
+    console.print("fedlb manager stopped")

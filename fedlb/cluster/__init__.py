@@ -2,18 +2,25 @@
 
 `weighted_allreduce_hook` (a DDP comm hook: g = Σ x_r g_r / X), `Coordinator` (reports
 gathered to rank 0, sizes broadcast; blocking on CPU, one iteration late on GPU), and
-`LoadBalancer`, which puts both into a user's own training loop.
+`LoadBalancer`, which puts both into a user's own training loop; the same manager as a
+gRPC service (`serve`, `ManagerClient`) for workers of any framework.
 """
 
 from .balancer import LoadBalancer
 from .coordinator import ClusterError, Coordinator, Exchange
 from .hook import WeightedState, weighted_allreduce_hook
+from .service import SERVICE_POLICIES, ManagerClient, ManagerService, RequestError, serve
 
 __all__ = [
+    "SERVICE_POLICIES",
     "ClusterError",
     "Coordinator",
     "Exchange",
     "LoadBalancer",
+    "ManagerClient",
+    "ManagerService",
+    "RequestError",
     "WeightedState",
+    "serve",
     "weighted_allreduce_hook",
 ]

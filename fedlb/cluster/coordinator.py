@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,6 +74,8 @@ class Coordinator:
         )
         self.asynchronous = asynchronous
         self._iteration = 0
+        self.step_s = 0.0  # rank 0: seconds in the manager's decisions (the controller)
+        self.exchange_s = 0.0  # seconds this rank spent in exchanges (gather, decide, send)
         self._pending: concurrent.futures.Future[list[int]] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         if asynchronous:
@@ -87,6 +90,7 @@ class Coordinator:
         return self.sizes[self.rank]
 
     def _exchange(self, report: WorkerReport, iteration: int) -> list[int]:
+        began = time.perf_counter()
         gathered: list[WorkerReport | None] | None = [None] * self.world if self.rank == 0 else None
         try:
             dist.gather_object(report, gathered, dst=0, group=self.group)
@@ -94,7 +98,9 @@ class Coordinator:
             if self.manager is not None:
                 assert gathered is not None
                 reports = [r for r in gathered if r is not None]
+                deciding = time.perf_counter()
                 by_name = self.manager.step(reports)
+                self.step_s += time.perf_counter() - deciding
                 sizes = [by_name[str(r)] for r in range(self.world)]
                 box = [sizes]
                 if self.on_exchange is not None:
@@ -107,9 +113,10 @@ class Coordinator:
                 f"rank {self.rank}: the exchange after iteration {iteration} failed ({error}); "
                 "a rank has probably died, so the job stops"
             ) from error
-        decided = box[0]
-        assert decided is not None
-        return decided
+        chosen = box[0]
+        assert chosen is not None
+        self.exchange_s += time.perf_counter() - began
+        return chosen
 
     def step(self, report: WorkerReport) -> int:
         """This iteration's report in, this rank's next batch size out."""

@@ -262,6 +262,9 @@ def worker(scenario: ClusterScenario) -> None:
             "ceiling": scenario.ceiling(),
             "steady_efficiency": statistics.fmean(steady) if steady else None,
             "final_sizes": balancer.coordinator.sizes,
+            # rank 0: the manager's decisions, and whole exchanges (waits for ranks included)
+            "controller_s_per_iteration": balancer.coordinator.step_s / scenario.iterations,
+            "exchange_s_per_iteration": balancer.coordinator.exchange_s / scenario.iterations,
             "first_losses": losses[:10],
             "last_losses": losses[-10:],
         }

@@ -1,0 +1,202 @@
+"""Benchmark of cluster mode (fedlb.cluster), all figures measured side by side in one run.
+
+1. Iteration time of each policy against BSP on 4 gloo ranks (torchrun, this machine) at
+   heterogeneity max/min speed 1, 2 and 3 (emulated, sleep-padded: clock `measured`),
+   against the ceiling the speeds allow; E from iteration 11 on; the controller's share of
+   the iteration (rank 0's manager decisions) and the whole exchange's (gather, decide,
+   broadcast, waits included).
+2. The gRPC manager service: seconds per blocking Report call and per iteration (all
+   workers' reports answered) with 4 and 32 client workers (threads of one process).
+
+    .venv/bin/python benchmarks/cluster.py [--quick] [--json results.json]
+
+Prints Markdown tables; docs/benchmarks.md keeps the latest ones with this command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedlb.cluster import ManagerClient, serve
+from fedlb.experiments import ClusterScenario, launch
+
+LEVELS = {1: "1,1,1,1", 2: "1,1.26,1.59,2", 3: "1,1.44,2.08,3"}  # geometric, max/min = level
+POLICIES = ("bsp", "lb-ema", "lb-narx", "deadband")
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def policies_at_levels(quick: bool) -> tuple[str, dict[str, Any]]:
+    iterations = 40 if quick else 150
+    rows, data = [], {}
+    for level, speeds in LEVELS.items():
+        results: dict[str, dict[str, Any]] = {}
+        for policy in POLICIES:
+            scenario = ClusterScenario.from_mapping(
+                {
+                    "speeds": speeds,
+                    "base-speed": 300.0,
+                    "iterations": iterations,
+                    "policy": policy,
+                    "narx-warmup": 60,
+                }
+            )
+            with tempfile.TemporaryDirectory() as folder:
+                code = launch(scenario, Path(folder), timeout=600)
+                if code != 0:
+                    raise RuntimeError(f"{policy} at level {level} failed: see torchrun.log")
+                results[policy] = json.loads((Path(folder) / "summary.json").read_text())
+        ceiling = ClusterScenario.from_mapping({"speeds": speeds, "base-speed": 300.0}).ceiling()
+        base = results["bsp"]["mean_iteration_s"]
+        for policy, summary in results.items():
+            speedup = base / summary["mean_iteration_s"]
+            rows.append(
+                [
+                    f"{level}x",
+                    policy,
+                    f"{summary['mean_iteration_s'] * 1000:.1f}",
+                    f"{speedup:.2f}x",
+                    f"{ceiling:.2f}x",
+                    f"{speedup / ceiling:.0%}",
+                    f"{(speedup - 1) / (ceiling - 1):.0%}" if ceiling > 1.001 else "–",
+                    f"{summary['steady_efficiency']:.3f}",
+                    f"{summary['controller_s_per_iteration'] / summary['mean_iteration_s']:.2%}",
+                    f"{summary['exchange_s_per_iteration'] / summary['mean_iteration_s']:.1%}",
+                ]
+            )
+        data[f"level_{level}"] = {
+            "ceiling": ceiling,
+            "policies": {
+                p: {
+                    "iteration_s": s["mean_iteration_s"],
+                    "speedup": base / s["mean_iteration_s"],
+                    "steady_efficiency": s["steady_efficiency"],
+                    "controller_s": s["controller_s_per_iteration"],
+                    "exchange_s": s["exchange_s_per_iteration"],
+                }
+                for p, s in results.items()
+            },
+        }
+    text = table(
+        [
+            "max/min speed",
+            "policy",
+            "ms / iteration",
+            "speedup vs bsp",
+            "ceiling",
+            "of the ceiling",
+            "of the gain possible",
+            "E",
+            "controller share",
+            "exchange share",
+        ],
+        rows,
+    )
+    text += (
+        f"\n\n4 gloo ranks on this machine's 2 cores, MLP on digits, X = 128, {iterations} "
+        "iterations per run, mean iteration time from iteration 11 on (clock: measured, "
+        "speeds sleep-padded to 300 samples/s x the relative speed). Ceiling: BSP's "
+        "compute time over the ideal split's; the iteration also holds the all-reduce, the "
+        "optimizer step and Python, which no split removes, hence 'of the gain possible' = "
+        "(speedup - 1) / (ceiling - 1). NARX uses EMA for its first 60 reports."
+    )
+    return text, {"levels": data}
+
+
+def _service_worker(
+    address: str,
+    name: str,
+    speed: float,
+    rounds: int,
+    barrier: threading.Barrier,
+    calls: list[tuple[int, float]],
+) -> None:
+    """One plain worker: report every iteration and wait for its next size."""
+    client = ManagerClient(address)
+    size = 32
+    for iteration in range(1, rounds + 1):
+        barrier.wait()  # all workers start the iteration together
+        start = time.perf_counter()
+        size = client.report("bench", name, iteration, size, size / speed)
+        elapsed = time.perf_counter() - start
+        calls.append((iteration, elapsed))  # list.append is atomic under the GIL
+    client.close()
+
+
+def service_costs(quick: bool) -> tuple[str, dict[str, Any]]:
+    rounds = 30 if quick else 200
+    rows, data = [], {}
+    for workers in (4, 32):
+        server, port, _ = serve(0, max_workers=workers + 8)
+        address = f"127.0.0.1:{port}"
+        names = [f"w{i}" for i in range(workers)]
+        ManagerClient(address).register("bench", names, 32)
+        calls: list[tuple[int, float]] = []
+        barrier = threading.Barrier(workers)
+        threads = [
+            threading.Thread(
+                target=_service_worker,
+                args=(address, n, 100.0 + 10 * i, rounds, barrier, calls),
+            )
+            for i, n in enumerate(names)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        server.stop(0)
+        call = statistics.median(elapsed for _, elapsed in calls)
+        slowest: dict[int, float] = {}
+        for iteration, elapsed in calls:  # an iteration ends with its last answer
+            slowest[iteration] = max(slowest.get(iteration, 0.0), elapsed)
+        per_iteration = statistics.median(slowest.values())
+        rows.append([str(workers), f"{call * 1000:.2f}", f"{per_iteration * 1000:.2f}"])
+        data[str(workers)] = {"call_s": call, "iteration_s": per_iteration}
+    text = table(["workers", "ms per Report call (median)", "ms per iteration (median)"], rows)
+    text += (
+        f"\n\nBlocking reports (BSP): every worker's call returns once all have reported; "
+        f"{rounds} iterations, workers are threads of one process on this machine, gRPC on "
+        "loopback, all released together each iteration. A call's time includes waiting for "
+        "the last worker's report; an iteration's is its slowest call's."
+    )
+    return text, {"service": data}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    args = parser.parse_args()
+    print(
+        f"# fedlb.cluster benchmark\n\nMachine: {platform.processor() or platform.machine()}, "
+        f"torch {torch.__version__}, Python {platform.python_version()}. Clock: measured "
+        "(wall, time.perf_counter; rank speeds emulated by sleep padding).\n"
+    )
+    figures: dict[str, Any] = {}
+    for title, section in (
+        ("Policies against BSP on 4 gloo ranks", policies_at_levels),
+        ("The gRPC manager service", service_costs),
+    ):
+        text, data = section(args.quick)
+        figures.update(data)
+        print(f"## {title}\n\n{text}\n", flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(figures, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

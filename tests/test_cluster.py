@@ -213,3 +213,27 @@ def test_the_manager_service_balances_workers_of_any_framework():
         client.close()
     finally:
         server.stop(0)
+
+
+def test_the_competing_load_runs_and_sleeps_and_is_measured():
+    import time
+
+    from fedlb.experiments.load import CompetingLoad, MachineProbe
+
+    load = CompetingLoad(switch_prob=1.0, period_s=0.3, seed=1)  # toggles every 0.3 s
+    load.start()
+    try:
+        probe = MachineProbe(load.pid)
+        seen = set()
+        deadline = time.monotonic() + 10
+        while len(seen) < 2 and time.monotonic() < deadline:
+            seen.add(load.slowdown() < 1.0)
+            time.sleep(0.05)
+        assert seen == {True, False}  # it ran and it slept
+        sample = probe.sample()
+        assert 0 <= sample.cpu <= 1
+        assert 0 < sample.mem <= 1
+        assert all(0.4 <= load.slowdown() <= 1.0 for _ in range(5))
+    finally:
+        load.stop()
+    assert not load.process.is_alive()

@@ -46,6 +46,10 @@ def cluster(
     traces: Annotated[
         str | None, typer.Option(help="static, step:I:F, periodic:P:F, walk:S (per rank).")
     ] = None,
+    load: Annotated[
+        float | None,
+        typer.Option(help="Competing load per rank: chance per 0.1 s it starts or stops."),
+    ] = None,
     out: Annotated[Path, typer.Option(help="Results folder.")] = Path("runs/cluster"),
     timeout: Annotated[float, typer.Option(help="Seconds before a job is stopped.")] = 600.0,
 ) -> None:
@@ -63,6 +67,7 @@ def cluster(
         "speeds": speeds,
         "base-speed": base_speed,
         "traces": traces,
+        "load": load,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     names = [p.strip() for p in chosen_policies.split(",") if p.strip()]

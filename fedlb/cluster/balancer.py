@@ -57,6 +57,7 @@ class LoadBalancer:
         pace: Callable[[float, int], float] | None = None,
         seed: int = 0,
         on_exchange: Callable[[Exchange], None] | None = None,
+        probe: Any = None,
         **loader_args: Any,
     ) -> None:
         self.coordinator = Coordinator(
@@ -68,7 +69,7 @@ class LoadBalancer:
         model.register_comm_hook(self.state, weighted_allreduce_hook)
         self.sampler = ResizableBatchSampler(dataset, batch_size, seed=seed * 1009 + rank)  # type: ignore[arg-type]
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, **loader_args)
-        self.probe = ResourceProbe(next(model.parameters()).device)
+        self.probe = probe or ResourceProbe(next(model.parameters()).device)
         self.iteration = 0
         self.last_report: WorkerReport | None = None
 

@@ -36,6 +36,7 @@ from fedlb.balance import (
 )
 
 from .clocks import GpuLikeTime
+from .load import CompetingLoad, MachineProbe
 from .profiles import SpeedProfile, preset
 
 log = logging.getLogger("fedlb.cluster")
@@ -58,7 +59,9 @@ class ClusterScenario:
     """One job. `speeds`: relative speed per rank ('1,1,2,4': bigger is faster) times
     `base-speed` samples/s; `traces`: SpeedProfile traces over iterations, one for all or
     one per rank. For lb-gpu each rank's time per iteration is GPU-like: `launch` s plus
-    max(B, `saturation`)/speed."""
+    max(B, `saturation`)/speed. `load` > 0 gives every rank a competing process that starts
+    or stops with that probability every 0.1 s (see load.py): the rank slows while it runs,
+    and its reports carry the competitor's real CPU and memory use."""
 
     name: str = "cluster"
     nproc: int = 4
@@ -74,6 +77,7 @@ class ClusterScenario:
     narx_warmup: int = 500
     launch: float = 0.005
     saturation: int = 8
+    load: float = 0.0
     seed: int = 0
     out: str = ""
 
@@ -104,6 +108,8 @@ class ClusterScenario:
             )
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             raise ClusterScenarioError("learning-rate must be a finite number > 0")
+        if not 0 <= self.load <= 1:
+            raise ClusterScenarioError(f"load must be a probability in [0, 1], got {self.load}")
         self.profiles()
 
     def profiles(self) -> list[SpeedProfile]:
@@ -149,11 +155,13 @@ class ClusterScenario:
         return uniform / ideal
 
 
-def _pace(scenario: ClusterScenario, rank: int, iteration: list[int]) -> Any:
+def _pace(scenario: ClusterScenario, rank: int, iteration: list[int], machine: list[float]) -> Any:
+    """The rank's emulated time for a batch: its profile's speed this iteration, times the
+    machine's state when the iteration began (machine[0], from the competing load)."""
     profile = scenario.profiles()[rank]
 
     def pace(real_s: float, batch: int) -> float:
-        speed = profile.speed_at(iteration[0])
+        speed = profile.speed_at(iteration[0]) * machine[0]
         if scenario.policy == "lb-gpu":
             gpu = GpuLikeTime(speed, launch=scenario.launch, saturation=scenario.saturation)
             return max(real_s, gpu.compute_s(batch))
@@ -213,6 +221,11 @@ def worker(scenario: ClusterScenario) -> None:
                 }
             )
 
+    load = None
+    machine = [1.0]  # the competing load's slowdown as the iteration began
+    if scenario.load > 0:
+        load = CompetingLoad(scenario.load, seed=scenario.seed * 100 + rank)
+        load.start()
     balancer = LoadBalancer(
         model,
         dataset,
@@ -220,14 +233,18 @@ def worker(scenario: ClusterScenario) -> None:
         scenario.tuner(),
         scenario.estimator(),
         asynchronous=scenario.policy == "lb-gpu",
-        pace=_pace(scenario, rank, iteration),
+        pace=_pace(scenario, rank, iteration, machine),
         seed=scenario.seed,
         on_exchange=record if rank == 0 else None,
+        probe=MachineProbe(load.pid) if load else None,
     )
     started = time.perf_counter()
     try:
         last = time.perf_counter()
         for x, y in balancer.batches(scenario.iterations):
+            # The load's state now, right after the boundary's resource sample, sets this
+            # iteration's speed: resources measured at k drive iteration k + 1 (Sec. 3.2.2).
+            machine[0] = load.slowdown() if load is not None else 1.0
             loss: torch.Tensor = torch.nn.functional.cross_entropy(model(x), y)
             optimizer.zero_grad()
             loss.backward()  # type: ignore[no-untyped-call]
@@ -248,6 +265,9 @@ def worker(scenario: ClusterScenario) -> None:
     except ClusterError as error:
         print(f"fedlb cluster: {error}", file=sys.stderr, flush=True)
         raise SystemExit(1) from error
+    finally:
+        if load is not None:
+            load.stop()
     wall = time.perf_counter() - started
     if rank == 0:
         with (out / "iterations.jsonl").open("w") as handle:

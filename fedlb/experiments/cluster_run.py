@@ -35,7 +35,7 @@ from fedlb.balance import (
     ideal_round_time,
 )
 
-from .clocks import GpuLikeTime
+from .clocks import GpuLikeTime, ideal_split
 from .load import CompetingLoad, MachineProbe
 from .profiles import SpeedProfile, preset
 
@@ -202,7 +202,19 @@ def worker(scenario: ClusterScenario) -> None:
     def record(exchange: Exchange) -> None:
         speeds = {r.worker: r.speed for r in exchange.reports}
         slowest = max(r.compute_s for r in exchange.reports)
-        ideal = ideal_round_time(speeds, sum(r.batch_size for r in exchange.reports))
+        total = sum(r.batch_size for r in exchange.reports)
+        if scenario.policy == "lb-gpu":  # t(B) is not linear: T* of the GPU-like curves
+            models = {
+                str(k): GpuLikeTime(
+                    p.speed_at(exchange.iteration),
+                    launch=scenario.launch,
+                    saturation=scenario.saturation,
+                )
+                for k, p in enumerate(scenario.profiles())
+            }
+            ideal = ideal_split(models, total)[1]
+        else:
+            ideal = ideal_round_time(speeds, total)
         for r in exchange.reports:
             rows.append(
                 {

@@ -237,3 +237,15 @@ def test_the_competing_load_runs_and_sleeps_and_is_measured():
     finally:
         load.stop()
     assert not load.process.is_alive()
+
+
+def test_the_shipped_cluster_scenarios_parse():
+    from pathlib import Path
+
+    from fedlb.experiments import ClusterScenario
+    from fedlb.flower import read_toml
+
+    for path in sorted(Path("scenarios/cluster").glob("*.toml")):
+        values = read_toml(path, "cluster scenario")
+        for policy in str(values.pop("policies")).split(","):
+            assert ClusterScenario.from_mapping({**values, "policy": policy}).nproc >= 1

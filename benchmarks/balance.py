@@ -15,10 +15,7 @@ Prints Markdown tables; docs/benchmarks.md keeps the latest ones with this comma
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -41,15 +38,9 @@ from fedlb.balance import (
     competing_load_trace,
     prediction_rmse,
 )
-from fedlb.experiments import LinearTime, TimeModel, what_if
+from fedlb.experiments import LinearTime, TimeModel, run_benchmark, what_if
+from fedlb.experiments import markdown_table as table
 from fedlb.models import LeNet5
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
 
 # ---- 1. controller cost ---------------------------------------------------------------
 
@@ -93,7 +84,7 @@ def step_cost_ms(
     return 1e3 * statistics.median(elapsed)
 
 
-def controller_costs(quick: bool) -> tuple[str, dict[str, Any]]:
+def controller_costs(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     weights = pretrained_narx_weights()
     configs: dict[str, tuple[Callable[[], Tuner], Callable[[], SpeedEstimator]]] = {
         "EMA + Proportional": (Proportional, EMA),
@@ -139,7 +130,7 @@ def lenet_iteration_s(batch: int = 32, repeats: int = 30) -> float:
     return statistics.median(times)
 
 
-def narx_costs(quick: bool) -> tuple[str, dict[str, Any]]:
+def narx_costs(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     trace = competing_load_trace(1200 if quick else 2500, seed=7)
     reports = trace.reports()
     narx = NARX()
@@ -191,7 +182,7 @@ def narx_costs(quick: bool) -> tuple[str, dict[str, Any]]:
 # ---- 3. prediction RMSE ---------------------------------------------------------------
 
 
-def rmse_table(quick: bool) -> tuple[str, dict[str, Any]]:
+def rmse_table(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     seeds = range(3 if quick else 6)
     steps, warmup = 1500, 500
     scores: dict[str, list[float]] = {"Memoryless": [], "EMA (α=0.2)": [], "NARX (look-back 2)": []}
@@ -223,7 +214,7 @@ def rmse_table(quick: bool) -> tuple[str, dict[str, Any]]:
 # ---- 4. E after k steps ---------------------------------------------------------------
 
 
-def efficiency_table(quick: bool) -> tuple[str, dict[str, Any]]:
+def efficiency_table(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     levels = (2, 4, 8)
     checkpoints = (1, 2, 3, 5, 10, 30)
     tuners: dict[str, Callable[[], Tuner]] = {
@@ -268,31 +259,21 @@ def efficiency_table(quick: bool) -> tuple[str, dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
-    parser.add_argument("--json", help="also write the figures to this JSON file")
-    args = parser.parse_args()
     # The GPU tuner rightly warns about stragglers it cannot shrink further on the 8x mixes;
     # here those warnings are expected and would only interleave with the tables.
     logging.getLogger("fedlb.balance").setLevel(logging.ERROR)
-    print(
-        f"# fedlb.balance benchmark\n\nMachine: {platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} torch threads, Python {platform.python_version()}, "
-        f"numpy {np.__version__}. Clock for costs: wall (time.perf_counter).\n"
+    run_benchmark(
+        "fedlb.balance benchmark",
+        __doc__.splitlines()[0],
+        f"{torch.get_num_threads()} torch threads, numpy {np.__version__}. Clock for costs: "
+        "wall (time.perf_counter).",
+        [
+            ("Controller cost per step", controller_costs),
+            ("NARX cost against a CPU iteration", narx_costs),
+            ("Speed prediction RMSE (Table 3)", rmse_table),
+            ("Balance efficiency after k steps", efficiency_table),
+        ],
     )
-    figures: dict[str, Any] = {}
-    for title, section in (
-        ("Controller cost per step", controller_costs),
-        ("NARX cost against a CPU iteration", narx_costs),
-        ("Speed prediction RMSE (Table 3)", rmse_table),
-        ("Balance efficiency after k steps", efficiency_table),
-    ):
-        text, data = section(args.quick)
-        figures.update(data)
-        print(f"## {title}\n\n{text}\n", flush=True)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(figures, handle, indent=2)
 
 
 if __name__ == "__main__":

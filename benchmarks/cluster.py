@@ -15,9 +15,7 @@ Prints Markdown tables; docs/benchmarks.md keeps the latest ones with this comma
 
 from __future__ import annotations
 
-import argparse
 import json
-import platform
 import statistics
 import tempfile
 import threading
@@ -28,18 +26,14 @@ from typing import Any
 import torch
 
 from fedlb.cluster import ManagerClient, serve
-from fedlb.experiments import ClusterScenario, launch
+from fedlb.experiments import ClusterScenario, launch, run_benchmark
+from fedlb.experiments import markdown_table as table
 
 LEVELS = {1: "1,1,1,1", 2: "1,1.26,1.59,2", 3: "1,1.44,2.08,3"}  # geometric, max/min = level
 POLICIES = ("bsp", "lb-ema", "lb-narx", "deadband")
 
 
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def policies_at_levels(quick: bool) -> tuple[str, dict[str, Any]]:
+def policies_at_levels(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     iterations = 40 if quick else 150
     rows, data = [], {}
     for level, speeds in LEVELS.items():
@@ -116,7 +110,7 @@ def policies_at_levels(quick: bool) -> tuple[str, dict[str, Any]]:
     return text, {"levels": data}
 
 
-def prediction_under_load(quick: bool) -> tuple[str, dict[str, Any]]:
+def prediction_under_load(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Table 3 with a real competing process per rank: replay each rank's reports (speed,
     CPU, memory as measured) through Memoryless, EMA and NARX, one-step-ahead."""
     import numpy as np
@@ -192,7 +186,7 @@ def _service_worker(
     client.close()
 
 
-def service_costs(quick: bool) -> tuple[str, dict[str, Any]]:
+def service_costs(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     rounds = 30 if quick else 200
     rows, data = [], {}
     for workers in (4, 32):
@@ -232,27 +226,17 @@ def service_costs(quick: bool) -> tuple[str, dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    parser.add_argument("--json", help="also write the figures to this JSON file")
-    args = parser.parse_args()
-    print(
-        f"# fedlb.cluster benchmark\n\nMachine: {platform.processor() or platform.machine()}, "
-        f"torch {torch.__version__}, Python {platform.python_version()}. Clock: measured "
-        "(wall, time.perf_counter; rank speeds emulated by sleep padding).\n"
+    run_benchmark(
+        "fedlb.cluster benchmark",
+        __doc__.splitlines()[0],
+        f"torch {torch.__version__}. Clock: measured (wall, time.perf_counter; rank speeds "
+        "emulated by sleep padding).",
+        [
+            ("Policies against BSP on 4 gloo ranks", policies_at_levels),
+            ("The gRPC manager service", service_costs),
+            ("Speed prediction under a real competing load (Table 3)", prediction_under_load),
+        ],
     )
-    figures: dict[str, Any] = {}
-    for title, section in (
-        ("Policies against BSP on 4 gloo ranks", policies_at_levels),
-        ("The gRPC manager service", service_costs),
-        ("Speed prediction under a real competing load (Table 3)", prediction_under_load),
-    ):
-        text, data = section(args.quick)
-        figures.update(data)
-        print(f"## {title}\n\n{text}\n", flush=True)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(figures, handle, indent=2)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,7 @@ Clock for costs: wall (time.perf_counter) on this machine.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
-import platform
 import statistics
 import tempfile
 import time
@@ -35,17 +32,14 @@ import tenseal
 import torch
 from flwr.app import ArrayRecord
 
+from fedlb.experiments import markdown_table as table
+from fedlb.experiments import run_benchmark
 from fedlb.flower import EncryptedAggregation, encrypted_record
 from fedlb.he import decrypt_arrays, encrypt_arrays, generate_keys, public_context
 from fedlb.models import build_model
 
 MODELS = {"mlp": (64,), "lenet5": (1, 28, 28), "cnn": (1, 28, 28)}
 SILOS = 5
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def timed(function: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -71,7 +65,7 @@ def record_bytes(record: ArrayRecord) -> int:
 # ---- 1. CKKS per model -----------------------------------------------------------------
 
 
-def ckks_costs(quick: bool) -> tuple[str, dict[str, Any]]:
+def ckks_costs(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     repeats = 1 if quick else 3
     secret = generate_keys()
     server = EncryptedAggregation(public_context(secret))
@@ -154,7 +148,7 @@ def secret_slots(context: tenseal.Context) -> int:
 # ---- 2. Paillier on the same LeNet-5 update ---------------------------------------------
 
 
-def paillier_costs(quick: bool, ckks: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def paillier_costs(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     try:
         import gmpy2  # noqa: F401  (python-paillier is ~10x slower without it)
         from phe import paillier
@@ -178,7 +172,7 @@ def paillier_costs(quick: bool, ckks: dict[str, Any]) -> tuple[str, dict[str, An
         private.decrypt(e)
     decrypt_per = (time.perf_counter() - start) / sample
     bytes_per = public.n.bit_length() * 2 // 8  # a ciphertext is an integer mod n^2
-    lenet = ckks["ckks"]["lenet5"]
+    lenet = figures["ckks"]["lenet5"]
     rows = [
         [
             "encrypt s",
@@ -227,7 +221,7 @@ def paillier_costs(quick: bool, ckks: dict[str, Any]) -> tuple[str, dict[str, An
 # ---- 3. HE's share of the round in the paper-like setting -------------------------------
 
 
-def round_share(quick: bool) -> tuple[str, dict[str, Any]]:
+def round_share(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     from fedlb.experiments import Scenario, quiet_flower, run_policy
 
     scenario = Scenario.from_mapping(
@@ -280,28 +274,17 @@ def round_share(quick: bool) -> tuple[str, dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
-    parser.add_argument("--json", help="also write the figures to this JSON file")
-    args = parser.parse_args()
-    print(
-        f"# fedlb.he benchmark\n\nMachine: {platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} torch threads, Python {platform.python_version()}, "
-        "TenSEAL 0.3. Clock for costs: wall (time.perf_counter).\n"
+    run_benchmark(
+        "fedlb.he benchmark",
+        __doc__.splitlines()[0],
+        f"{torch.get_num_threads()} torch threads, TenSEAL {tenseal.__version__}. Clock for "
+        "costs: wall (time.perf_counter).",
+        [
+            ("CKKS per update", ckks_costs),
+            ("Paillier on the same update", paillier_costs),
+            ("HE share of the round (paper-like LeNet-5)", round_share),
+        ],
     )
-    figures: dict[str, Any] = {}
-    text, data = ckks_costs(args.quick)
-    figures.update(data)
-    print(f"## CKKS per update\n\n{text}\n", flush=True)
-    text, extra = paillier_costs(args.quick, data)
-    figures.update(extra)
-    print(f"## Paillier on the same update\n\n{text}\n", flush=True)
-    text, extra = round_share(args.quick)
-    figures.update(extra)
-    print(f"## HE share of the round (paper-like LeNet-5)\n\n{text}\n", flush=True)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(figures, handle, indent=2)
 
 
 if __name__ == "__main__":

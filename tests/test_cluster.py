@@ -218,7 +218,7 @@ def test_the_manager_service_balances_workers_of_any_framework():
 def test_the_competing_load_runs_and_sleeps_and_is_measured():
     import time
 
-    from fedlb.experiments.load import CompetingLoad, MachineProbe
+    from fedlb.experiments import CompetingLoad, MachineProbe
 
     load = CompetingLoad(switch_prob=1.0, period_s=0.3, seed=1)  # toggles every 0.3 s
     load.start()

@@ -1,7 +1,9 @@
 """fedlb.experiments: emulated workers and clocks, what-if runs, policy comparisons."""
 
+from .benchmarking import Section, markdown_table, run_benchmark
 from .clocks import GpuLikeTime, LinearTime, TimeModel, ideal_split, round_time
 from .cluster_run import CLUSTER_POLICIES, ClusterScenario, ClusterScenarioError, launch
+from .load import CompetingLoad, MachineProbe
 from .profiles import CLOCKS, EC2_5, EmulatedClock, SpeedProfile, preset
 from .runner import (
     POLICIES,
@@ -23,20 +25,25 @@ __all__ = [
     "WHATIF_CLOCK",
     "ClusterScenario",
     "ClusterScenarioError",
+    "CompetingLoad",
     "EmulatedClock",
     "GpuLikeTime",
     "LinearTime",
+    "MachineProbe",
     "PolicyResult",
     "Scenario",
     "ScenarioError",
+    "Section",
     "SpeedProfile",
     "TimeModel",
     "WhatIfRound",
     "ideal_split",
     "launch",
+    "markdown_table",
     "preset",
     "quiet_flower",
     "round_time",
+    "run_benchmark",
     "run_experiment",
     "run_policy",
     "what_if",

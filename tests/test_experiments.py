@@ -185,6 +185,11 @@ def test_a_small_comparison_end_to_end(tmp_path):
             p.name for p in folder.iterdir()
         }
     assert (tmp_path / "accuracy.png").stat().st_size > 5000
+    # re-summarising from rounds.jsonl at the same target gives the same summary
+    from fedlb.experiments import summarise_results
+
+    _, again = summarise_results(tmp_path, 0.3)
+    assert again["policies"] == summary["policies"]
     rows = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert {r["seed"] for r in rows} == {0, 1}
     rows = [r for r in rows if r["seed"] == 0]

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from fedlb.experiments import POLICIES, PolicyResult, Scenario, ScenarioError, run_experiment
+from fedlb.experiments import (
+    POLICIES,
+    PolicyResult,
+    Scenario,
+    ScenarioError,
+    run_experiment,
+    summarise_results,
+)
 from fedlb.flower import DATASETS, MODELS
 
 from .common import UsageError, app, console
@@ -16,6 +24,47 @@ from .common import UsageError, app, console
 
 def _fmt(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
+
+
+def print_summary(chosen: Scenario, summary: dict[str, Any]) -> None:
+    """The console table of a comparison: each policy against fedavg."""
+    seeds = f", mean of {chosen.repeats} seeds" if chosen.repeats > 1 else ""
+    table = Table(
+        title=f"{chosen.name} — clock: {chosen.clock}, target accuracy "
+        f"{chosen.target_accuracy:g}{seeds}",
+        title_justify="left",
+        caption="speedup: fedavg's time to target over the policy's; the most these speeds "
+        f"allow is {summary['speedup_ceiling']:.2f}x (FedAvg's rounds over ideal T* rounds). "
+        "E: mean balance efficiency T*/round time, all rounds and from round 3 on.",
+        caption_justify="left",
+    )
+    columns = ["policy", "to target s", "speedup", "final acc", "best acc"]
+    columns += ["E", "E r≥3", "idle"]
+    if chosen.repeats > 1:
+        columns.insert(2, "reached")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    baseline = summary["policies"].get("fedavg", {}).get("time_to_target_s")
+    for name, row in summary["policies"].items():
+        ttt = row["time_to_target_s"]
+        speedup = baseline / ttt if baseline and ttt else None
+        final = _fmt(row["final_accuracy"], ".3f")
+        if "final_accuracy_std" in row:
+            final += f" ± {row['final_accuracy_std']:.3f}"
+        cells = [
+            name,
+            _fmt(ttt, ".2f"),
+            _fmt(speedup, ".2f") + ("x" if speedup else ""),
+            final,
+            _fmt(row["best_accuracy"], ".3f"),
+            _fmt(row["mean_balance_efficiency"], ".3f"),
+            _fmt(row["steady_balance_efficiency"], ".3f"),
+            _fmt(row["idle_fraction"], ".0%"),
+        ]
+        if chosen.repeats > 1:
+            cells.insert(2, row["reached_target"])
+        table.add_row(*cells)
+    console.print(table)
 
 
 @app.command()
@@ -59,6 +108,13 @@ def experiment(
         typer.Option("--he/--no-he", help="Encrypt updates with CKKS (fresh keys)."),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Results folder.")] = None,
+    from_results: Annotated[
+        Path | None,
+        typer.Option(
+            help="Summarise a finished experiment's folder again (e.g. at another "
+            "--target-accuracy) from its rounds.jsonl, without rerunning it."
+        ),
+    ] = None,
 ) -> None:
     """Run every policy on the same federation (same seed, partition, initial model, τ, X,
     η) and write rounds.jsonl, summary.json, partition.json and PNG plots."""
@@ -85,6 +141,18 @@ def experiment(
         "out": None if out is None else str(out),
     }
     flags = {k: v for k, v in flags.items() if v is not None}
+    if from_results is not None:
+        if target_accuracy is None:
+            raise UsageError("--from-results needs the --target-accuracy to summarise at")
+        try:
+            chosen, summary = summarise_results(from_results, target_accuracy)
+        except ScenarioError as error:
+            raise UsageError(str(error)) from error
+        print_summary(chosen, summary)
+        path = from_results / f"summary-target-{target_accuracy:g}.json"
+        path.write_text(json.dumps(summary, indent=2))
+        console.print(f"summary at target {target_accuracy:g}: {path}")
+        return
     try:
         chosen = Scenario.from_file(scenario, flags) if scenario else Scenario.from_mapping(flags)
     except ScenarioError as error:
@@ -106,43 +174,7 @@ def experiment(
         )
 
     summary = run_experiment(chosen, folder, on_policy=done)
-    seeds = f", mean of {chosen.repeats} seeds" if chosen.repeats > 1 else ""
-    table = Table(
-        title=f"{chosen.name} — clock: {chosen.clock}, target accuracy "
-        f"{chosen.target_accuracy:g}{seeds}",
-        title_justify="left",
-        caption="speedup: fedavg's time to target over the policy's; the most these speeds "
-        f"allow is {summary['speedup_ceiling']:.2f}x (FedAvg's rounds over ideal T* rounds). "
-        "E: mean balance efficiency T*/round time, all rounds and from round 3 on.",
-        caption_justify="left",
-    )
-    columns = ["policy", "to target s", "speedup", "final acc", "best acc"]
-    columns += ["E", "E r≥3", "idle"]
-    if chosen.repeats > 1:
-        columns.insert(2, "reached")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    baseline = summary["policies"].get("fedavg", {}).get("time_to_target_s")
-    for name, row in summary["policies"].items():
-        ttt = row["time_to_target_s"]
-        speedup = baseline / ttt if baseline and ttt else None
-        final = _fmt(row["final_accuracy"], ".3f")
-        if "final_accuracy_std" in row:
-            final += f" ± {row['final_accuracy_std']:.3f}"
-        cells = [
-            name,
-            _fmt(ttt, ".2f"),
-            _fmt(speedup, ".2f") + ("x" if speedup else ""),
-            final,
-            _fmt(row["best_accuracy"], ".3f"),
-            _fmt(row["mean_balance_efficiency"], ".3f"),
-            _fmt(row["steady_balance_efficiency"], ".3f"),
-            _fmt(row["idle_fraction"], ".0%"),
-        ]
-        if chosen.repeats > 1:
-            cells.insert(2, row["reached_target"])
-        table.add_row(*cells)
-    console.print(table)
+    print_summary(chosen, summary)
     if chosen.repeats == 1:
         console.print(
             f"results: {folder}/rounds.jsonl, summary.json, partition.json, accuracy.png, "

@@ -13,6 +13,7 @@ from .runner import (
     quiet_flower,
     run_experiment,
     run_policy,
+    summarise_results,
 )
 from .whatif import CLOCK as WHATIF_CLOCK
 from .whatif import WhatIfRound, what_if
@@ -46,5 +47,6 @@ __all__ = [
     "run_benchmark",
     "run_experiment",
     "run_policy",
+    "summarise_results",
     "what_if",
 ]

@@ -425,6 +425,45 @@ def combine_seeds(scenario: Scenario, summaries: dict[int, dict[str, Any]]) -> d
     }
 
 
+def summarise_results(out: Path, target: float) -> tuple[Scenario, dict[str, Any]]:
+    """The summary of a finished experiment in `out` at another target accuracy, rebuilt
+    from its rounds.jsonl and summary.json: nothing reruns. Returns (the scenario with
+    that target, the summary)."""
+    from fedlb.flower import records_from_json_lines
+
+    try:
+        saved = json.loads((out / "summary.json").read_text())
+        lines = (out / "rounds.jsonl").read_text().splitlines()
+    except (OSError, ValueError) as error:
+        raise ScenarioError(f"{out}: no finished experiment there ({error})") from error
+    values = {k.replace("_", "-"): v for k, v in saved["scenario"].items()}
+    scenario = Scenario.from_mapping({**values, "target-accuracy": target})
+    grouped: dict[tuple[int, str], list[str]] = {}
+    for line in lines:
+        row = json.loads(line)
+        grouped.setdefault((row.get("seed", scenario.seed), row["policy"]), []).append(line)
+    summaries: dict[int, dict[str, Any]] = {}
+    for seed in scenario.seeds():
+        one = replace(scenario, seed=seed, repeats=1)
+        policies = {}
+        for name in one.policy_names():
+            rows = grouped.get((seed, name), [])
+            result = PolicyResult(name, records_from_json_lines(rows))
+            clock = {json.loads(r)["round"]: json.loads(r)["clock_time_s"] for r in rows}
+            result.clock_s = [clock[record.round] for record in result.records]
+            policies[name] = result.summary(target)
+        summaries[seed] = {
+            "scenario": asdict(one),
+            "clock": one.clock,
+            "target_accuracy": target,
+            "speedup_ceiling": one.speedup_ceiling(),
+            "policies": policies,
+        }
+    if scenario.repeats == 1:
+        return scenario, summaries[scenario.seed]
+    return scenario, combine_seeds(scenario, summaries)
+
+
 @contextlib.contextmanager
 def quiet_flower() -> Iterator[None]:
     """Hold back Flower's per-round INFO lines (its warnings still show) while inside."""

@@ -39,7 +39,13 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         save_encrypted,
     )
     from .launch import Federation, RunOutcome
-    from .report import RoundRecord, RoundReporter, SiloRound, render_round
+    from .report import (
+        RoundRecord,
+        RoundReporter,
+        SiloRound,
+        records_from_json_lines,
+        render_round,
+    )
     from .silo import SiloClock, evaluate_reply, node_settings, train_reply
     from .strategy import LoadBalancedFedAvg, default_estimator
     from .task import federation_data, model_for
@@ -66,6 +72,7 @@ _EXPORTS = {
     "read_toml": ".config",
     "dataclass_arguments": ".config",
     "render_round": ".report",
+    "records_from_json_lines": ".report",
     "Federation": ".launch",
     "RunOutcome": ".launch",
     "DeployError": ".deploy",
@@ -108,6 +115,7 @@ __all__ = [
     "model_for",
     "node_settings",
     "read_toml",
+    "records_from_json_lines",
     "render_round",
     "save_encrypted",
     "start_supernode",

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from fedlb.cluster import ManagerClient, serve
 from fedlb.experiments import ClusterScenario, launch, run_benchmark
 from fedlb.experiments import markdown_table as table
 
+RUNS = Path("runs/benchmarks/cluster")  # every job's results and log
 LEVELS = {1: "1,1,1,1", 2: "1,1.26,1.59,2", 3: "1,1.44,2.08,3"}  # geometric, max/min = level
 POLICIES = ("bsp", "lb-ema", "lb-narx", "deadband")
 
@@ -48,11 +48,10 @@ def policies_at_levels(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[
                     "narx-warmup": 60,
                 }
             )
-            with tempfile.TemporaryDirectory() as folder:
-                code = launch(scenario, Path(folder), timeout=600)
-                if code != 0:
-                    raise RuntimeError(f"{policy} at level {level} failed: see torchrun.log")
-                results[policy] = json.loads((Path(folder) / "summary.json").read_text())
+            folder = RUNS / f"level-{level}" / policy  # kept: its torchrun.log tells a failure
+            if launch(scenario, folder, timeout=600) != 0:
+                raise RuntimeError(f"{policy} at level {level} failed: see {folder}/torchrun.log")
+            results[policy] = json.loads((folder / "summary.json").read_text())
         ceiling = ClusterScenario.from_mapping({"speeds": speeds, "base-speed": 300.0}).ceiling()
         base = results["bsp"]["mean_iteration_s"]
         for policy, summary in results.items():
@@ -121,10 +120,10 @@ def prediction_under_load(quick: bool, figures: dict[str, Any]) -> tuple[str, di
     scenario = ClusterScenario.from_mapping(
         {"speeds": "1,1,1,1", "iterations": iterations, "policy": "lb-ema", "load": 0.08}
     )
-    with tempfile.TemporaryDirectory() as folder:
-        if launch(scenario, Path(folder), timeout=900) != 0:
-            raise RuntimeError("the competing-load run failed: see torchrun.log")
-        lines = (Path(folder) / "iterations.jsonl").read_text().splitlines()
+    folder = RUNS / "competing-load"
+    if launch(scenario, folder, timeout=900) != 0:
+        raise RuntimeError(f"the competing-load run failed: see {folder}/torchrun.log")
+    lines = (folder / "iterations.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
     estimators: dict[str, Any] = {
         "Memoryless": Memoryless,

@@ -260,3 +260,36 @@ def test_fedlb_server_and_fedlb_silo_commands(tmp_path):
     assert {r["silo"] for r in rows} == {"silo-0", "silo-1"}
     assert all(silo.returncode == 0 for silo in silos), outputs
     assert all("stopped" in out for out in outputs)
+
+
+def test_tls_end_to_end_and_a_silo_without_the_ca_is_refused(tmp_path):
+    """`fedlb certs` files: the SuperLink serves HTTPS, silos holding ca.crt train with it;
+    a silo with another federation's CA never joins (its TLS handshake fails)."""
+    from fedlb.flower import make_certificates
+    from fedlb.flower.deploy import start_supernode
+
+    tls = make_certificates(tmp_path / "certs", ["127.0.0.1", "localhost"])
+    other = make_certificates(tmp_path / "other-ca", ["127.0.0.1"])
+    out = tmp_path / "out"
+    with Federation(tmp_path / "procs", tls=tls) as federation:
+        assert "--ssl-certfile" in federation.link.command
+        for i in range(2):
+            federation.add_silo(f"silo-{i}", silo_config(i, 2, 1))
+        intruder = start_supernode(
+            tmp_path / "procs",
+            "intruder",
+            federation.address,
+            silo_config(0, 2, 1),
+            root_certificates=other.ca,
+        )
+        try:
+            outcome = federation.run(
+                run_settings(out, **{"num-silos": 2, "num-rounds": 2}), timeout=300
+            )
+        finally:
+            intruder.stop()
+    assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
+    assert [r.round for r in outcome.records] == [1, 2]
+    assert all(len(r.silos) == 2 for r in outcome.records)  # the intruder took no part
+    log = intruder.log_path.read_text(errors="replace").lower()
+    assert "certificate" in log or "ssl" in log, log[-2000:]

@@ -24,7 +24,10 @@ from fedlb.flower import (
     RoundRecord,
     RunConfig,
     RunOutcome,
+    TlsError,
+    TlsFiles,
     free_port,
+    make_certificates,
     read_toml,
     render_round,
     start_supernode,
@@ -32,7 +35,7 @@ from fedlb.flower import (
 
 from .common import UsageError, app, console
 
-SERVER_KEYS = {"host": str, "port": int, "out-dir": str, "run-timeout": float}
+SERVER_KEYS = {"host": str, "port": int, "out-dir": str, "run-timeout": float, "certs": str}
 SILO_KEYS = {
     "server": str,
     "data-path": str,
@@ -45,6 +48,7 @@ SILO_KEYS = {
     "port": int,
     "workdir": str,
     "he-context": str,
+    "root-certificates": str,
 }
 BASE_SPEED = 200.0  # samples/s of an emulated silo with slowdown 1
 
@@ -177,6 +181,7 @@ def run_federation(
     local_silos: list[float] | None = None,
     base_speed: float = BASE_SPEED,
     silo_context: Path | None = None,
+    tls: TlsFiles | None = None,
 ) -> RunOutcome:
     """Start a SuperLink (and local silos), run, show every round, stop what was started."""
     out_dir = out_dir.resolve()
@@ -184,11 +189,13 @@ def run_federation(
     # SIGTERM must unwind the `with Federation` block so the processes it started stop.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     try:
-        with Federation(out_dir / "processes", host, port) as federation:
+        with Federation(out_dir / "processes", host, port, tls=tls) as federation:
             console.print(
                 f"[bold]fedlb server[/]: SuperLink on {federation.address}; waiting for "
                 f"{config.num_silos} silos; results in {out_dir}"
             )
+            if tls is not None:
+                console.print(f"  TLS on: silos need {tls.ca} (--root-certificates)")
             if config.he_context:
                 console.print(
                     f"  HE on: updates averaged as CKKS ciphertexts under {config.he_context}"
@@ -251,6 +258,10 @@ def server(
     run_timeout: Annotated[
         float | None, typer.Option(help="Give up on the whole run after this many seconds.")
     ] = None,
+    certs: Annotated[
+        Path | None,
+        typer.Option(help="TLS: the folder of `fedlb certs` (ca.crt, server.crt, server.key)."),
+    ] = None,
     *,
     run_flags: dict[str, Any],
 ) -> None:
@@ -262,12 +273,20 @@ def server(
     sections = read_config(config, {"server": SERVER_KEYS, "run": {}})
     values = sections["server"]
     run = settings(sections["run"], run_flags)
+    tls = None
+    folder = certs or (Path(values["certs"]) if values.get("certs") else None)
+    if folder is not None:
+        try:
+            tls = TlsFiles.from_folder(folder.resolve())
+        except TlsError as error:
+            raise UsageError(str(error)) from error
     outcome = run_federation(
         run,
         host or values.get("host", "127.0.0.1"),
         port or values.get("port", 8000),
         out_dir or Path(values.get("out-dir") or default_out_dir()),
         run_timeout or values.get("run-timeout"),
+        tls=tls,
     )
     finish(outcome)
 
@@ -351,6 +370,10 @@ def silo(
         Path | None,
         typer.Option(help="The silos' secret CKKS context (fedlb keygen's silo.context)."),
     ] = None,
+    root_certificates: Annotated[
+        Path | None,
+        typer.Option(help="TLS: the federation's CA certificate (fedlb certs' ca.crt)."),
+    ] = None,
 ) -> None:
     """Start this silo's SuperNode against the server and keep it up until Ctrl-C."""
     values = read_config(config, {"silo": SILO_KEYS})["silo"]
@@ -366,6 +389,7 @@ def silo(
         "port": port,
         "workdir": workdir,
         "he-context": None if he_context is None else str(he_context),
+        "root-certificates": None if root_certificates is None else str(root_certificates),
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if "data-path" in values:
@@ -408,8 +432,18 @@ def silo(
     name = f"silo-{values.get('partition-id', Path(values.get('data-path', 'x')).stem)}"
     work = Path(values.get("workdir") or Path("runs") / name).resolve()
     address = values.get("server", "127.0.0.1:8000")
+    ca = Path(values["root-certificates"]).resolve() if values.get("root-certificates") else None
+    if ca is not None and not ca.is_file():
+        raise UsageError(f"--root-certificates {ca} is not a file: fedlb certs makes ca.crt")
     try:
-        node = start_supernode(work, name, address, node_config, values.get("port") or free_port())
+        node = start_supernode(
+            work,
+            name,
+            address,
+            node_config,
+            values.get("port") or free_port(),
+            root_certificates=ca,
+        )
     except DeployError as error:
         console.print(f"[red]could not start the silo:[/] {error}")
         raise typer.Exit(1) from error
@@ -434,3 +468,26 @@ def silo(
     finally:
         node.stop()
     console.print(f"{name} stopped")
+
+
+@app.command()
+def certs(
+    out: Annotated[Path, typer.Option(help="Folder for the certificate files.")],
+    host: Annotated[
+        list[str] | None,
+        typer.Option(help="The SuperLink's host name or address (repeatable)."),
+    ] = None,
+    days: Annotated[int, typer.Option(help="Validity in days.")] = 365,
+    overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
+) -> None:
+    """Make a federation CA and a SuperLink certificate: give the server the folder
+    (fedlb server --certs DIR) and every silo ca.crt (fedlb silo --root-certificates)."""
+    try:
+        files = make_certificates(out, host or ["127.0.0.1", "localhost"], days, overwrite)
+    except TlsError as error:
+        raise UsageError(str(error)) from error
+    console.print(
+        f"TLS files in {out}: {files.ca.name} (every silo and the server), "
+        f"{files.cert.name} and {files.key.name} (the server only), ca.key (keep it safe: "
+        "it signs servers the silos will trust)"
+    )

@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .silo import SiloClock, evaluate_reply, node_settings, train_reply
     from .strategy import LoadBalancedFedAvg, default_estimator
     from .task import federation_data, model_for
+    from .tls import TlsError, TlsFiles, make_certificates
 
 _EXPORTS = {
     "LoadBalancedFedAvg": ".strategy",
@@ -82,6 +83,9 @@ _EXPORTS = {
     "SiloClock": ".silo",
     "federation_data": ".task",
     "model_for": ".task",
+    "TlsError": ".tls",
+    "TlsFiles": ".tls",
+    "make_certificates": ".tls",
     "evaluate_reply": ".silo",
     "node_settings": ".silo",
 }
@@ -103,6 +107,8 @@ __all__ = [
     "RunOutcome",
     "SiloClock",
     "SiloRound",
+    "TlsError",
+    "TlsFiles",
     "dataclass_arguments",
     "decrypt_record",
     "default_estimator",
@@ -112,6 +118,7 @@ __all__ = [
     "free_port",
     "he_mod",
     "load_encrypted",
+    "make_certificates",
     "model_for",
     "node_settings",
     "read_toml",

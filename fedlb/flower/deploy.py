@@ -24,6 +24,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from .tls import TlsFiles
+
 CONNECTION = "fedlb"  # the name of the SuperLink connection in FLWR_HOME/config.toml
 
 
@@ -105,8 +107,13 @@ class FlowerProcess:
         except OSError:
             return "(no log)"
 
-    def wait_healthy(self, timeout: float = 60.0) -> None:
-        """Wait until its HTTP API answers /health; fail early, with its log, if it died."""
+    def wait_healthy(self, timeout: float = 60.0, ca: Path | None = None) -> None:
+        """Wait until its HTTP API answers /health (HTTPS checked against `ca` when given);
+        fail early, with its log, if it died."""
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
+        scheme = "https" if ca is not None else "http"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
@@ -115,8 +122,8 @@ class FlowerProcess:
                     f"its log ({self.log_path}) ends with:\n{self.log_tail()}"
                 )
             try:
-                url = f"http://127.0.0.1:{self.port}/health"
-                with urllib.request.urlopen(url, timeout=1) as reply:
+                url = f"{scheme}://127.0.0.1:{self.port}/health"
+                with urllib.request.urlopen(url, timeout=1, context=context) as reply:
                     if reply.status == 200:
                         return
             except (urllib.error.URLError, OSError):
@@ -155,12 +162,26 @@ def start_superlink(
     port: int | None = None,
     env: Mapping[str, str] | None = None,
     extra_args: list[str] | None = None,
+    tls: TlsFiles | None = None,
 ) -> FlowerProcess:
-    """A SuperLink serving Fleet, Control and Runtime APIs on one HTTP port."""
+    """A SuperLink serving Fleet, Control and Runtime APIs on one port: HTTPS with `tls`,
+    plain HTTP (Flower's --insecure) without."""
     port = port or free_port(host)
+    security = (
+        [
+            "--ssl-ca-certfile",
+            str(tls.ca),
+            "--ssl-certfile",
+            str(tls.cert),
+            "--ssl-keyfile",
+            str(tls.key),
+        ]
+        if tls is not None
+        else ["--insecure"]
+    )
     command = [
         str(bin_dir() / "flower-superlink"),
-        "--insecure",
+        *security,
         "--disable-runtime-dependency-installation",
         "--host",
         host,
@@ -171,7 +192,7 @@ def start_superlink(
     link = FlowerProcess.start(
         "SuperLink", command, workdir / "home-superlink", workdir / "superlink.log", port, env
     )
-    link.wait_healthy()
+    link.wait_healthy(ca=tls.ca if tls is not None else None)
     return link
 
 
@@ -200,12 +221,20 @@ def start_supernode(
     port: int | None = None,
     env: Mapping[str, str] | None = None,
     extra_args: list[str] | None = None,
+    root_certificates: Path | None = None,
 ) -> FlowerProcess:
-    """A SuperNode for one silo; `port` is its local runtime API (distinct per node)."""
+    """A SuperNode for one silo; `port` is its local runtime API (distinct per node).
+    With `root_certificates` (the federation's ca.crt) it talks TLS to the SuperLink and
+    refuses one whose certificate that CA did not sign; without, plain HTTP."""
     port = port or free_port()
+    security = (
+        ["--root-certificates", str(root_certificates)]
+        if root_certificates is not None
+        else ["--insecure"]
+    )
     command = [
         str(bin_dir() / "flower-supernode"),
-        "--insecure",
+        *security,
         "--superlink",
         superlink,
         "--port",
@@ -221,12 +250,17 @@ def start_supernode(
     return node
 
 
-def write_connection(home: Path, address: str) -> None:
+def write_connection(home: Path, address: str, root_certificates: Path | None = None) -> None:
     """FLWR_HOME/config.toml for the `flwr` CLI: one connection named CONNECTION."""
     home.mkdir(parents=True, exist_ok=True)
+    security = (
+        f"root-certificates = {json.dumps(str(root_certificates))}\n"
+        if root_certificates is not None
+        else "insecure = true\n"
+    )
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-        f'address = "{address}"\ninsecure = true\n'
+        f'address = "{address}"\n{security}'
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from . import deploy
 from .report import RoundRecord, records_from_json_lines
+from .tls import TlsFiles
 
 log = logging.getLogger("fedlb.flower")
 
@@ -62,12 +63,21 @@ class Federation:
     Args:
         workdir: logs and Flower homes go here.
         host, port: where the SuperLink listens (port None: a free one).
+        tls: the SuperLink's certificate files (`fedlb certs`); local silos and the `flwr`
+            CLI then trust its CA. None: plain HTTP (loopback tests, demos).
     """
 
-    def __init__(self, workdir: Path, host: str = "127.0.0.1", port: int | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
         self.workdir = workdir
         self.host = host
         self.port = port
+        self.tls = tls
         self.link: deploy.FlowerProcess | None = None
         self.silos: dict[str, deploy.FlowerProcess] = {}
         self.home = workdir / "home-cli"
@@ -79,14 +89,18 @@ class Federation:
 
     def __enter__(self) -> Federation:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.link = deploy.start_superlink(self.workdir, self.host, self.port)
-        deploy.write_connection(self.home, self.address)
+        self.link = deploy.start_superlink(self.workdir, self.host, self.port, tls=self.tls)
+        ca = self.tls.ca if self.tls is not None else None
+        deploy.write_connection(self.home, self.address, root_certificates=ca)
         log.info("SuperLink listening on %s (pid %d)", self.address, self.link.pid)
         return self
 
     def add_silo(self, name: str, node_config: Mapping[str, Any]) -> deploy.FlowerProcess:
         """A SuperNode on this machine (a demo or test silo)."""
-        node = deploy.start_supernode(self.workdir, name, self.address, node_config)
+        ca = self.tls.ca if self.tls is not None else None
+        node = deploy.start_supernode(
+            self.workdir, name, self.address, node_config, root_certificates=ca
+        )
         self.silos[name] = node
         return node
 

@@ -1,0 +1,111 @@
+"""TLS for the SuperLink and its SuperNodes: a federation's own certificate authority.
+
+`make_certificates` writes a CA (ca.crt; its key ca.key stays with whoever runs the
+federation) and a server certificate for the SuperLink's host names and addresses
+(server.crt, server.key). The SuperLink gets all three server files; every silo gets
+ca.crt only, and refuses a SuperLink whose certificate that CA did not sign.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY = "ca.crt", "ca.key", "server.crt", "server.key"
+
+
+class TlsError(ValueError):
+    """Certificate files that cannot be used; the message names them."""
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The SuperLink's TLS files (PEM)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> TlsFiles:
+        """ca.crt, server.crt and server.key from `fedlb certs`'s folder, checked."""
+        files = cls(folder / CA_CERT, folder / SERVER_CERT, folder / SERVER_KEY)
+        missing = [str(p) for p in (files.ca, files.cert, files.key) if not p.is_file()]
+        if missing:
+            raise TlsError(f"missing TLS file(s) {', '.join(missing)}: make them with fedlb certs")
+        return files
+
+
+def make_certificates(
+    out: Path, hosts: list[str], days: int = 365, overwrite: bool = False
+) -> TlsFiles:
+    """A CA and a server certificate for `hosts` (names or IP addresses) in `out`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    if not hosts:
+        raise TlsError("give at least one host name or address for the server certificate")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / name for name in (CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY)]
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not overwrite:
+        raise TlsError(f"{', '.join(existing)} already exist; choose another folder or overwrite")
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedlb federation CA")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    def key_bytes(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    for path, data in zip(
+        paths,
+        (
+            ca_cert.public_bytes(serialization.Encoding.PEM),
+            key_bytes(ca_key),
+            server_cert.public_bytes(serialization.Encoding.PEM),
+            key_bytes(server_key),
+        ),
+        strict=True,
+    ):
+        path.write_bytes(data)
+        if path.name.endswith(".key"):
+            path.chmod(0o600)
+    return TlsFiles(paths[0], paths[2], paths[3])

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from fedlb.experiments import CLUSTER_POLICIES, ClusterScenario, ClusterScenarioError, launch
@@ -86,7 +87,9 @@ def cluster(
         folder = out / name
         code = launch(job, folder, timeout)
         if code != 0:
-            console.print(f"[red]{name}: the job failed[/]: {_failure(folder / 'torchrun.log')}")
+            # escaped: gloo's messages hold [file:line] parts that rich would read as markup
+            reason = escape(_failure(folder / "torchrun.log"))
+            console.print(f"[red]{name}: the job failed[/]: {reason}")
             console.print(f"log: {folder / 'torchrun.log'}")
             raise typer.Exit(1)
         summaries[name] = json.loads((folder / "summary.json").read_text())

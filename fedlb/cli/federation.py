@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from fedlb.flower import (
     RUN_SETTING_HELP,
@@ -218,7 +219,7 @@ def run_federation(
                 )
             outcome = federation.run(run_config, on_round=show_round, timeout=timeout)
     except DeployError as error:
-        console.print(f"[red]could not run the federation:[/] {error}")
+        console.print(f"[red]could not run the federation:[/] {escape(str(error))}")
         raise typer.Exit(1) from error
     return outcome
 
@@ -445,7 +446,7 @@ def silo(
             root_certificates=ca,
         )
     except DeployError as error:
-        console.print(f"[red]could not start the silo:[/] {error}")
+        console.print(f"[red]could not start the silo:[/] {escape(str(error))}")
         raise typer.Exit(1) from error
     clock = (
         f"emulated {speed:.0f} samples/s (clock: measured, sleep-padded)" if speed else "real speed"

@@ -183,3 +183,28 @@ def test_wrong_he_key_files_are_refused_before_anything_starts(tmp_path):
     assert result.exit_code == 2, result.output
     assert "not a TenSEAL context" in flat(result.output)
     assert "junk" in flat(result.output)
+
+
+def test_tls_and_silo_key_files_are_checked_before_anything_starts(tmp_path):
+    assert (
+        runner.invoke(app, ["silo-key", "--out", str(tmp_path / "k"), "--name", "a"]).exit_code == 0
+    )
+    assert (tmp_path / "k" / "a.key").stat().st_mode & 0o077 == 0
+    assert (tmp_path / "k" / "a.pub").read_text().startswith("ecdsa-sha2-nistp384 ")
+    result = runner.invoke(app, ["server", "--silo-keys", str(tmp_path / "k")])
+    assert result.exit_code == 2, result.output
+    assert "--silo-keys needs --certs" in flat(result.output)
+    result = runner.invoke(app, ["server", "--certs", str(tmp_path / "none")])
+    assert result.exit_code == 2, result.output
+    assert "missing TLS file(s)" in flat(result.output)
+    assert runner.invoke(app, ["certs", "--out", str(tmp_path / "c")]).exit_code == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    args = ["server", "--certs", str(tmp_path / "c"), "--silo-keys", str(empty)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "no *.pub files" in flat(result.output)
+    silo = ["silo", "--partition-id", "0", "--num-partitions", "2"]
+    result = runner.invoke(app, [*silo, "--auth-key", str(tmp_path / "nope.key")])
+    assert result.exit_code == 2, result.output
+    assert "is not a file" in flat(result.output)

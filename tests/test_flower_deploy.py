@@ -262,34 +262,56 @@ def test_fedlb_server_and_fedlb_silo_commands(tmp_path):
     assert all("stopped" in out for out in outputs)
 
 
-def test_tls_end_to_end_and_a_silo_without_the_ca_is_refused(tmp_path):
-    """`fedlb certs` files: the SuperLink serves HTTPS, silos holding ca.crt train with it;
-    a silo with another federation's CA never joins (its TLS handshake fails)."""
-    from fedlb.flower import make_certificates
+def test_tls_and_silo_authentication_end_to_end(tmp_path):
+    """`fedlb certs` and `fedlb silo-key` files: the SuperLink serves HTTPS and admits only
+    registered silo keys. Two registered silos train; a silo trusting another CA and a silo
+    with an unregistered key never join."""
+    from fedlb.flower import make_certificates, make_silo_key
     from fedlb.flower.deploy import start_supernode
 
     tls = make_certificates(tmp_path / "certs", ["127.0.0.1", "localhost"])
     other = make_certificates(tmp_path / "other-ca", ["127.0.0.1"])
+    keys = [make_silo_key(tmp_path / "keys", f"silo-{i}") for i in range(2)]
+    stranger_key, _ = make_silo_key(tmp_path / "stranger", "stranger")
     out = tmp_path / "out"
-    with Federation(tmp_path / "procs", tls=tls) as federation:
+    with Federation(
+        tmp_path / "procs", tls=tls, silo_keys=[public for _, public in keys]
+    ) as federation:
         assert "--ssl-certfile" in federation.link.command
-        for i in range(2):
-            federation.add_silo(f"silo-{i}", silo_config(i, 2, 1))
-        intruder = start_supernode(
-            tmp_path / "procs",
-            "intruder",
-            federation.address,
-            silo_config(0, 2, 1),
-            root_certificates=other.ca,
-        )
+        assert "--enable-supernode-auth" in federation.link.command
+        for i, (private, _) in enumerate(keys):
+            federation.add_silo(f"silo-{i}", silo_config(i, 2, 1), auth_key=private)
+        intruders = [
+            start_supernode(
+                tmp_path / "procs",
+                "wrong-ca",
+                federation.address,
+                silo_config(0, 2, 1),
+                root_certificates=other.ca,
+                extra_args=["--auth-supernode-private-key", str(keys[0][0])],
+            ),
+            start_supernode(
+                tmp_path / "procs",
+                "unregistered",
+                federation.address,
+                silo_config(1, 2, 1),
+                root_certificates=tls.ca,
+                extra_args=["--auth-supernode-private-key", str(stranger_key)],
+            ),
+        ]
         try:
             outcome = federation.run(
                 run_settings(out, **{"num-silos": 2, "num-rounds": 2}), timeout=300
             )
         finally:
-            intruder.stop()
+            for node in intruders:
+                node.stop()
     assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
     assert [r.round for r in outcome.records] == [1, 2]
-    assert all(len(r.silos) == 2 for r in outcome.records)  # the intruder took no part
-    log = intruder.log_path.read_text(errors="replace").lower()
-    assert "certificate" in log or "ssl" in log, log[-2000:]
+    assert all(len(r.silos) == 2 for r in outcome.records)  # no intruder took part
+    wrong_ca = intruders[0].log_path.read_text(errors="replace")
+    assert "CERTIFICATE_VERIFY_FAILED" in wrong_ca, wrong_ca[-2000:]
+    unregistered = intruders[1].log_path.read_text(errors="replace")
+    assert "could not establish a connection" in unregistered.lower() or (
+        "failed to activate" in unregistered.lower()
+    ), unregistered[-2000:]

@@ -29,6 +29,7 @@ from fedlb.flower import (
     TlsFiles,
     free_port,
     make_certificates,
+    make_silo_key,
     read_toml,
     render_round,
     start_supernode,
@@ -36,7 +37,14 @@ from fedlb.flower import (
 
 from .common import UsageError, app, console
 
-SERVER_KEYS = {"host": str, "port": int, "out-dir": str, "run-timeout": float, "certs": str}
+SERVER_KEYS = {
+    "host": str,
+    "port": int,
+    "out-dir": str,
+    "run-timeout": float,
+    "certs": str,
+    "silo-keys": str,
+}
 SILO_KEYS = {
     "server": str,
     "data-path": str,
@@ -50,6 +58,7 @@ SILO_KEYS = {
     "workdir": str,
     "he-context": str,
     "root-certificates": str,
+    "auth-key": str,
 }
 BASE_SPEED = 200.0  # samples/s of an emulated silo with slowdown 1
 
@@ -183,6 +192,7 @@ def run_federation(
     base_speed: float = BASE_SPEED,
     silo_context: Path | None = None,
     tls: TlsFiles | None = None,
+    silo_keys: list[Path] | None = None,
 ) -> RunOutcome:
     """Start a SuperLink (and local silos), run, show every round, stop what was started."""
     out_dir = out_dir.resolve()
@@ -190,13 +200,19 @@ def run_federation(
     # SIGTERM must unwind the `with Federation` block so the processes it started stop.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     try:
-        with Federation(out_dir / "processes", host, port, tls=tls) as federation:
+        with Federation(
+            out_dir / "processes", host, port, tls=tls, silo_keys=silo_keys
+        ) as federation:
             console.print(
                 f"[bold]fedlb server[/]: SuperLink on {federation.address}; waiting for "
                 f"{config.num_silos} silos; results in {out_dir}"
             )
             if tls is not None:
                 console.print(f"  TLS on: silos need {tls.ca} (--root-certificates)")
+            if silo_keys is not None:
+                console.print(
+                    f"  SuperNode authentication on: {len(silo_keys)} registered silo key(s)"
+                )
             if config.he_context:
                 console.print(
                     f"  HE on: updates averaged as CKKS ciphertexts under {config.he_context}"
@@ -263,6 +279,10 @@ def server(
         Path | None,
         typer.Option(help="TLS: the folder of `fedlb certs` (ca.crt, server.crt, server.key)."),
     ] = None,
+    silo_keys: Annotated[
+        Path | None,
+        typer.Option(help="Only silos whose public key (*.pub, fedlb silo-key) is here join."),
+    ] = None,
     *,
     run_flags: dict[str, Any],
 ) -> None:
@@ -281,6 +301,14 @@ def server(
             tls = TlsFiles.from_folder(folder.resolve())
         except TlsError as error:
             raise UsageError(str(error)) from error
+    keys_folder = silo_keys or (Path(values["silo-keys"]) if values.get("silo-keys") else None)
+    keys = None
+    if keys_folder is not None:
+        keys = sorted(keys_folder.resolve().glob("*.pub"))
+        if not keys:
+            raise UsageError(f"--silo-keys {keys_folder}: no *.pub files (fedlb silo-key)")
+        if tls is None:
+            raise UsageError("--silo-keys needs --certs: keys are only worth it over TLS")
     outcome = run_federation(
         run,
         host or values.get("host", "127.0.0.1"),
@@ -288,6 +316,7 @@ def server(
         out_dir or Path(values.get("out-dir") or default_out_dir()),
         run_timeout or values.get("run-timeout"),
         tls=tls,
+        silo_keys=keys,
     )
     finish(outcome)
 
@@ -375,6 +404,10 @@ def silo(
         Path | None,
         typer.Option(help="TLS: the federation's CA certificate (fedlb certs' ca.crt)."),
     ] = None,
+    auth_key: Annotated[
+        Path | None,
+        typer.Option(help="This silo's private key (fedlb silo-key) when the server checks."),
+    ] = None,
 ) -> None:
     """Start this silo's SuperNode against the server and keep it up until Ctrl-C."""
     values = read_config(config, {"silo": SILO_KEYS})["silo"]
@@ -391,6 +424,7 @@ def silo(
         "workdir": workdir,
         "he-context": None if he_context is None else str(he_context),
         "root-certificates": None if root_certificates is None else str(root_certificates),
+        "auth-key": None if auth_key is None else str(auth_key),
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if "data-path" in values:
@@ -436,6 +470,9 @@ def silo(
     ca = Path(values["root-certificates"]).resolve() if values.get("root-certificates") else None
     if ca is not None and not ca.is_file():
         raise UsageError(f"--root-certificates {ca} is not a file: fedlb certs makes ca.crt")
+    private_key = Path(values["auth-key"]).resolve() if values.get("auth-key") else None
+    if private_key is not None and not private_key.is_file():
+        raise UsageError(f"--auth-key {private_key} is not a file: fedlb silo-key makes it")
     try:
         node = start_supernode(
             work,
@@ -444,6 +481,7 @@ def silo(
             node_config,
             values.get("port") or free_port(),
             root_certificates=ca,
+            extra_args=["--auth-supernode-private-key", str(private_key)] if private_key else None,
         )
     except DeployError as error:
         console.print(f"[red]could not start the silo:[/] {escape(str(error))}")
@@ -492,3 +530,18 @@ def certs(
         f"{files.cert.name} and {files.key.name} (the server only), ca.key (keep it safe: "
         "it signs servers the silos will trust)"
     )
+
+
+@app.command("silo-key")
+def silo_key(
+    out: Annotated[Path, typer.Option(help="Folder for NAME.key and NAME.pub.")],
+    name: Annotated[str, typer.Option(help="The silo's name.")],
+    overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
+) -> None:
+    """Make a silo's authentication key pair: NAME.key stays at the silo (fedlb silo
+    --auth-key), NAME.pub goes into the server's --silo-keys folder."""
+    try:
+        private, public = make_silo_key(out, name, overwrite)
+    except TlsError as error:
+        raise UsageError(str(error)) from error
+    console.print(f"{private} (the silo's, keep it there) and {public} (give it to the server)")

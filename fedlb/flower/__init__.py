@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .silo import SiloClock, evaluate_reply, node_settings, train_reply
     from .strategy import LoadBalancedFedAvg, default_estimator
     from .task import federation_data, model_for
-    from .tls import TlsError, TlsFiles, make_certificates
+    from .tls import TlsError, TlsFiles, make_certificates, make_silo_key
 
 _EXPORTS = {
     "LoadBalancedFedAvg": ".strategy",
@@ -86,6 +86,7 @@ _EXPORTS = {
     "TlsError": ".tls",
     "TlsFiles": ".tls",
     "make_certificates": ".tls",
+    "make_silo_key": ".tls",
     "evaluate_reply": ".silo",
     "node_settings": ".silo",
 }
@@ -119,6 +120,7 @@ __all__ = [
     "he_mod",
     "load_encrypted",
     "make_certificates",
+    "make_silo_key",
     "model_for",
     "node_settings",
     "read_toml",

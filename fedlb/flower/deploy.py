@@ -286,6 +286,12 @@ def _flwr(home: Path, args: list[str], timeout: float = 120) -> dict[str, Any]:
     return reply
 
 
+def register_supernode(home: Path, public_key: Path) -> None:
+    """Register a silo's public key with a SuperLink running --enable-supernode-auth:
+    only SuperNodes holding a registered key can join."""
+    _flwr(home, ["supernode", "register", str(public_key), CONNECTION])
+
+
 def submit_run(home: Path, app: Path, run_config: Mapping[str, Any]) -> str:
     """Submit the app with these run settings; returns the run id (no waiting)."""
     # --run-config has the same syntax as --node-config

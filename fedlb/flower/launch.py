@@ -65,6 +65,9 @@ class Federation:
         host, port: where the SuperLink listens (port None: a free one).
         tls: the SuperLink's certificate files (`fedlb certs`); local silos and the `flwr`
             CLI then trust its CA. None: plain HTTP (loopback tests, demos).
+        silo_keys: public keys of the silos allowed to join (`fedlb silo-key`'s .pub
+            files): SuperNode authentication is on and only these are registered. None:
+            any SuperNode that reaches the SuperLink may join.
     """
 
     def __init__(
@@ -73,11 +76,13 @@ class Federation:
         host: str = "127.0.0.1",
         port: int | None = None,
         tls: TlsFiles | None = None,
+        silo_keys: list[Path] | None = None,
     ) -> None:
         self.workdir = workdir
         self.host = host
         self.port = port
         self.tls = tls
+        self.silo_keys = silo_keys
         self.link: deploy.FlowerProcess | None = None
         self.silos: dict[str, deploy.FlowerProcess] = {}
         self.home = workdir / "home-cli"
@@ -89,17 +94,31 @@ class Federation:
 
     def __enter__(self) -> Federation:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.link = deploy.start_superlink(self.workdir, self.host, self.port, tls=self.tls)
+        auth = ["--enable-supernode-auth"] if self.silo_keys is not None else []
+        self.link = deploy.start_superlink(
+            self.workdir, self.host, self.port, extra_args=auth, tls=self.tls
+        )
         ca = self.tls.ca if self.tls is not None else None
         deploy.write_connection(self.home, self.address, root_certificates=ca)
+        for key in self.silo_keys or []:
+            deploy.register_supernode(self.home, key)
+            log.info("registered silo key %s", key)
         log.info("SuperLink listening on %s (pid %d)", self.address, self.link.pid)
         return self
 
-    def add_silo(self, name: str, node_config: Mapping[str, Any]) -> deploy.FlowerProcess:
-        """A SuperNode on this machine (a demo or test silo)."""
+    def add_silo(
+        self, name: str, node_config: Mapping[str, Any], auth_key: Path | None = None
+    ) -> deploy.FlowerProcess:
+        """A SuperNode on this machine (a demo or test silo); `auth_key`: its private key
+        when SuperNode authentication is on."""
         ca = self.tls.ca if self.tls is not None else None
         node = deploy.start_supernode(
-            self.workdir, name, self.address, node_config, root_certificates=ca
+            self.workdir,
+            name,
+            self.address,
+            node_config,
+            root_certificates=ca,
+            extra_args=["--auth-supernode-private-key", str(auth_key)] if auth_key else None,
         )
         self.silos[name] = node
         return node

@@ -109,3 +109,35 @@ def make_certificates(
         if path.name.endswith(".key"):
             path.chmod(0o600)
     return TlsFiles(paths[0], paths[2], paths[3])
+
+
+def make_silo_key(out: Path, name: str, overwrite: bool = False) -> tuple[Path, Path]:
+    """A SuperNode authentication key pair (EC P-384, OpenSSH formats, as Flower reads
+    them): NAME.key stays at the silo (`fedlb silo --auth-key`), NAME.pub goes to the
+    server's folder of registered silos (`fedlb server --silo-keys`)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    if not name or "/" in name:
+        raise TlsError(f"a silo key needs a plain name, got {name!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    private, public = out / f"{name}.key", out / f"{name}.pub"
+    existing = [str(p) for p in (private, public) if p.exists()]
+    if existing and not overwrite:
+        raise TlsError(f"{', '.join(existing)} already exist; choose another name or overwrite")
+    key = ec.generate_private_key(ec.SECP384R1())
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+    )
+    private.chmod(0o600)
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+        + f" {name}\n".encode()
+    )
+    return private, public

@@ -48,7 +48,12 @@ def _one_step(rank: int, store: str, out: str, weighted: bool) -> None:
     loss.backward()
     if rank == 0:
         torch.save([p.grad for p in model.parameters()], out)
+    # All ranks done, then the DDP model (and its gloo work) gone before the group: a DDP
+    # reducer outliving its process group can abort the process at exit.
+    dist.barrier()
+    del model
     dist.destroy_process_group()
+    os._exit(0)  # torch's gloo threads can abort at interpreter teardown (cluster_run.py)
 
 
 @pytest.mark.parametrize("weighted", [True, False])

@@ -302,6 +302,9 @@ def worker(scenario: ClusterScenario) -> None:
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     dist.barrier()
+    # The DDP model (its reducer holds gloo work) goes before the group: one outliving its
+    # process group can abort the rank at exit, failing a finished job.
+    del balancer, model, optimizer
     dist.destroy_process_group()
 
 
@@ -334,6 +337,21 @@ def launch(scenario: ClusterScenario, out: Path, timeout: float | None = None) -
             raise
 
 
+def _exit_now(code: int) -> None:
+    """Leave without the interpreter's teardown: torch's gloo threads, destroyed during
+    it, sometimes abort a rank that has finished ("terminate called without an active
+    exception", about 1 run in 10 here), which would fail a job whose results are
+    written. Everything that matters is flushed first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="fedlb cluster %(message)s")
-    worker(ClusterScenario.from_mapping(json.loads(sys.argv[1])))
+    try:
+        worker(ClusterScenario.from_mapping(json.loads(sys.argv[1])))
+    except SystemExit as stop:
+        _exit_now(stop.code if isinstance(stop.code, int) else 1)
+    _exit_now(0)

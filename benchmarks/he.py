@@ -35,7 +35,7 @@ from flwr.app import ArrayRecord
 from fedlb.experiments import markdown_table as table
 from fedlb.experiments import run_benchmark
 from fedlb.flower import EncryptedAggregation, encrypted_record
-from fedlb.he import decrypt_arrays, encrypt_arrays, generate_keys, public_context
+from fedlb.he import context_info, decrypt_arrays, encrypt_arrays, generate_keys, public_context
 from fedlb.models import build_model
 
 MODELS = {"mlp": (64,), "lenet5": (1, 28, 28), "cnn": (1, 28, 28)}
@@ -69,7 +69,9 @@ def ckks_costs(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any
     repeats = 1 if quick else 3
     secret = generate_keys()
     server = EncryptedAggregation(public_context(secret))
-    full = tenseal.ckks_vector(secret, np.zeros(secret_slots(secret))).serialize()
+    full = tenseal.ckks_vector(
+        secret, np.zeros(context_info(secret).poly_modulus_degree // 2)
+    ).serialize()
     one_ciphertext = len(full)
     rows: list[list[str]] = []
     data: dict[str, Any] = {}
@@ -138,11 +140,6 @@ def ckks_costs(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any
     )
     data["one_ciphertext_bytes"] = one_ciphertext
     return text, {"ckks": data}
-
-
-def secret_slots(context: tenseal.Context) -> int:
-    degree: int = context.seal_context().data.first_context_data().parms().poly_modulus_degree()
-    return degree // 2
 
 
 # ---- 2. Paillier on the same LeNet-5 update ---------------------------------------------

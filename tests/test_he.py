@@ -154,10 +154,9 @@ def test_corrupt_truncated_and_foreign_ciphertexts_are_refused(secret, public, t
         "missing": ciphertexts[:-1],
         "reordered": [ciphertexts[2], ciphertexts[1], ciphertexts[0]],
     }
-    for name, bad in cases.items():
+    for bad in cases.values():
         with pytest.raises(CiphertextError):
             load_ciphertexts(public, bad, layout)
-        assert name  # every case raised
     # a ciphertext that already took a multiplication is not a fresh one
     from tenseal import ckks_vector_from
 

@@ -59,8 +59,8 @@ def cluster(
     from fedlb.flower import read_toml
 
     values: dict[str, Any] = read_toml(scenario, "cluster scenario") if scenario else {}
-    chosen_policies = policies or str(values.pop("policies", "bsp,lb-ema"))
-    values.pop("policies", None)
+    file_policies = values.pop("policies", "bsp,lb-ema")  # a list of jobs, not a job setting
+    chosen_policies = policies or str(file_policies)
     flags = {
         "nproc": nproc,
         "iterations": iterations,

@@ -89,30 +89,39 @@ class Coordinator:
         """This rank's current batch size."""
         return self.sizes[self.rank]
 
-    def _exchange(self, report: WorkerReport, iteration: int) -> list[int]:
-        began = time.perf_counter()
-        gathered: list[WorkerReport | None] | None = [None] * self.world if self.rank == 0 else None
+    def _collective(self, iteration: int, call: Callable[[], object]) -> None:
+        """A collective of the exchange; a failed one (gloo/NCCL: a peer closed the
+        connection or timed out) is a ClusterError that names this rank and iteration."""
         try:
-            dist.gather_object(report, gathered, dst=0, group=self.group)
-            box: list[list[int] | None] = [None]
-            if self.manager is not None:
-                assert gathered is not None
-                reports = [r for r in gathered if r is not None]
-                deciding = time.perf_counter()
-                by_name = self.manager.step(reports)
-                self.step_s += time.perf_counter() - deciding
-                sizes = [by_name[str(r)] for r in range(self.world)]
-                box = [sizes]
-                if self.on_exchange is not None:
-                    self.on_exchange(
-                        Exchange(iteration, reports, sizes, list(self.manager.last_rejected))
-                    )
-            dist.broadcast_object_list(box, src=0, group=self.group)
-        except RuntimeError as error:  # gloo/NCCL: a peer closed the connection or timed out
+            call()
+        except RuntimeError as error:
             raise ClusterError(
                 f"rank {self.rank}: the exchange after iteration {iteration} failed ({error}); "
                 "a rank has probably died, so the job stops"
             ) from error
+
+    def _exchange(self, report: WorkerReport, iteration: int) -> list[int]:
+        began = time.perf_counter()
+        gathered: list[WorkerReport | None] | None = [None] * self.world if self.rank == 0 else None
+        self._collective(
+            iteration, lambda: dist.gather_object(report, gathered, dst=0, group=self.group)
+        )
+        box: list[list[int] | None] = [None]
+        if self.manager is not None:
+            assert gathered is not None
+            reports = [r for r in gathered if r is not None]
+            deciding = time.perf_counter()
+            by_name = self.manager.step(reports)
+            self.step_s += time.perf_counter() - deciding
+            sizes = [by_name[str(r)] for r in range(self.world)]
+            box = [sizes]
+            if self.on_exchange is not None:
+                self.on_exchange(
+                    Exchange(iteration, reports, sizes, list(self.manager.last_rejected))
+                )
+        self._collective(
+            iteration, lambda: dist.broadcast_object_list(box, src=0, group=self.group)
+        )
         chosen = box[0]
         assert chosen is not None
         self.exchange_s += time.perf_counter() - began

@@ -38,6 +38,7 @@ from fedlb.balance import (
 from .clocks import GpuLikeTime, ideal_split
 from .load import CompetingLoad, MachineProbe
 from .profiles import SpeedProfile, preset
+from .runner import scenario_arguments
 
 log = logging.getLogger("fedlb.cluster")
 
@@ -83,16 +84,8 @@ class ClusterScenario:
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> ClusterScenario:
-        from fedlb.flower import ConfigError, dataclass_arguments
-
-        flat = {
-            k: ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else v
-            for k, v in values.items()
-        }
-        try:
-            scenario = cls(**dataclass_arguments(cls, flat, "cluster scenario key"))
-        except ConfigError as error:
-            raise ClusterScenarioError(str(error)) from error
+        arguments = scenario_arguments(cls, values, "cluster scenario key", ClusterScenarioError)
+        scenario = cls(**arguments)
         scenario.check()
         return scenario
 
@@ -148,8 +141,9 @@ class ClusterScenario:
     def ceiling(self) -> float:
         """BSP's mean iteration time over the ideal's, from the profiles (compute only)."""
         uniform = ideal = 0.0
+        profiles = self.profiles()
         for iteration in range(1, self.iterations + 1):
-            speeds = {str(r): p.speed_at(iteration) for r, p in enumerate(self.profiles())}
+            speeds = {str(r): p.speed_at(iteration) for r, p in enumerate(profiles)}
             uniform += max(self.batch_size / v for v in speeds.values())
             ideal += ideal_round_time(speeds, self.batch_size * self.nproc)
         return uniform / ideal

@@ -43,6 +43,24 @@ POLICIES: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
 }
 
 
+def scenario_arguments(
+    cls: type, values: dict[str, Any], what: str, error: type[ValueError]
+) -> dict[str, Any]:
+    """A scenario dataclass's keyword arguments from file or flag values ('-' keys); TOML
+    lists are taken for the comma-separated keys (speeds, policies, ...). A bad key or
+    type raises `error` naming it."""
+    from fedlb.flower import ConfigError, dataclass_arguments
+
+    flat = {
+        k: ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else v
+        for k, v in values.items()
+    }
+    try:
+        return dataclass_arguments(cls, flat, what)
+    except ConfigError as problem:
+        raise error(str(problem)) from problem
+
+
 # Round 1 is uniform (nothing measured yet) and round 2 the first balanced one: the
 # balance goals are judged from round 3 on.
 STEADY_FROM_ROUND = 3
@@ -91,17 +109,7 @@ class Scenario:
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> Scenario:
-        from fedlb.flower import ConfigError, dataclass_arguments
-
-        # TOML lists are accepted for the comma-separated keys (speeds, policies, ...).
-        flat = {
-            k: ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else v
-            for k, v in values.items()
-        }
-        try:
-            scenario = cls(**dataclass_arguments(cls, flat, "scenario key"))
-        except ConfigError as error:
-            raise ScenarioError(str(error)) from error
+        scenario = cls(**scenario_arguments(cls, values, "scenario key", ScenarioError))
         scenario.check()
         return scenario
 
@@ -439,18 +447,19 @@ def summarise_results(out: Path, target: float) -> tuple[Scenario, dict[str, Any
     values = {k.replace("_", "-"): v for k, v in saved["scenario"].items()}
     scenario = Scenario.from_mapping({**values, "target-accuracy": target})
     grouped: dict[tuple[int, str], list[str]] = {}
+    clock: dict[tuple[int, str, int], float] = {}  # (seed, policy, round) -> clock time
     for line in lines:
         row = json.loads(line)
-        grouped.setdefault((row.get("seed", scenario.seed), row["policy"]), []).append(line)
+        seed, policy = row.get("seed", scenario.seed), row["policy"]
+        grouped.setdefault((seed, policy), []).append(line)
+        clock[(seed, policy, row["round"])] = row["clock_time_s"]
     summaries: dict[int, dict[str, Any]] = {}
     for seed in scenario.seeds():
         one = replace(scenario, seed=seed, repeats=1)
         policies = {}
         for name in one.policy_names():
-            rows = grouped.get((seed, name), [])
-            result = PolicyResult(name, records_from_json_lines(rows))
-            clock = {json.loads(r)["round"]: json.loads(r)["clock_time_s"] for r in rows}
-            result.clock_s = [clock[record.round] for record in result.records]
+            result = PolicyResult(name, records_from_json_lines(grouped.get((seed, name), [])))
+            result.clock_s = [clock[(seed, name, record.round)] for record in result.records]
             policies[name] = result.summary(target)
         summaries[seed] = {
             "scenario": asdict(one),

@@ -12,12 +12,13 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+from flwr.clientapp.typing import ClientAppCallable, Mod
 
 # fedlb.he (and TenSEAL, ~0.5 s of imports) is loaded only where a key or a ciphertext is
 # at hand: Flower starts a fresh ClientApp process per message, and a plaintext
@@ -45,14 +46,26 @@ def encrypted_record(ciphertexts: Sequence[bytes], layout: Layout) -> ArrayRecor
     return ArrayRecord(arrays)
 
 
-def read_encrypted(record: ArrayRecord) -> tuple[list[bytes], Layout]:
-    """(ciphertexts, layout) of an encrypted record; CiphertextError if it is not one."""
+def read_layout(record: ArrayRecord) -> Layout:
+    """The layout of an encrypted record, without copying its ciphertexts."""
     from fedlb.he import CiphertextError, Layout
 
     if LAYOUT_KEY not in record:
         raise CiphertextError("the arrays are not encrypted (no ckks/layout)")
     try:
-        layout = Layout.from_json(record[LAYOUT_KEY].numpy().tobytes())
+        return Layout.from_json(record[LAYOUT_KEY].numpy().tobytes())
+    except CiphertextError:
+        raise
+    except Exception as error:  # a corrupt Array payload
+        raise CiphertextError(f"the encrypted layout cannot be decoded: {error}") from error
+
+
+def read_encrypted(record: ArrayRecord) -> tuple[list[bytes], Layout]:
+    """(ciphertexts, layout) of an encrypted record; CiphertextError if it is not one."""
+    from fedlb.he import CiphertextError
+
+    layout = read_layout(record)
+    try:
         keys = [f"ckks/{k}" for k in range(layout.count)]
         if set(record.keys()) != {LAYOUT_KEY, *keys}:
             raise CiphertextError(
@@ -123,9 +136,6 @@ def _context_from_bytes(data: bytes) -> ts.Context:
     return check_context(tenseal.context_from(data), "silo", "the silo's HE context")
 
 
-Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Message]
-
-
 def he_mod(context: ts.Context | None = None) -> Mod:
     """A Flower mod for any ClientApp: decrypts the incoming global model, and encrypts
     the reply's arrays. The secret context is `context`, or the file named by the node
@@ -148,9 +158,7 @@ def he_mod(context: ts.Context | None = None) -> Mod:
         )
     )
 
-    def mod(
-        msg: Message, ctx: Context, call_next: Callable[[Message, Context], Message]
-    ) -> Message:
+    def mod(msg: Message, ctx: Context, call_next: ClientAppCallable) -> Message:
         path = ctx.node_config.get(NODE_CONTEXT_KEY)
         if secret_bytes is not None:
             secret = _context_from_bytes(secret_bytes)
@@ -227,7 +235,7 @@ class EncryptedAggregation:
         from fedlb.he import CiphertextError, load_ciphertexts
 
         ciphertexts, layout = read_encrypted(record)
-        _, expected = read_encrypted(like)
+        expected = read_layout(like)
         if (layout.names, layout.shapes, layout.dtypes) != (
             expected.names,
             expected.shapes,
@@ -243,5 +251,4 @@ class EncryptedAggregation:
 
         total = float(sum(weights))
         ciphertexts = weighted_sum(updates, [w / total for w in weights])
-        _, layout = read_encrypted(like)
-        return encrypted_record(ciphertexts, layout)
+        return encrypted_record(ciphertexts, read_layout(like))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import tenseal as ts
 
-from .keys import fingerprint
+from .keys import context_info, fingerprint
 
 
 class CiphertextError(ValueError):
@@ -82,7 +82,7 @@ def layout_of(context: ts.Context, arrays: Mapping[str, np.ndarray]) -> Layout:
         names=tuple(arrays),
         shapes=tuple(tuple(int(d) for d in a.shape) for a in arrays.values()),
         dtypes=tuple(str(a.dtype) for a in arrays.values()),
-        slots=context.seal_context().data.first_context_data().parms().poly_modulus_degree() // 2,
+        slots=context_info(context).poly_modulus_degree // 2,
         fingerprint=fingerprint(context),
     )
 

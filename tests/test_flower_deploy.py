@@ -160,31 +160,43 @@ def test_he_fedavg_on_real_processes(tmp_path):
     assert "has no secret key" in refused.output
 
 
-def test_a_silo_killed_mid_run_the_others_finish(tmp_path):
+def test_a_silo_killed_mid_run_is_left_out_and_rejoins(tmp_path):
+    """SIGKILL one SuperNode: the round goes on without it after the timeout, X is
+    re-divided among the two left, and a restarted SuperNode for the same silo rejoins
+    with a fair share."""
     out = tmp_path / "out"
     with Federation(tmp_path / "procs") as federation:
         for i in range(3):
             federation.add_silo(f"silo-{i}", silo_config(i, 3, 1))
         victim = federation.silos["silo-2"]
 
-        def kill_after_round_one(record):
+        def on_round(record):
             if record.round == 1:
                 victim.kill()
+            if any(" left" in e for e in record.events) and "again" not in federation.silos:
+                federation.add_silo("again", silo_config(2, 3, 1))  # a new node id
 
         outcome = federation.run(
             # generous: the first round's replies take ~15 s here (three fresh
             # flwr-clientapp processes importing torch on two cores)
-            run_settings(out, **{"round-timeout": 45.0, "evaluate-every": 10}),
-            on_round=kill_after_round_one,
-            timeout=400,
+            run_settings(out, **{"round-timeout": 40.0, "num-rounds": 6, "evaluate-every": 10}),
+            on_round=on_round,
+            timeout=500,
         )
     assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
-    assert [r.round for r in outcome.records] == [1, 2, 3]
-    assert {s.silo for s in outcome.records[0].silos} == {"silo-0", "silo-1", "silo-2"}
-    later = outcome.records[-1]
-    assert {s.silo for s in later.silos} == {"silo-0", "silo-1"}
-    assert later.failed, "the missing silo is reported"
-    assert later.accuracy is not None  # the last round still evaluates on the survivors
+    records = outcome.records
+    assert [r.round for r in records] == [1, 2, 3, 4, 5, 6]
+    missed = next(r for r in records if r.failed)
+    assert any("no reply within the round timeout" in f for f in missed.failed)
+    assert any("silo-2 left" in e for e in missed.events), missed.events
+    without = next(r for r in records if r.round > missed.round)
+    assert {s.silo for s in without.silos} == {"silo-0", "silo-1"}
+    assert sum(s.batch_size for s in without.silos) == 48  # X re-divided among the two
+    back = next(r for r in records if any("joined" in e for e in r.events))
+    assert {s.silo: s.batch_size for s in back.silos}["silo-2"] == 16  # a fair share
+    assert sum(s.batch_size for s in back.silos) == 48
+    assert {s.silo for s in records[-1].silos} == {"silo-0", "silo-1", "silo-2"}
+    assert records[-1].accuracy is not None  # the last round evaluates on all three
 
 
 def test_fedlb_server_and_fedlb_silo_commands(tmp_path):

@@ -154,30 +154,123 @@ def test_aggregation_is_weighted_by_dataset_size_not_samples_processed():
     assert metrics["train-loss"] > 0
 
 
-def test_missing_and_failed_replies_leave_sizes_and_the_round_goes_on(tmp_path):
-    grid = make_grid()
-    strategy = LoadBalancedFedAvg(
-        batch_size=16,
-        local_steps=3,
-        min_available_nodes=3,
-        reporter=RoundReporter(tmp_path),
-    )
-    start(strategy, grid, rounds=1)
-    before = strategy.current_sizes()
-    grid.drop = {102}
-    start_again = strategy.start(
+class ChangingGrid(InProcessGrid):
+    """An InProcessGrid whose membership changes between rounds: before_round[k](grid) runs
+    when the server first looks for nodes after round k - 1's training."""
+
+    def __init__(self, grid, before_round):
+        super().__init__(grid.nodes, grid.run_config, *grid.handlers.values())
+        self.before_round = dict(before_round)
+        self.trained = 0
+
+    def get_node_ids(self):
+        change = self.before_round.pop(self.trained + 1, None)
+        if change is not None:
+            change(self)
+        return list(self.nodes)
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for msg in messages:
+            if msg.metadata.message_type == "train":
+                self.trained = max(self.trained, msg.content["config"]["server-round"])
+        return super().push_messages(messages)
+
+
+def run_rounds(strategy, grid, changes, rounds):
+    grid = ChangingGrid(grid, changes)
+    strategy.start(
         grid=grid,
         initial_arrays=initial_arrays(RunConfig.from_mapping(grid.run_config)),
-        num_rounds=1,
-        timeout=0.5,
+        num_rounds=rounds,
+        timeout=0.3,
         train_config=ConfigRecord(),
     )
-    assert start_again.arrays is not None  # the other two were aggregated
-    after = strategy.current_sizes()
-    assert after[102] == before[102]
-    assert after[100] + after[101] == before[100] + before[101]
-    record = strategy.reporter.records[-1]
-    assert any("node-102: no reply" in f for f in record.failed)
+    return strategy.reporter.records, grid
+
+
+def sent_sizes(grid):
+    """[{node: B} of round 1, of round 2, ...]"""
+    by_round: dict[int, dict[int, int]] = {}
+    for msg in grid.sent:
+        if msg.metadata.message_type == "train":
+            config = msg.content["config"]
+            by_round.setdefault(config["server-round"], {})[msg.metadata.dst_node_id] = config[
+                "batch-size"
+            ]
+    return [by_round[k] for k in sorted(by_round)]
+
+
+def test_a_silo_that_vanishes_is_left_out_and_rejoins_with_a_fair_share(caplog):
+    grid = make_grid()
+    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+
+    def kill_102(g):  # SIGKILL: it stops answering, the SuperLink still lists it a while
+        g.drop = {102}
+
+    def superlink_lets_go_and_it_restarts_as_103(g):
+        info = g.nodes.pop(102)
+        g.drop = set()
+        g.nodes[103] = info
+
+    with caplog.at_level("INFO", logger="fedlb.flower"):
+        records, grid = run_rounds(
+            strategy, grid, {3: kill_102, 5: superlink_lets_go_and_it_restarts_as_103}, 7
+        )
+    sizes = sent_sizes(grid)
+    assert sizes[0] == {100: 16, 101: 16, 102: 16}
+    assert sizes[1][100] > sizes[1][101] > sizes[1][102]  # balanced after round 1
+    assert set(sizes[2]) == {100, 101, 102}  # round 3: sent, no reply
+    assert any("node-102: no reply" in f for f in records[2].failed)
+    assert any("missed round 3" in e for e in records[2].events)
+    assert any("left" in e for e in records[2].events)
+    assert set(sizes[3]) == {100, 101}
+    assert sum(sizes[3].values()) == 48
+    # it comes back (a new node id without a silo key): a fair share, a fresh estimate
+    assert set(sizes[4]) == {100, 101, 103}
+    assert sizes[4][103] == 48 // 3
+    assert sum(sizes[4].values()) == 48
+    assert any("joined with a fair share B = 16" in e for e in records[4].events)
+    assert sizes[6][100] > sizes[6][101] > sizes[6][103]  # balanced again
+    assert strategy.manager.estimators["103"].observations == 3  # rounds 5-7 only
+    assert records[6].efficiency > 0.85
+    assert "X = 48 re-divided" in caplog.text
+
+
+def test_a_silo_that_missed_a_round_but_stays_connected_is_tried_again():
+    grid = make_grid()
+    strategy = LoadBalancedFedAvg(
+        batch_size=16, local_steps=3, min_available_nodes=3, rejoin_grace=0.0
+    )
+
+    def stall_102(g):
+        g.drop = {102}
+
+    def recover(g):
+        g.drop = set()
+
+    records, grid = run_rounds(strategy, grid, {2: stall_102, 3: recover}, 4)
+    sizes = sent_sizes(grid)
+    assert set(sizes[2]) == {100, 101, 102}  # grace 0: tried again at once
+    assert sizes[2][102] == 16  # with a fair share
+    assert any("tried again" in e for e in records[2].events)
+    assert strategy.manager.estimators["102"].observations == 2  # restarted at round 3
+
+
+def test_much_slower_silo_shrinks_to_min_batch_and_is_told_to_leave():
+    from fedlb.balance import Proportional
+
+    grid = make_grid(factors=(1, 1, 200))
+    strategy = LoadBalancedFedAvg(
+        batch_size=16, local_steps=3, min_available_nodes=3, tuner=Proportional(min_batch=4)
+    )
+    records, grid = run_rounds(strategy, grid, {}, 3)
+    sizes = sent_sizes(grid)
+    assert sizes[-1][102] == 4
+    assert sum(sizes[-1].values()) == 48
+    told = [e for r in records for e in r.events if "should leave" in e]
+    assert len(told) == 1
+    assert told[0].startswith("silo-2")
 
 
 def is_train_from(reply, node):

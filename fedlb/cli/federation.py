@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import json
 import signal
 import sys
 import time
@@ -36,6 +38,8 @@ from fedlb.flower import (
 )
 
 from .common import UsageError, app, console
+
+SERVER_FILE = "server.json"  # where a resumable server listened, for --resume
 
 SERVER_KEYS = {
     "host": str,
@@ -98,7 +102,7 @@ def read_config(
 
 
 RUN_TYPES = {"int": int, "float": float, "str": str}
-CLI_OWNED = {"out_dir"}  # run settings the commands set themselves
+CLI_OWNED = {"out_dir", "resume"}  # run settings the commands set themselves
 
 
 def _run_options() -> list[inspect.Parameter]:
@@ -177,9 +181,11 @@ def check_context_file(path: Path, role: str) -> str:
 def show_round(record: RoundRecord) -> None:
     console.print(render_round(record))
     for line in record.failed:
-        console.print(f"  [red]no update:[/] {line}")
+        console.print(f"  [red]no update:[/] {escape(line)}")
     for reason in record.rejected:
-        console.print(f"  [yellow]report dropped:[/] {reason}")
+        console.print(f"  [yellow]report dropped:[/] {escape(reason)}")
+    for event in record.events:
+        console.print(f"  [cyan]{escape(event)}[/]")
 
 
 def run_federation(
@@ -193,16 +199,29 @@ def run_federation(
     silo_context: Path | None = None,
     tls: TlsFiles | None = None,
     silo_keys: list[Path] | None = None,
+    resumable: bool = False,
 ) -> RunOutcome:
-    """Start a SuperLink (and local silos), run, show every round, stop what was started."""
+    """Start a SuperLink (and local silos), run, show every round, stop what was started.
+
+    resumable: keep the SuperLink's state in out_dir (so `fedlb server --resume` finds
+    the silos under their node ids) and note where it listens in out_dir/server.json."""
     out_dir = out_dir.resolve()
     run_config = {**config.to_mapping(), "out-dir": str(out_dir)}
+    database = None
+    if resumable:
+        database = out_dir / "superlink.db"
+        if not config.resume:
+            database.unlink(missing_ok=True)  # a fresh run: no silos of an older one
     # SIGTERM must unwind the `with Federation` block so the processes it started stop.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     try:
         with Federation(
-            out_dir / "processes", host, port, tls=tls, silo_keys=silo_keys
+            out_dir / "processes", host, port, tls=tls, silo_keys=silo_keys, database=database
         ) as federation:
+            if resumable:
+                (out_dir / SERVER_FILE).write_text(
+                    json.dumps({"host": host, "port": int(federation.address.rsplit(":", 1)[1])})
+                )
             console.print(
                 f"[bold]fedlb server[/]: SuperLink on {federation.address}; waiting for "
                 f"{config.num_silos} silos; results in {out_dir}"
@@ -283,17 +302,30 @@ def server(
         Path | None,
         typer.Option(help="Only silos whose public key (*.pub, fedlb silo-key) is here join."),
     ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="A stopped run's out-dir: go on after its last checkpointed round, with its "
+            "settings, on its port (--num-rounds may extend it)."
+        ),
+    ] = None,
     *,
     run_flags: dict[str, Any],
 ) -> None:
     """Start a SuperLink, wait for the silos, run load-balanced FedAvg, write the results.
 
     Every setting can come from --config (see server/server.toml) or a flag; flags win.
-    Exits non-zero when the run fails.
+    After every round the run's out-dir gets a checkpoint: if the server stops, `fedlb
+    server --resume OUT_DIR` goes on from there. Exits non-zero when the run fails.
     """
     sections = read_config(config, {"server": SERVER_KEYS, "run": {}})
     values = sections["server"]
-    run = settings(sections["run"], run_flags)
+    if resume is not None:
+        run, listened = resumed_settings(resume, sections["run"], run_flags)
+        values = {**listened, **values}
+        out_dir = resume
+    else:
+        run = settings(sections["run"], run_flags)
     tls = None
     folder = certs or (Path(values["certs"]) if values.get("certs") else None)
     if folder is not None:
@@ -317,8 +349,40 @@ def server(
         run_timeout or values.get("run-timeout"),
         tls=tls,
         silo_keys=keys,
+        resumable=True,
     )
     finish(outcome)
+
+
+def resumed_settings(
+    run_dir: Path, file_run: dict[str, Any], flags: dict[str, Any]
+) -> tuple[RunConfig, dict[str, Any]]:
+    """The settings of the run in `run_dir` (from its checkpoint) and where its server
+    listened; only --num-rounds may be given, to extend the run."""
+    from fedlb.flower import CheckpointError, load_checkpoint
+
+    others = sorted(set(flags) - {"num-rounds"}) + sorted(file_run)
+    if others:
+        raise UsageError(
+            "--resume takes the run's settings from its checkpoint; drop "
+            + ", ".join(others)
+            + " (only --num-rounds may be given, to extend the run)"
+        )
+    run_dir = run_dir.resolve()
+    try:
+        checkpoint = load_checkpoint(run_dir)
+    except CheckpointError as error:
+        raise UsageError(str(error)) from error
+    run = settings({**checkpoint.settings, "out-dir": str(run_dir), "resume": str(run_dir)}, flags)
+    if run.num_rounds < checkpoint.round:
+        raise UsageError(
+            f"--num-rounds {run.num_rounds} is below the {checkpoint.round} rounds done"
+        )
+    console.print(f"resuming {run_dir} after round {checkpoint.round} of {run.num_rounds}")
+    listened: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        listened = dict(json.loads((run_dir / SERVER_FILE).read_text()))
+    return run, listened
 
 
 @app.command()

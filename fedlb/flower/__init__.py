@@ -4,6 +4,7 @@
 - `LocalRound`: makes somebody's own ClientApp training balanced (docs/flower.md).
 - `train_reply` / `evaluate_reply`: fedlb's silo message handlers.
 - `RunConfig`: the run's settings; `RoundReporter`, `RoundRecord`: per-round results.
+- `Checkpoint`, `save_checkpoint`, `load_checkpoint`: a run's state after a round, to resume.
 - `PollingGrid`: waits for replies at a short interval instead of Flower's 3 s.
 - `Federation`, `start_supernode`: Flower's processes on this machine (CLI, tests).
 - fedlb's own ServerApp and ClientApp live in `fedlb.flower.server_app` / `client_app`.
@@ -18,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
+    from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
     from .config import (
         DATASETS,
         MODELS,
@@ -52,6 +54,10 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .tls import TlsError, TlsFiles, make_certificates, make_silo_key
 
 _EXPORTS = {
+    "Checkpoint": ".checkpoint",
+    "CheckpointError": ".checkpoint",
+    "load_checkpoint": ".checkpoint",
+    "save_checkpoint": ".checkpoint",
     "LoadBalancedFedAvg": ".strategy",
     "LocalRound": ".dropin",
     "default_estimator": ".strategy",
@@ -95,6 +101,8 @@ __all__ = [
     "DATASETS",
     "MODELS",
     "RUN_SETTING_HELP",
+    "Checkpoint",
+    "CheckpointError",
     "ConfigError",
     "DeployError",
     "EncryptedAggregation",
@@ -118,6 +126,7 @@ __all__ = [
     "federation_data",
     "free_port",
     "he_mod",
+    "load_checkpoint",
     "load_encrypted",
     "make_certificates",
     "make_silo_key",
@@ -126,6 +135,7 @@ __all__ = [
     "read_toml",
     "records_from_json_lines",
     "render_round",
+    "save_checkpoint",
     "save_encrypted",
     "start_supernode",
     "train_reply",

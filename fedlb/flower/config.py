@@ -54,6 +54,7 @@ RUN_SETTING_HELP = {
     "keep-updates": "1: keep every round's updates and aggregate in out-dir/updates.",
     "he-context": "The server's public CKKS context (fedlb keygen): encrypted updates.",
     "out-dir": "Results folder.",
+    "resume": "A stopped run's out-dir: go on after its last checkpointed round.",
 }
 
 
@@ -101,7 +102,10 @@ class RunConfig:
         out_dir/updates/round-K.npz (an audit trail; 0: off).
     he_context: the server's public CKKS context (`fedlb keygen`'s server.context): updates
         travel and are averaged encrypted, the server never sees a model ('' : off).
-    out_dir: where the run writes rounds.jsonl and summary.json ('' : nowhere).
+    out_dir: where the run writes rounds.jsonl, summary.json and, after every round,
+        checkpoint.npz ('' : nowhere).
+    resume: a stopped run's out-dir: the run goes on after the last round its
+        checkpoint.npz holds, with the same settings ('' : a fresh run).
     """
 
     num_silos: int = 3
@@ -128,6 +132,7 @@ class RunConfig:
     keep_updates: int = 0
     he_context: str = ""
     out_dir: str = ""
+    resume: str = ""
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:

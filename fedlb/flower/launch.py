@@ -68,6 +68,9 @@ class Federation:
         silo_keys: public keys of the silos allowed to join (`fedlb silo-key`'s .pub
             files): SuperNode authentication is on and only these are registered. None:
             any SuperNode that reaches the SuperLink may join.
+        database: the SuperLink's state file (SQLite). A SuperLink restarted on the same
+            file knows the silos' node ids, so running SuperNodes carry on under the ids a
+            checkpoint's balancer state is keyed by. None: state in memory.
     """
 
     def __init__(
@@ -77,8 +80,10 @@ class Federation:
         port: int | None = None,
         tls: TlsFiles | None = None,
         silo_keys: list[Path] | None = None,
+        database: Path | None = None,
     ) -> None:
         self.workdir = workdir
+        self.database = database
         self.host = host
         self.port = port
         self.tls = tls
@@ -94,9 +99,11 @@ class Federation:
 
     def __enter__(self) -> Federation:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        auth = ["--enable-supernode-auth"] if self.silo_keys is not None else []
+        extra = ["--enable-supernode-auth"] if self.silo_keys is not None else []
+        if self.database is not None:
+            extra += ["--database", str(self.database)]
         self.link = deploy.start_superlink(
-            self.workdir, self.host, self.port, extra_args=auth, tls=self.tls
+            self.workdir, self.host, self.port, extra_args=extra, tls=self.tls
         )
         ca = self.tls.ca if self.tls is not None else None
         deploy.write_connection(self.home, self.address, root_certificates=ca)

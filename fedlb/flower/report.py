@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -48,6 +49,7 @@ class RoundRecord:
     eval_wall_s: float | None = None  # wall-clock of the federated evaluation phase
     rejected: list[str] = field(default_factory=list)  # reports dropped, with reasons
     failed: list[str] = field(default_factory=list)  # silos with no usable reply
+    events: list[str] = field(default_factory=list)  # silos that left, joined, should leave
     accuracy: float | None = None  # federated evaluation, weighted by test-set size
     loss: float | None = None
     server_accuracy: float | None = None  # centralised evaluation on the server's test set
@@ -83,7 +85,8 @@ def records_from_json_lines(lines: list[str], complete_only: bool = False) -> li
         number = row["round"]
         expected[number] = row.get("round_silos")
         if number not in rounds:
-            rounds[number] = RoundRecord(silos=[], **{k: row[k] for k in round_fields})
+            # keys added since a file was written take their defaults
+            rounds[number] = RoundRecord(silos=[], **{k: row[k] for k in round_fields if k in row})
         silo: dict[str, Any] = {
             k: row[f"silo_{k}" if f"silo_{k}" in row else k] for k in silo_fields
         }
@@ -96,6 +99,17 @@ def records_from_json_lines(lines: list[str], complete_only: bool = False) -> li
         for k in sorted(rounds)
         if not complete_only or expected[k] in (None, len(rounds[k].silos))
     ]
+
+
+def record_to_dict(record: RoundRecord) -> dict[str, Any]:
+    """A record as plain data (NaN kept: for fedlb's own files, not for JSON lines)."""
+    return asdict(record)
+
+
+def record_from_dict(values: dict[str, Any]) -> RoundRecord:
+    """The inverse of `record_to_dict`."""
+    silos = [SiloRound(**silo) for silo in values["silos"]]
+    return RoundRecord(**{**{k: v for k, v in values.items() if k != "silos"}, "silos": silos})
 
 
 def _clean(value: Any) -> Any:
@@ -149,15 +163,31 @@ class RoundReporter:
     Args:
         out_dir: the run's output folder (created); None writes nothing.
         console: where tables go; None prints nothing (the records are still kept).
+        keep_before: a resumed run's first unpublished round: the rounds before it in an
+            existing rounds.jsonl are kept (and loaded into `records`), later ones (written
+            after the checkpoint) dropped. Default None: rounds.jsonl starts empty.
     """
 
-    def __init__(self, out_dir: Path | str | None = None, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        out_dir: Path | str | None = None,
+        console: Console | None = None,
+        keep_before: int | None = None,
+    ) -> None:
         self.out_dir = Path(out_dir) if out_dir else None
         self.console = console
         self.records: list[RoundRecord] = []
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "rounds.jsonl").write_text("")
+            path = self.out_dir / "rounds.jsonl"
+            kept: list[str] = []
+            if keep_before is not None and path.exists():
+                lines = [line for line in path.read_text().splitlines() if line.strip()]
+                kept = [line for line in lines if json.loads(line)["round"] < keep_before]
+                self.records = records_from_json_lines(kept)
+            temporary = path.with_suffix(".tmp")
+            temporary.write_text("".join(line + "\n" for line in kept))
+            temporary.replace(path)
 
     @property
     def rounds_path(self) -> Path | None:
@@ -171,7 +201,9 @@ class RoundReporter:
         if self.console is not None:
             self.console.print(render_round(record))
             for reason in record.rejected:
-                self.console.print(f"  [yellow]report dropped:[/] {reason}")
+                self.console.print(f"  [yellow]report dropped:[/] {escape(reason)}")
+            for event in record.events:
+                self.console.print(f"  [cyan]{escape(event)}[/]")
 
     def summary(self) -> dict[str, Any]:
         done = self.records

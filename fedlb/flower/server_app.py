@@ -15,7 +15,8 @@ from rich.console import Console
 from fedlb.balance import EMA, Deadband, Memoryless, Proportional, SpeedEstimator, Static, Tuner
 from fedlb.training import evaluate, tensor_dataset
 
-from .config import RunConfig
+from .checkpoint import Checkpoint, load_checkpoint
+from .config import ConfigError, RunConfig
 from .he import EncryptedAggregation, save_encrypted
 from .report import RoundReporter
 from .strategy import LoadBalancedFedAvg, default_estimator
@@ -42,7 +43,10 @@ def make_estimator(config: RunConfig) -> type[SpeedEstimator] | Any:
 
 
 def build_strategy(config: RunConfig, reporter: RoundReporter) -> LoadBalancedFedAvg:
+    out_dir = Path(config.out_dir) if config.out_dir else None
     return LoadBalancedFedAvg(
+        checkpoint_dir=out_dir,
+        run_settings=fresh_settings(config),
         he=EncryptedAggregation.from_file(config.he_context) if config.he_context else None,
         batch_size=config.batch_size,
         local_steps=config.local_steps,
@@ -53,15 +57,45 @@ def build_strategy(config: RunConfig, reporter: RoundReporter) -> LoadBalancedFe
         evaluate_every=config.evaluate_every,
         evaluate_with_train=config.evaluate_mode == "with-train",
         poll_interval=config.poll_interval or None,
-        audit_dir=(Path(config.out_dir) / "updates")
-        if config.keep_updates and config.out_dir
-        else None,
+        audit_dir=out_dir / "updates" if config.keep_updates and out_dir else None,
         reporter=reporter,
         seed=config.seed,
         min_available_nodes=config.num_silos,
         min_train_nodes=1,
         min_evaluate_nodes=1,
     )
+
+
+def fresh_settings(config: RunConfig) -> dict[str, Any]:
+    """The settings a checkpoint records: those of the run as if it had never stopped."""
+    return {**config.to_mapping(), "resume": ""}
+
+
+def checkpoint_to_resume(config: RunConfig) -> Checkpoint:
+    """The checkpoint `config.resume` names, checked against this run's settings."""
+    checkpoint = load_checkpoint(Path(config.resume))
+    ours = fresh_settings(config)
+    # num-rounds may grow (go on for longer); where results go may move
+    free = {"num-rounds", "out-dir"}
+    differing = sorted(
+        key
+        for key in set(ours) | set(checkpoint.settings)
+        if key not in free and ours.get(key) != checkpoint.settings.get(key)
+    )
+    if differing:
+        raise ConfigError(
+            f"cannot resume {config.resume} with other settings: "
+            + ", ".join(
+                f"{k} was {checkpoint.settings.get(k)!r}, now {ours.get(k)!r}" for k in differing
+            )
+            + " (resume with the run's own settings; only num-rounds may grow)"
+        )
+    if config.num_rounds < checkpoint.round:
+        raise ConfigError(
+            f"num-rounds {config.num_rounds} is below the {checkpoint.round} rounds the "
+            f"checkpoint in {config.resume} has done"
+        )
+    return checkpoint
 
 
 def _log_fedlb() -> None:
@@ -78,8 +112,11 @@ def _log_fedlb() -> None:
 def main(grid: Grid, context: Context) -> None:
     _log_fedlb()
     config = RunConfig.from_mapping(context.run_config)
+    checkpoint = checkpoint_to_resume(config) if config.resume else None
     out_dir = Path(config.out_dir) if config.out_dir else None
-    reporter = RoundReporter(out_dir, Console())
+    reporter = RoundReporter(
+        out_dir, Console(), keep_before=checkpoint.first_unpublished_round if checkpoint else None
+    )
     pool, server_test = federation_data(config)
     model = model_for(config, pool)
     test_set = tensor_dataset(server_test.x, server_test.y) if len(server_test) else None
@@ -98,10 +135,19 @@ def main(grid: Grid, context: Context) -> None:
             "secret key and evaluation is federated only",
             strategy.he.fingerprint,
         )
+    initial = ArrayRecord(model.state_dict())
+    if checkpoint is not None:
+        initial = strategy.restore(checkpoint)
+        log.info(
+            "resuming %s after round %d: %d rounds to go",
+            config.resume,
+            checkpoint.round,
+            config.num_rounds - checkpoint.round,
+        )
     started = time.monotonic()
     result = strategy.start(
         grid=grid,
-        initial_arrays=ArrayRecord(model.state_dict()),
+        initial_arrays=initial,
         num_rounds=config.num_rounds,
         timeout=config.round_timeout,
         train_config=ConfigRecord(),

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedlb.balance import (
@@ -28,9 +27,10 @@ from fedlb.balance import (
 )
 from fedlb.he import CiphertextError
 
+from .checkpoint import Checkpoint, CheckpointError, save_checkpoint
 from .grid import PollingGrid
 from .he import EncryptedAggregation
-from .report import RoundRecord, RoundReporter, SiloRound
+from .report import RoundRecord, RoundReporter, SiloRound, record_from_dict, record_to_dict
 
 log = logging.getLogger("fedlb.flower")
 
@@ -92,10 +92,22 @@ class LoadBalancedFedAvg(FedAvg):
         audit_dir: when set, every round's received updates, their weights and the
             aggregate are written to audit_dir/round-K.npz. Default None.
         seed: seed of node sampling when fraction_train < 1. Default 0.
+        rejoin_grace: seconds a silo that missed a round (no reply within the round's
+            timeout, or unreachable) is left out while the SuperLink still lists it. A
+            killed SuperNode stays listed until its heartbeats lapse (Flower: 2 x 30 s),
+            so the default 60 s keeps a dead silo from costing another full timeout; a
+            silo still listed after that is alive and is tried again with a fair share.
+            Either way X is re-divided among the silos present, and a silo that comes
+            back starts afresh: a fair share X/n and a new speed estimate.
         he: CKKS aggregation (`EncryptedAggregation` over a public context): the initial
             model is encrypted, replies must carry ciphertexts under the run's key, and
             the dataset-size-weighted average is computed on ciphertexts; the global
             model stays encrypted, so evaluation is federated only. Default None.
+        checkpoint_dir: when set, checkpoint.npz there is replaced (atomically) after
+            every round: model, manager and estimators, RNG, round (see `restore`).
+            Default None.
+        run_settings: the run's settings, stored in checkpoints so a resume can refuse
+            different ones. Default None.
         **fedavg: FedAvg's own arguments (fraction_train, min_available_nodes, ...).
     """
 
@@ -119,7 +131,10 @@ class LoadBalancedFedAvg(FedAvg):
         reporter: RoundReporter | None = None,
         audit_dir: Path | None = None,
         seed: int = 0,
+        rejoin_grace: float = 60.0,
         he: EncryptedAggregation | None = None,
+        checkpoint_dir: Path | None = None,
+        run_settings: Mapping[str, Any] | None = None,
         **fedavg: Any,
     ) -> None:
         super().__init__(**fedavg)
@@ -159,32 +174,72 @@ class LoadBalancedFedAvg(FedAvg):
         self._started = 0.0
         self._pending: RoundRecord | None = None
         self._labels: dict[int, str] = {}
+        if not (math.isfinite(rejoin_grace) and rejoin_grace >= 0):
+            raise ValueError(f"rejoin_grace must be a finite number >= 0, got {rejoin_grace}")
+        self.rejoin_grace = rejoin_grace
+        self._benched: dict[int, float] = {}  # node -> when it missed a round
+        self._events: list[str] = []  # membership changes and warnings for the next record
+        self._too_slow: set[str] = set()  # silos already told to leave
+        self.checkpoint_dir = checkpoint_dir
+        self.run_settings = dict(run_settings or {})
+        self._resume_after = 0  # the round a restored checkpoint ended
         self.he = he
         self._global: ArrayRecord | None = None  # this round's global arrays (sent)
         # checked ciphertexts by reply (object id: replies need not have ids of their own yet)
         self._ciphertexts: dict[int, list[Any]] = {}
 
     # ---- nodes and sizes ---------------------------------------------------------------
-    def _select_nodes(self, grid: Grid, fraction: float, wait: bool) -> list[int]:
-        nodes = sorted(grid.get_node_ids())
-        if wait and len(nodes) < self.expected_silos:
-            deadline = time.monotonic() + self.join_timeout
-            told = 0.0
-            while len(nodes := sorted(grid.get_node_ids())) < self.expected_silos:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"only {len(nodes)} of {self.expected_silos} silos joined within "
-                        f"{self.join_timeout:.0f} s; start the missing silos or lower the "
-                        "expected number of silos"
-                    )
-                if time.monotonic() - told > 10:
-                    log.info("waiting for silos: %d of %d joined", len(nodes), self.expected_silos)
-                    told = time.monotonic()
-                time.sleep(0.2)
-        count = max(1, math.ceil(fraction * len(nodes))) if nodes else 0
-        return nodes if count >= len(nodes) else sorted(self._rng.sample(nodes, count))
+    def _wait_for(self, grid: Grid, count: int) -> list[int]:
+        """The SuperLink's online nodes once at least `count` are, or a RuntimeError after
+        `join_timeout` seconds."""
+        deadline = time.monotonic() + self.join_timeout
+        told = 0.0
+        while len(nodes := sorted(grid.get_node_ids())) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"only {len(nodes)} of {count} silos joined within "
+                    f"{self.join_timeout:.0f} s; start the missing silos or lower the "
+                    "expected number of silos"
+                )
+            if time.monotonic() - told > 10:
+                log.info("waiting for silos: %d of %d joined", len(nodes), count)
+                told = time.monotonic()
+            time.sleep(0.2)
+        return nodes
 
-    def _manager_for(self, nodes: list[int]) -> BatchSizeManager:
+    def _eligible(self, grid: Grid) -> list[int]:
+        """Online nodes, less those benched after missing a round (see `rejoin_grace`)."""
+        online = set(self._wait_for(grid, self.expected_silos if self.manager is None else 1))
+        now = time.monotonic()
+        for node, since in list(self._benched.items()):
+            if node not in online:
+                # The SuperLink has let it go; if it comes back (same id with a silo key,
+                # a new id without) it is a newcomer.
+                del self._benched[node]
+            elif now - since >= self.rejoin_grace:
+                del self._benched[node]
+                self._events.append(
+                    f"{self._label(node)} still connected {now - since:.0f} s after missing a "
+                    "round: tried again with a fair share"
+                )
+        eligible = sorted(online - set(self._benched))
+        if not eligible:  # every online silo is benched: wait for a fresh one
+            log.warning("no silo can take the round: waiting for one to (re)join")
+            while not eligible:
+                time.sleep(0.5)
+                eligible = sorted(set(self._wait_for(grid, 1)) - set(self._benched))
+        return eligible
+
+    def _select_nodes(self, grid: Grid, fraction: float) -> tuple[list[int], list[int]]:
+        """(every eligible node, the ⌈fraction·n⌉ of them sampled for this phase)."""
+        nodes = self._eligible(grid)
+        count = max(1, math.ceil(fraction * len(nodes)))
+        chosen = nodes if count >= len(nodes) else sorted(self._rng.sample(nodes, count))
+        return nodes, chosen
+
+    def _manager_for(self, nodes: list[int], present: list[int]) -> BatchSizeManager:
+        """The manager, with the workers no longer `present` removed and `nodes` added
+        (a fair share and a fresh estimator each), X re-divided each time."""
         if self.manager is None:
             self.manager = BatchSizeManager(
                 {str(n): self._initial_load for n in nodes}, self.tuner, self.estimator
@@ -197,13 +252,30 @@ class LoadBalancedFedAvg(FedAvg):
                 self.local_steps,
                 self.learning_rate,
             )
+        manager = self.manager
+        gone = [int(w) for w in manager.workers if int(w) not in present]
+        # Remove first, so newcomers get X/n of the silos really there; the last worker
+        # stays until a newcomer is in.
+        for node in gone:
+            if len(manager.workers) > 1:
+                self._note(f"{self._label(node)} left", manager.remove_worker(str(node)))
         for node in nodes:
-            if str(node) not in self.manager.sizes:
-                self.manager.add_worker(str(node))
-                log.info(
-                    "silo node %d joined: fair share B = %d", node, self.manager.sizes[str(node)]
+            if str(node) not in manager.sizes:
+                sizes = manager.add_worker(str(node))
+                self._note(
+                    f"{self._label(node)} joined with a fair share B = {sizes[str(node)]} "
+                    "and a fresh speed estimate",
+                    sizes,
                 )
-        return self.manager
+        for node in gone:
+            if str(node) in manager.sizes:
+                self._note(f"{self._label(node)} left", manager.remove_worker(str(node)))
+        return manager
+
+    def _note(self, event: str, sizes: dict[str, int]) -> None:
+        by_label = {self._label(int(w)): b for w, b in sizes.items()}
+        log.info("%s; X = %d re-divided: %s", event, sum(sizes.values()), by_label)
+        self._events.append(event)
 
     @property
     def _initial_load(self) -> int:
@@ -226,8 +298,8 @@ class LoadBalancedFedAvg(FedAvg):
         grid: Grid,
         steps: int,
     ) -> list[Message]:
-        nodes = self._select_nodes(grid, self.fraction_train, wait=self.manager is None)
-        sizes = self._manager_for(nodes).sizes
+        present, nodes = self._select_nodes(grid, self.fraction_train)
+        sizes = self._manager_for(nodes, present).sizes
         self._sent = {
             n: (self.batch_size, sizes[str(n)]) if self.tune == "steps" else (sizes[str(n)], steps)
             for n in nodes
@@ -353,6 +425,8 @@ class LoadBalancedFedAvg(FedAvg):
             answered.add(node)
             if msg.has_error():
                 failed.append(f"node-{node}: {msg.error.reason}")
+                if msg.metadata.src_node_id != node:  # the SuperLink answered: unreachable
+                    self._bench(node, server_round, "unreachable")
                 continue
             problem = self._reply_problem(msg)
             if problem is not None:
@@ -362,11 +436,15 @@ class LoadBalancedFedAvg(FedAvg):
                 failed.append(f"node-{node}: {problem}")
                 continue
             valid.append(msg)
-        failed += [
-            f"node-{n}: no reply within the round timeout" for n in self._sent if n not in answered
-        ]
+        for node in self._sent:
+            if node not in answered:
+                failed.append(f"node-{node}: no reply within the round timeout")
+                self._bench(node, server_round, "no reply within the round timeout")
         for line in failed:
             log.warning("round %d: %s", server_round, line)
+        # Replies arrive in any order; summing floats in a fixed one makes a run repeatable
+        # bit for bit (a resumed run ends exactly as an uninterrupted one).
+        valid.sort(key=lambda m: m.metadata.src_node_id)
         if self.quorum is not None and valid:
             valid, late = self._fastest(valid)
             dropped = [f"node-{m.metadata.src_node_id}: not among the quorum" for m in late]
@@ -395,10 +473,25 @@ class LoadBalancedFedAvg(FedAvg):
                 reports.append(report)
         next_sizes = self.manager.step(reports)
         rejected += [f"{self._label(int(w))}: {why}" for w, why in self.manager.last_rejected]
+        for worker in sorted(self.manager.removal_candidates - self._too_slow):
+            self._events.append(
+                f"{self._label(int(worker))} cannot keep up even at the smallest batch size: "
+                "it holds every round back and should leave the federation"
+            )
+        self._too_slow = self.manager.removal_candidates
         record = self._record(server_round, reports, metrics_of, next_sizes, wall)
         record.failed = failed
         record.rejected = rejected
+        record.events, self._events = self._events, []
         return valid, record
+
+    def _bench(self, node: int, server_round: int, why: str) -> None:
+        """Leave a silo that missed a round out until it reconnects or `rejoin_grace` passes."""
+        self._benched[node] = time.monotonic()
+        self._events.append(f"{self._label(node)} missed round {server_round} ({why})")
+        manager = self.manager
+        if manager is not None and str(node) in manager.sizes and len(manager.workers) > 1:
+            self._note(f"{self._label(node)} left", manager.remove_worker(str(node)))
 
     def _fastest(self, valid: list[Message]) -> tuple[list[Message], list[Message]]:
         """The quorum: the ⌈quorum·n⌉ replies whose silos report the shortest busy time."""
@@ -536,7 +629,7 @@ class LoadBalancedFedAvg(FedAvg):
         )
         if self.fraction_evaluate == 0.0 or not due:
             return []
-        nodes = self._select_nodes(grid, self.fraction_evaluate, wait=False)
+        _, nodes = self._select_nodes(grid, self.fraction_evaluate)
         self._eval_started = time.monotonic()
         eval_config = ConfigRecord(dict(config))
         eval_config["server-round"] = server_round
@@ -623,34 +716,107 @@ class LoadBalancedFedAvg(FedAvg):
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Any:
-        """Run the rounds (see flwr's Strategy.start), polling replies every
-        `poll_interval` s, and publish every round's record."""
+    ) -> Result:
+        """Run the rounds (as flwr's Strategy.start), polling replies every
+        `poll_interval` s, publishing every round's record and, with `checkpoint_dir`,
+        checkpointing after every round. After `restore(checkpoint)`, it goes on from the
+        round after the checkpoint's with the checkpoint's model (pass it as
+        `initial_arrays`)."""
         self._num_rounds = num_rounds
+        first = self._resume_after + 1
         if self.he is not None:
             if evaluate_fn is not None:
                 raise ValueError(
                     "under HE the server holds only ciphertexts and cannot evaluate the "
                     "model: pass no evaluate_fn (silos evaluate it: federated evaluation)"
                 )
-            initial_arrays = self.he.encrypt(initial_arrays)
+            if first == 1:  # a restored model is already encrypted
+                initial_arrays = self.he.encrypt(initial_arrays)
         if self.poll_interval is not None:
             grid = PollingGrid(grid, self.poll_interval)
-        if self.probe_steps > 0:
-            self._probe(grid, initial_arrays, train_config or ConfigRecord(), timeout)
-        if evaluate_fn is not None:
-            evaluate_fn = functools.partial(self._server_evaluate, evaluate_fn)
-        result = super().start(
-            grid=grid,
-            initial_arrays=initial_arrays,
-            num_rounds=num_rounds,
-            timeout=timeout,
-            train_config=train_config,
-            evaluate_config=evaluate_config,
-            evaluate_fn=evaluate_fn,
-        )
+        train_config = train_config if train_config is not None else ConfigRecord()
+        evaluate_config = evaluate_config if evaluate_config is not None else ConfigRecord()
+        result = Result(arrays=initial_arrays)
+        arrays = initial_arrays
+        if first == 1:
+            if self.probe_steps > 0:
+                self._probe(grid, arrays, train_config, timeout)
+            if evaluate_fn is not None and (metrics := evaluate_fn(0, arrays)) is not None:
+                result.evaluate_metrics_serverapp[0] = metrics
+        else:
+            log.info("resuming after round %d of %d", self._resume_after, num_rounds)
+        for current in range(first, num_rounds + 1):
+            log.info("[ROUND %d/%d]", current, num_rounds)
+            replies = grid.send_and_receive(
+                self.configure_train(current, arrays, train_config, grid), timeout=timeout
+            )
+            new_arrays, train_metrics = self.aggregate_train(current, replies)
+            if new_arrays is not None:
+                arrays = result.arrays = new_arrays
+            if train_metrics is not None:
+                result.train_metrics_clientapp[current] = train_metrics
+            replies = grid.send_and_receive(
+                self.configure_evaluate(current, arrays, evaluate_config, grid), timeout=timeout
+            )
+            if (metrics := self.aggregate_evaluate(current, replies)) is not None:
+                result.evaluate_metrics_clientapp[current] = metrics
+            if evaluate_fn is not None:
+                metrics = self._server_evaluate(evaluate_fn, current, arrays)
+                if metrics is not None:
+                    result.evaluate_metrics_serverapp[current] = metrics
+            if self.checkpoint_dir is not None:
+                self._checkpoint(current, num_rounds, arrays)
         self._flush()
         return result
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs of this strategy (JSON-serialisable)."""
+        version, internal, gauss = self._rng.getstate()
+        return {
+            "manager": None if self.manager is None else self.manager.state_dict(),
+            "rng": [version, list(internal), gauss],
+            "labels": {str(n): label for n, label in self._labels.items()},
+            "benched": sorted(self._benched),
+            "too_slow": sorted(self._too_slow),
+            "pending": None if self._pending is None else record_to_dict(self._pending),
+        }
+
+    def restore(self, checkpoint: Checkpoint) -> ArrayRecord:
+        """Take up a checkpointed run: the manager with its estimators and tuner, the
+        sampling RNG, labels, silos left out, and the last round's record. `start` then
+        runs the rounds after `checkpoint.round`; pass it the returned model."""
+        state = checkpoint.strategy
+        try:
+            if state["manager"] is not None:
+                manager_state = state["manager"]
+                self.manager = BatchSizeManager(
+                    {w: int(b) for w, b in manager_state["sizes"].items()},
+                    self.tuner,
+                    self.estimator,
+                )
+                self.manager.load_state_dict(manager_state)
+            version, internal, gauss = state["rng"]
+            self._rng.setstate((int(version), tuple(int(x) for x in internal), gauss))
+            self._labels = {int(n): str(label) for n, label in state["labels"].items()}
+            # Left out before the stop: wait out a fresh grace (the clock restarted).
+            self._benched = {int(n): time.monotonic() for n in state["benched"]}
+            self._too_slow = {str(w) for w in state["too_slow"]}
+            pending = state["pending"]
+            self._pending = None if pending is None else record_from_dict(pending)
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(
+                f"the checkpoint's strategy state does not fit this strategy: {error!r}"
+            ) from error
+        self._resume_after = checkpoint.round
+        return checkpoint.arrays
+
+    def _checkpoint(self, server_round: int, num_rounds: int, arrays: ArrayRecord) -> None:
+        assert self.checkpoint_dir is not None
+        save_checkpoint(
+            self.checkpoint_dir,
+            Checkpoint(server_round, num_rounds, arrays, self.state_dict(), self.run_settings),
+        )
 
     def _server_evaluate(
         self,

@@ -327,3 +327,118 @@ def test_tls_and_silo_authentication_end_to_end(tmp_path):
     assert "could not establish a connection" in unregistered.lower() or (
         "failed to activate" in unregistered.lower()
     ), unregistered[-2000:]
+
+
+def test_fedlb_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path):
+    """SIGKILL `fedlb server` and its SuperLink after round 2 of 4; the silos keep running;
+    `fedlb server --resume` goes on from round 3 with the checkpoint's batch sizes."""
+    import contextlib
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from fedlb.flower import load_checkpoint
+    from fedlb.flower.deploy import free_port
+
+    port = free_port()
+    out = tmp_path / "out"
+    fedlb = [sys.executable, "-m", "fedlb.cli"]
+    silos = [
+        subprocess.Popen(
+            [
+                *fedlb,
+                "silo",
+                "--server",
+                f"127.0.0.1:{port}",
+                "--partition-id",
+                str(i),
+                "--num-partitions",
+                "2",
+                "--slowdown",
+                str(1 + 2 * i),
+                "--threads",
+                "1",
+                "--workdir",
+                str(tmp_path / f"silo-{i}"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for i in range(2)
+    ]
+    server_args = ["--round-timeout", "60", "--evaluate-every", "2", "--run-timeout", "300"]
+    try:
+        first = subprocess.Popen(
+            [
+                *fedlb,
+                "server",
+                "--port",
+                str(port),
+                "--out-dir",
+                str(out),
+                "--num-silos",
+                "2",
+                "--num-rounds",
+                "4",
+                "--local-steps",
+                "5",
+                "--batch-size",
+                "16",
+                *server_args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 240
+        done = 0
+        while done < 2 and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.5)
+            try:
+                done = load_checkpoint(out).round
+            except Exception:  # not written yet
+                done = 0
+        assert done == 2, first.stdout.read().decode() if first.poll() is not None else done
+        link_pid = json.loads((out / "server.json").read_text())["superlink-pid"]
+        group = [psutil.Process(link_pid), *psutil.Process(link_pid).children(recursive=True)]
+        # the server machine goes down: fedlb server, the SuperLink and the ServerApp
+        # (Flower starts it in a session of its own)
+        os.killpg(first.pid, signal.SIGKILL)
+        for process in group:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        first.wait(10)
+        psutil.wait_procs(group, timeout=10)
+        assert not [p for p in group if p.is_running() and p.status() != "zombie"]
+        stopped_at = load_checkpoint(out)
+
+        resumed = subprocess.run(
+            [*fedlb, "server", "--resume", str(out), "--run-timeout", "300"],
+            capture_output=True,
+            text=True,
+            timeout=400,
+            check=False,
+        )
+    finally:
+        outputs = []
+        for silo in silos:
+            silo.send_signal(signal.SIGTERM)
+            outputs.append(silo.communicate(timeout=60)[0].decode())
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resuming {out} after round {stopped_at.round}" in " ".join(resumed.stdout.split())
+    rows = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    assert sorted({(r["round"], r["silo"]) for r in rows}) == [
+        (k, f"silo-{i}") for k in (1, 2, 3, 4) for i in (0, 1)
+    ]
+    assert len(rows) == 8  # each round once
+    # round 3 starts from the checkpoint's balance, not from B0 again
+    planned = stopped_at.strategy["manager"]["sizes"]
+    third = {str(r["node"]): r["batch_size"] for r in rows if r["round"] == 3}
+    assert third == {n: b for n, b in planned.items()}
+    assert third != {n: 16 for n in third}
+    assert load_checkpoint(out).round == 4
+    assert (out / "summary.json").exists()

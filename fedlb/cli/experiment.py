@@ -155,6 +155,7 @@ def experiment(
         return
     try:
         chosen = Scenario.from_file(scenario, flags) if scenario else Scenario.from_mapping(flags)
+        chosen.check_data()
     except ScenarioError as error:
         raise UsageError(str(error)) from error
     folder = Path(chosen.out or Path("runs") / f"experiment-{chosen.name}")

@@ -154,9 +154,12 @@ def with_run_options(
 
 
 def settings(file_values: dict[str, Any], flags: dict[str, Any]) -> RunConfig:
+    from fedlb.flower.task import check_partition
+
     merged = {**file_values, **flags}
     try:
         config = RunConfig.from_mapping(merged)
+        check_partition(config)
     except ConfigError as error:
         raise UsageError(str(error)) from error
     if config.he_context:
@@ -220,7 +223,13 @@ def run_federation(
         ) as federation:
             if resumable:
                 (out_dir / SERVER_FILE).write_text(
-                    json.dumps({"host": host, "port": int(federation.address.rsplit(":", 1)[1])})
+                    json.dumps(
+                        {
+                            "host": host,
+                            "port": int(federation.address.rsplit(":", 1)[1]),
+                            "superlink-pid": federation.link.pid if federation.link else None,
+                        }
+                    )
                 )
             console.print(
                 f"[bold]fedlb server[/]: SuperLink on {federation.address}; waiting for "

@@ -168,15 +168,15 @@ class Scenario:
     def profiles(self) -> list[SpeedProfile]:
         overheads = self._per_silo(self.overheads, "overheads")
         traces = self._per_silo(self.traces, "traces")
-        try:
-            return [
-                SpeedProfile(v, float(o), t, seed=self.seed + i)
-                for i, (v, o, t) in enumerate(
-                    zip(self.speeds_per_silo(), overheads, traces, strict=True)
-                )
-            ]
-        except ValueError as error:
-            raise ScenarioError(str(error)) from error
+        profiles = []
+        for i, (v, o, t) in enumerate(zip(self.speeds_per_silo(), overheads, traces, strict=True)):
+            try:
+                profiles.append(SpeedProfile(v, float(o), t, seed=self.seed + i))
+            except ValueError as error:
+                raise ScenarioError(
+                    f"silo {i} (speeds, overheads, traces = {v:g}, {o!r}, {t!r}): {error}"
+                ) from error
+        return profiles
 
     def check(self) -> None:
         if min(self.silos, self.rounds, self.local_steps, self.batch_size, self.repeats) < 1:
@@ -188,9 +188,21 @@ class Scenario:
             raise ScenarioError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
         if not 0 < self.target_accuracy <= 1:
             raise ScenarioError(f"target-accuracy must be in (0, 1], got {self.target_accuracy}")
+        if not (math.isfinite(self.base_speed) and self.base_speed > 0):
+            raise ScenarioError(f"base-speed must be > 0 samples/s, got {self.base_speed}")
         self.profiles()
         try:
             self.run_config()
+        except ValueError as error:
+            raise ScenarioError(str(error)) from error
+
+    def check_data(self) -> None:
+        """Load the dataset and make the split, refusing what cannot be run (missing
+        files, more silos than the split allows) before any policy starts."""
+        from fedlb.flower.task import check_partition
+
+        try:
+            check_partition(self.run_config())
         except ValueError as error:
             raise ScenarioError(str(error)) from error
 
@@ -508,6 +520,8 @@ def run_experiment(
     per-round INFO lines are held back (its warnings still show)."""
     from .plots import plot_results, plot_seeds
 
+    for seed in scenario.seeds():  # the split follows the seed
+        replace(scenario, seed=seed, repeats=1).check_data()
     out.mkdir(parents=True, exist_ok=True)
     summaries: dict[int, dict[str, Any]] = {}
     all_results: dict[int, dict[str, PolicyResult]] = {}

@@ -308,6 +308,20 @@ def run_status(home: Path, run_id: str) -> str:
     return "unknown"
 
 
+def stop_unfinished_runs(home: Path) -> list[str]:
+    """Stop every run the SuperLink does not list as finished (a persistent SuperLink
+    keeps the run of a server that died, and that run's ServerApp may still be about);
+    returns their ids."""
+    stopped = []
+    for run in _flwr(home, ["ls", CONNECTION], timeout=60).get("runs", []):
+        if not str(run.get("status", "")).startswith("finished"):
+            run_id = str(run.get("run-id"))
+            with contextlib.suppress(DeployError):  # it may finish meanwhile
+                _flwr(home, ["stop", run_id, CONNECTION], timeout=60)
+                stopped.append(run_id)
+    return stopped
+
+
 def stream_logs(home: Path, run_id: str, log_path: Path) -> subprocess.Popen[bytes]:
     """`flwr log RUN --stream` into a file (the ServerApp's own output), in the background."""
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -138,6 +138,9 @@ class Federation:
     ) -> RunOutcome:
         """Submit fedlb's app, follow its rounds, and return how it ended."""
         out_dir = Path(str(run_config["out-dir"])) if run_config.get("out-dir") else None
+        if self.database is not None:
+            for old in deploy.stop_unfinished_runs(self.home):
+                log.warning("stopped run %s, left unfinished by an earlier server", old)
         run_id = deploy.submit_run(self.home, deploy.app_dir(), run_config)
         log_path = self.workdir / f"serverapp-{run_id}.log"
         streamer = deploy.stream_logs(self.home, run_id, log_path)

@@ -20,7 +20,7 @@ from .config import ConfigError, RunConfig
 from .he import EncryptedAggregation, save_encrypted
 from .report import RoundReporter
 from .strategy import LoadBalancedFedAvg, default_estimator
-from .task import federation_data, model_for
+from .task import check_partition, federation_data, model_for
 
 log = logging.getLogger("fedlb.flower")
 
@@ -112,6 +112,7 @@ def _log_fedlb() -> None:
 def main(grid: Grid, context: Context) -> None:
     _log_fedlb()
     config = RunConfig.from_mapping(context.run_config)
+    check_partition(config)
     checkpoint = checkpoint_to_resume(config) if config.resume else None
     out_dir = Path(config.out_dir) if config.out_dir else None
     reporter = RoundReporter(

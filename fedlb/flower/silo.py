@@ -66,6 +66,12 @@ def node_settings(node_config: Mapping[str, Any]) -> NodeSettings:
             "node config needs partition-id and num-partitions (e.g. --node-config "
             "'partition-id=0 num-partitions=3') or data-path; got " + repr(dict(node_config))
         )
+    if has_partition and not 0 <= node_config["partition-id"] < node_config["num-partitions"]:
+        raise SiloConfigError(
+            f"node config partition-id {node_config['partition-id']} is outside 0.."
+            f"{node_config['num-partitions'] - 1}: num-partitions is "
+            f"{node_config['num-partitions']} (partition ids count from 0)"
+        )
     speed = float(node_config.get("emulated-speed", 0.0))
     if not math.isfinite(speed) or speed < 0:
         raise SiloConfigError(f"node config emulated-speed must be >= 0, got {speed}")

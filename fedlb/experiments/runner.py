@@ -266,8 +266,11 @@ class PolicyResult:
         }
 
 
-def run_policy(scenario: Scenario, policy: str, out_dir: Path) -> PolicyResult:
-    """One policy through Flower's Simulation Engine; its records and clock times."""
+def run_policy(
+    scenario: Scenario, policy: str, out_dir: Path, checkpoint: bool = False
+) -> PolicyResult:
+    """One policy through Flower's Simulation Engine; its records and clock times. With
+    `checkpoint`, out_dir/checkpoint.npz after every round, as `fedlb server` writes."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
@@ -320,6 +323,7 @@ def run_policy(scenario: Scenario, policy: str, out_dir: Path) -> PolicyResult:
             evaluate_with_train=True,
             reporter=reporter,
             seed=config.seed,
+            checkpoint_dir=out_dir if checkpoint else None,
             min_available_nodes=config.num_silos,
             min_train_nodes=1,
             min_evaluate_nodes=1,

@@ -54,6 +54,8 @@ class RoundRecord:
     loss: float | None = None
     server_accuracy: float | None = None  # centralised evaluation on the server's test set
     server_loss: float | None = None
+    server_s: float | None = None  # the strategy's own seconds (not waiting for silos)
+    server_rss_mb: float | None = None  # the server process's resident memory at round end
 
     def json_lines(self) -> list[str]:
         """One line per silo, each with the round's fields too (easy to load as a table);

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
@@ -183,6 +185,7 @@ class LoadBalancedFedAvg(FedAvg):
         self.checkpoint_dir = checkpoint_dir
         self.run_settings = dict(run_settings or {})
         self._resume_after = 0  # the round a restored checkpoint ended
+        self._server_s = 0.0  # this round's server seconds so far
         self.he = he
         self._global: ArrayRecord | None = None  # this round's global arrays (sent)
         # checked ciphertexts by reply (object id: replies need not have ids of their own yet)
@@ -747,27 +750,45 @@ class LoadBalancedFedAvg(FedAvg):
             log.info("resuming after round %d of %d", self._resume_after, num_rounds)
         for current in range(first, num_rounds + 1):
             log.info("[ROUND %d/%d]", current, num_rounds)
-            replies = grid.send_and_receive(
-                self.configure_train(current, arrays, train_config, grid), timeout=timeout
-            )
-            new_arrays, train_metrics = self.aggregate_train(current, replies)
+            self._server_s = 0.0
+            with self._server_time():
+                messages = self.configure_train(current, arrays, train_config, grid)
+            replies = grid.send_and_receive(messages, timeout=timeout)
+            with self._server_time():
+                new_arrays, train_metrics = self.aggregate_train(current, replies)
             if new_arrays is not None:
                 arrays = result.arrays = new_arrays
             if train_metrics is not None:
                 result.train_metrics_clientapp[current] = train_metrics
-            replies = grid.send_and_receive(
-                self.configure_evaluate(current, arrays, evaluate_config, grid), timeout=timeout
-            )
-            if (metrics := self.aggregate_evaluate(current, replies)) is not None:
+            with self._server_time():
+                messages = self.configure_evaluate(current, arrays, evaluate_config, grid)
+            replies = grid.send_and_receive(messages, timeout=timeout)
+            with self._server_time():
+                metrics = self.aggregate_evaluate(current, replies)
+            if metrics is not None:
                 result.evaluate_metrics_clientapp[current] = metrics
             if evaluate_fn is not None:
                 metrics = self._server_evaluate(evaluate_fn, current, arrays)
                 if metrics is not None:
                     result.evaluate_metrics_serverapp[current] = metrics
-            if self.checkpoint_dir is not None:
-                self._checkpoint(current, num_rounds, arrays)
+            with self._server_time():
+                if self.checkpoint_dir is not None:
+                    self._checkpoint(current, num_rounds, arrays)
+            if self._pending is not None and self._pending.round == current:
+                self._pending.server_s = self._server_s
+                self._pending.server_rss_mb = psutil.Process().memory_info().rss / 2**20
         self._flush()
         return result
+
+    @contextlib.contextmanager
+    def _server_time(self) -> Iterator[None]:
+        """Add the block's seconds to this round's server time (the strategy's own work:
+        selecting, sizing, checking and averaging, checkpointing; not waiting for silos)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._server_s += time.perf_counter() - started
 
     # ---- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -319,6 +319,28 @@ def test_a_bad_report_is_dropped_but_its_update_is_used(changes, reason, caplog)
     assert "dropped" in caplog.text
 
 
+def test_a_silo_whose_dataset_size_changes_has_that_report_dropped(caplog):
+    grid = make_grid()
+    seen = []
+
+    def grow(reply):
+        if not is_train_from(reply, 101):
+            return reply
+        seen.append(1)
+        if len(seen) < 2:
+            return reply
+        return with_metrics(reply, **{"num-examples": reply.content["metrics"]["num-examples"] + 5})
+
+    grid.intercept = grow
+    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+    with caplog.at_level("WARNING", logger="fedlb.flower"):
+        start(strategy, grid, rounds=3)
+    second, third = strategy.reporter.records[1:]
+    assert any("num-examples changed from" in r for r in second.rejected), second.rejected
+    assert {s.node for s in second.silos} == {100, 101, 102}  # its update still counted
+    assert not third.rejected  # said once: the new size holds from then on
+
+
 @pytest.mark.parametrize(
     "tamper",
     [

@@ -180,6 +180,7 @@ class LoadBalancedFedAvg(FedAvg):
             raise ValueError(f"rejoin_grace must be a finite number >= 0, got {rejoin_grace}")
         self.rejoin_grace = rejoin_grace
         self._benched: dict[int, float] = {}  # node -> when it missed a round
+        self._examples: dict[int, float | None] = {}  # node -> its dataset size
         self._events: list[str] = []  # membership changes and warnings for the next record
         self._too_slow: set[str] = set()  # silos already told to leave
         self.checkpoint_dir = checkpoint_dir
@@ -393,6 +394,14 @@ class LoadBalancedFedAvg(FedAvg):
         for key in ("batch-size", "local-steps"):
             if not numbers[key].is_integer():
                 return None, f"{key} must be a whole number, got {numbers[key]!r}"
+        examples = numbers.get(self.weighted_by_key)
+        known = self._examples.setdefault(node, examples)
+        if examples != known:
+            self._examples[node] = examples  # said once; the new size holds from now on
+            return None, (
+                f"{self.weighted_by_key} changed from {known:g} to {examples:g}: its dataset "
+                "is not the one its speed was measured on"
+            )
         sent = dict(zip(("batch-size", "local-steps"), self._sent.get(node, (0, 0)), strict=True))
         for key, value in sent.items():
             if int(numbers[key]) != value:

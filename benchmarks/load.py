@@ -118,7 +118,7 @@ def main() -> None:
         "fedlb server load benchmark",
         __doc__.splitlines()[0],
         "Flower Simulation Engine, model clock for the silos, wall clock for the server.",
-        [("Server time and memory over 100 rounds", server_load)],
+        [("Server time and memory per round", server_load)],
     )
 
 

@@ -36,11 +36,14 @@ class NARX(SpeedEstimator):
         hidden: units in the one hidden layer (tanh). Default 16.
         warmup: reports to collect before the model is trained and used; an EMA(α=0.2)
             predicts until then. Default 500, the paper's setting.
-        retrain_every: reports between online re-trainings. Default 100 (each takes ~2 ms
-            here; see benchmarks/balance.py).
+        retrain_every: reports between online re-trainings. Default 50 (each takes a few
+            ms here; see benchmarks/balance.py).
         history: reports kept for training (a sliding window). Default 1000.
         max_epochs: full-batch Adam epochs per training at most. Default 300.
-        patience: early stopping, epochs without validation improvement. Default 10.
+        patience: early stopping, epochs without validation improvement. Default 30: with
+            10, full-batch Adam stopped on the noise of the validation loss before the model
+            had learnt more than the mean speed (measured on a real competing-load trace:
+            RMSE 8% below EMA's with 10, 34% with 30 and retraining every 50 reports).
         lr: Adam learning rate. Default 0.01.
         seed: seed of the initial weights. Default 0.
         weights: a `weights()` result from another NARX (model reuse): the model predicts
@@ -56,10 +59,10 @@ class NARX(SpeedEstimator):
         self,
         hidden: int = 16,
         warmup: int = 500,
-        retrain_every: int = 100,
+        retrain_every: int = 50,
         history: int = 1000,
         max_epochs: int = 300,
-        patience: int = 10,
+        patience: int = 30,
         lr: float = 0.01,
         seed: int = 0,
         weights: dict[str, Any] | None = None,

@@ -70,11 +70,17 @@ def test_presets():
         ({"traces": "jump"}, "unknown speed trace"),
         ({"partition": "shards"}, "partition must be"),
         ({"target-accuracy": 1.5}, "target-accuracy must be in"),
+        ({"speeds": "1,0,3,6"}, "speeds must all be > 0"),
+        ({"speeds": "1,-2,3,6"}, "speeds must all be > 0"),
+        ({"base-speed": 0.0}, "base-speed must be > 0"),
+        ({"overheads": "0,0,-1,0"}, "silo 2 (speeds, overheads, traces"),
+        ({"silos": 2000, "speeds": "hetero-2:2000"}, "cannot be split among 2000 silos"),
+        ({"partition": "classes:11"}, "classes_per_silo must be in [1, 10]"),
     ],
 )
 def test_bad_scenarios_are_refused(values, message):
     with pytest.raises(ScenarioError) as caught:
-        Scenario.from_mapping(values)
+        Scenario.from_mapping(values).check_data()  # what `fedlb experiment` checks first
     assert message in str(caught.value)
 
 

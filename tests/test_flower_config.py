@@ -70,6 +70,8 @@ def test_ints_are_accepted_for_float_settings():
         ({"partition-id": "0", "num-partitions": 3}, "partition-id must be a number"),
         ({"partition-id": 0.5, "num-partitions": 3}, "must be a whole number"),
         ({"partition-id": 0, "num-partitions": 3, "emulated-speed": -1.0}, ">= 0"),
+        ({"partition-id": 3, "num-partitions": 3}, "partition-id 3 is outside 0..2"),
+        ({"partition-id": -1, "num-partitions": 3}, "partition-id -1 is outside 0..2"),
     ],
 )
 def test_bad_node_settings_are_refused(node, message):
@@ -94,6 +96,8 @@ def test_node_config_text_is_typed_toml():
         ("[run]\nnum-roundz = 3\n", [], "unknown setting(s) num-roundz"),
         ("[run\n", [], "is not valid TOML"),
         ("", ["--local-steps", "0"], "local-steps must be >= 1"),
+        ("", ["--num-silos", "2000"], "1438 samples cannot be split among 2000 silos"),
+        ("", ["--partition", "classes:11"], "classes_per_silo must be in [1, 10]"),
     ],
 )
 def test_server_config_errors_stop_before_anything_starts(tmp_path, content, args, message):
@@ -208,3 +212,37 @@ def test_tls_and_silo_key_files_are_checked_before_anything_starts(tmp_path):
     result = runner.invoke(app, [*silo, "--auth-key", str(tmp_path / "nope.key")])
     assert result.exit_code == 2, result.output
     assert "is not a file" in flat(result.output)
+
+
+def test_resume_is_checked_before_anything_starts(tmp_path):
+    from flwr.app import ArrayRecord
+
+    from fedlb.flower import Checkpoint, save_checkpoint
+
+    result = runner.invoke(app, ["server", "--resume", str(tmp_path)])
+    assert result.exit_code != 0
+    assert "no checkpoint in" in flat(result.output)
+    settings = {**RunConfig().to_mapping(), "num-rounds": 5}
+    save_checkpoint(tmp_path, Checkpoint(3, 5, ArrayRecord(), {}, settings))
+    result = runner.invoke(app, ["server", "--resume", str(tmp_path), "--tuner", "static"])
+    assert result.exit_code != 0
+    assert "--resume takes the run's settings from its checkpoint; drop tuner" in flat(
+        result.output
+    )
+    result = runner.invoke(app, ["server", "--resume", str(tmp_path), "--num-rounds", "2"])
+    assert result.exit_code != 0
+    assert "below the 3 rounds done" in flat(result.output)
+
+
+def test_the_server_app_refuses_to_resume_with_other_settings(tmp_path):
+    from flwr.app import ArrayRecord
+
+    from fedlb.flower import Checkpoint, save_checkpoint
+    from fedlb.flower.server_app import checkpoint_to_resume
+
+    save_checkpoint(tmp_path, Checkpoint(3, 5, ArrayRecord(), {}, RunConfig().to_mapping()))
+    changed = RunConfig.from_mapping({"resume": str(tmp_path), "learning-rate": 0.5})
+    with pytest.raises(ConfigError, match=r"learning-rate was 0\.05, now 0\.5"):
+        checkpoint_to_resume(changed)
+    longer = RunConfig.from_mapping({"resume": str(tmp_path), "num-rounds": 20})
+    assert checkpoint_to_resume(longer).round == 3  # num-rounds may grow

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fedlb.balance import WorkerReport
@@ -218,6 +218,9 @@ def test_random_bytes_to_the_manager_service_are_a_request_error(data):
         st.sampled_from(["job", "worker", "iteration", "compute_s", "batch_size", "cpu", "mem"]),
         values,
     ),
+)
+@example(  # found by this test: a null batch_size compared None < 1
+    register={"job": [None], "workers": [None], "batch_size": None}, report={}
 )
 def test_random_requests_to_the_manager_service_are_a_request_error(register, report):
     service = ManagerService(wait_timeout=0.01)

@@ -74,11 +74,11 @@ class _Job:
 
 
 def _number(request: dict[str, Any], key: str, kind: type = float, default: Any = None) -> Any:
-    value = request.get(key, default)
-    if value is None and default is None and key in ("job", "worker", "iteration"):
-        raise RequestError(f"the request has no {key}")
-    if value is None:
-        return None
+    value = request.get(key)
+    if value is None:  # missing or null alike
+        if key in ("job", "worker", "iteration"):
+            raise RequestError(f"the request has no {key}")
+        return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(f"{key} must be a number, got {value!r}")
     if kind is int and not float(value).is_integer():

@@ -179,7 +179,7 @@ def test_a_silo_killed_mid_run_is_left_out_and_rejoins(tmp_path):
         outcome = federation.run(
             # generous: the first round's replies take ~15 s here (three fresh
             # flwr-clientapp processes importing torch on two cores)
-            run_settings(out, **{"round-timeout": 40.0, "num-rounds": 6, "evaluate-every": 10}),
+            run_settings(out, **{"round-timeout": 30.0, "num-rounds": 6, "evaluate-every": 10}),
             on_round=on_round,
             timeout=500,
         )

@@ -178,6 +178,8 @@ def test_random_node_config_is_refused_with_a_silo_config_error(node_config):
 
 @FUZZ
 @given(value=values.filter(lambda v: not isinstance(v, (dict, type(None)))))
+@example(value=math.inf)  # found by this test: int(inf) raised OverflowError
+@example(value=2.5)
 def test_a_server_message_with_a_bad_value_is_refused(value):
     try:
         config = ConfigRecord({"batch-size": value})
@@ -190,6 +192,7 @@ def test_a_server_message_with_a_bad_value_is_refused(value):
         return
     assert isinstance(got, int)
     assert not isinstance(got, bool)
+    assert got == value
 
 
 @FUZZ

@@ -150,7 +150,10 @@ class Scenario:
         return [p.strip() for p in self.policies.split(",") if p.strip()]
 
     def speeds_per_silo(self) -> list[float]:
-        speeds = preset(self.speeds, self.base_speed)
+        try:
+            speeds = preset(self.speeds, self.base_speed)
+        except ValueError as error:
+            raise ScenarioError(str(error)) from error
         if len(speeds) != self.silos:
             raise ScenarioError(
                 f"speeds {self.speeds!r} give {len(speeds)} silos, not {self.silos}"

@@ -130,8 +130,10 @@ def _config_value(msg: Message, key: str, kind: type) -> Any:
     if key not in config:
         raise SiloConfigError(f"the server's message has no {key}")
     value = config[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SiloConfigError(f"the server sent {key}={value!r}, not a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SiloConfigError(f"the server sent {key}={value!r}, not a finite number")
+    if kind is int and not float(value).is_integer():
+        raise SiloConfigError(f"the server sent {key}={value!r}, not a whole number")
     return kind(value)
 
 

@@ -466,3 +466,14 @@ def test_four_hospitals_as_four_silos(tmp_path):
     examples = [s.num_examples for s in record.silos]
     assert len(examples) == 4
     assert all(20 <= n <= 32 for n in examples)
+
+
+def test_quorum_keeps_the_fastest_two_of_three():
+    grid = make_grid()
+    strategy = LoadBalancedFedAvg(
+        batch_size=16, local_steps=3, min_available_nodes=3, tuner=Static(), quorum=0.6
+    )
+    start(strategy, grid, rounds=2)
+    for record in strategy.reporter.records:
+        assert {s.node for s in record.silos} == {100, 101}  # 102 is 4x slower
+        assert any("node-102: not among the quorum" in f for f in record.failed)

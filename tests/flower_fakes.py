@@ -13,7 +13,9 @@ Handler = Callable[[Message, Context], Message]
 
 class InProcessGrid(Grid):
     """Each node is a (node_config, train handler, evaluate handler); replies are computed
-    at push time. `sent` keeps every pushed message; `drop` lists nodes that never reply."""
+    at push time. `sent` keeps every pushed message; `drop` lists nodes that never reply;
+    `before_round[k](grid)` runs when the server first looks for nodes after round k - 1's
+    training (to change membership between rounds, or to raise: the server dying)."""
 
     def __init__(self, nodes: dict[int, dict], run_config: dict, train: Handler, evaluate: Handler):
         self.nodes = nodes
@@ -23,6 +25,8 @@ class InProcessGrid(Grid):
         self.replies: dict[str, Message] = {}
         self.drop: set[int] = set()
         self.intercept: Callable[[Message], Message] | None = None  # tamper with replies
+        self.before_round: dict[int, Callable[[InProcessGrid], None]] = {}
+        self.trained = 0  # the last round whose train messages were pushed
 
     def set_run(self, run):
         pass
@@ -35,11 +39,16 @@ class InProcessGrid(Grid):
         raise NotImplementedError
 
     def get_node_ids(self) -> Iterable[int]:
+        change = self.before_round.pop(self.trained + 1, None)
+        if change is not None:
+            change(self)
         return list(self.nodes)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for msg in messages:
+            if msg.metadata.message_type == MessageType.TRAIN:
+                self.trained = max(self.trained, msg.content["config"]["server-round"])
             msg.metadata.__dict__["_message_id"] = msg.object_id
             self.sent.append(msg)
             ids.append(msg.metadata.message_id)

@@ -50,20 +50,12 @@ class CrashingGrid(InProcessGrid):
             return train_reply(msg, context, config, clock)
 
         super().__init__(nodes, SETTINGS, train, evaluate_reply)
-        self.crash_before = crash_before
-        self.trained = 0
+        if crash_before is not None:
+            self.before_round[crash_before] = crash
 
-    def get_node_ids(self):
-        if self.crash_before is not None and self.trained + 1 == self.crash_before:
-            raise CrashError
-        return list(self.nodes)
 
-    def push_messages(self, messages):
-        messages = list(messages)
-        for msg in messages:
-            if msg.metadata.message_type == "train":
-                self.trained = max(self.trained, msg.content["config"]["server-round"])
-        return super().push_messages(messages)
+def crash(grid):
+    raise CrashError
 
 
 def strategy_for(out_dir, keep_before=None):

@@ -154,31 +154,8 @@ def test_aggregation_is_weighted_by_dataset_size_not_samples_processed():
     assert metrics["train-loss"] > 0
 
 
-class ChangingGrid(InProcessGrid):
-    """An InProcessGrid whose membership changes between rounds: before_round[k](grid) runs
-    when the server first looks for nodes after round k - 1's training."""
-
-    def __init__(self, grid, before_round):
-        super().__init__(grid.nodes, grid.run_config, *grid.handlers.values())
-        self.before_round = dict(before_round)
-        self.trained = 0
-
-    def get_node_ids(self):
-        change = self.before_round.pop(self.trained + 1, None)
-        if change is not None:
-            change(self)
-        return list(self.nodes)
-
-    def push_messages(self, messages):
-        messages = list(messages)
-        for msg in messages:
-            if msg.metadata.message_type == "train":
-                self.trained = max(self.trained, msg.content["config"]["server-round"])
-        return super().push_messages(messages)
-
-
 def run_rounds(strategy, grid, changes, rounds):
-    grid = ChangingGrid(grid, changes)
+    grid.before_round = dict(changes)
     strategy.start(
         grid=grid,
         initial_arrays=initial_arrays(RunConfig.from_mapping(grid.run_config)),
@@ -255,6 +232,25 @@ def test_a_silo_that_missed_a_round_but_stays_connected_is_tried_again():
     assert sizes[2][102] == 16  # with a fair share
     assert any("tried again" in e for e in records[2].events)
     assert strategy.manager.estimators["102"].observations == 2  # restarted at round 3
+
+
+@pytest.mark.timeout(60)
+def test_when_every_silo_is_left_out_the_server_waits_out_the_grace():
+    grid = make_grid(factors=(1,))
+    strategy = LoadBalancedFedAvg(
+        batch_size=16, local_steps=3, min_available_nodes=1, rejoin_grace=1.0
+    )
+
+    def stall(g):
+        g.drop = {100}
+
+    def recover(g):
+        g.drop = set()
+
+    records, grid = run_rounds(strategy, grid, {2: stall, 3: recover}, 3)
+    sizes = sent_sizes(grid)
+    assert [set(s) for s in sizes] == [{100}, {100}, {100}]  # round 3 waited for it
+    assert any("tried again" in e for e in records[2].events)
 
 
 def test_much_slower_silo_shrinks_to_min_batch_and_is_told_to_leave():

@@ -212,27 +212,30 @@ class LoadBalancedFedAvg(FedAvg):
         return nodes
 
     def _eligible(self, grid: Grid) -> list[int]:
-        """Online nodes, less those benched after missing a round (see `rejoin_grace`)."""
-        online = set(self._wait_for(grid, self.expected_silos if self.manager is None else 1))
-        now = time.monotonic()
-        for node, since in list(self._benched.items()):
-            if node not in online:
-                # The SuperLink has let it go; if it comes back (same id with a silo key,
-                # a new id without) it is a newcomer.
-                del self._benched[node]
-            elif now - since >= self.rejoin_grace:
-                del self._benched[node]
-                self._events.append(
-                    f"{self._label(node)} still connected {now - since:.0f} s after missing a "
-                    "round: tried again with a fair share"
-                )
-        eligible = sorted(online - set(self._benched))
-        if not eligible:  # every online silo is benched: wait for a fresh one
-            log.warning("no silo can take the round: waiting for one to (re)join")
-            while not eligible:
-                time.sleep(0.5)
-                eligible = sorted(set(self._wait_for(grid, 1)) - set(self._benched))
-        return eligible
+        """Online nodes, less those benched after missing a round (see `rejoin_grace`);
+        while every online node is benched, waits for one to (re)join or its grace to end."""
+        warned = False
+        while True:
+            online = set(self._wait_for(grid, self.expected_silos if self.manager is None else 1))
+            now = time.monotonic()
+            for node, since in list(self._benched.items()):
+                if node not in online:
+                    # The SuperLink has let it go; if it comes back (same id with a silo
+                    # key, a new id without) it is a newcomer.
+                    del self._benched[node]
+                elif now - since >= self.rejoin_grace:
+                    del self._benched[node]
+                    self._events.append(
+                        f"{self._label(node)} still connected {now - since:.0f} s after "
+                        "missing a round: tried again with a fair share"
+                    )
+            eligible = sorted(online - set(self._benched))
+            if eligible:
+                return eligible
+            if not warned:
+                log.warning("no silo can take the round: waiting for one to (re)join")
+                warned = True
+            time.sleep(0.5)
 
     def _select_nodes(self, grid: Grid, fraction: float) -> tuple[list[int], list[int]]:
         """(every eligible node, the ⌈fraction·n⌉ of them sampled for this phase)."""

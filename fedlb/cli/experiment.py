@@ -155,7 +155,6 @@ def experiment(
         return
     try:
         chosen = Scenario.from_file(scenario, flags) if scenario else Scenario.from_mapping(flags)
-        chosen.check_data()
     except ScenarioError as error:
         raise UsageError(str(error)) from error
     folder = Path(chosen.out or Path("runs") / f"experiment-{chosen.name}")
@@ -174,7 +173,10 @@ def experiment(
             f"(clock: {chosen.clock}), final accuracy {_fmt(summary['final_accuracy'], '.3f')}"
         )
 
-    summary = run_experiment(chosen, folder, on_policy=done)
+    try:  # its data checks (files, the split for every seed) come before any policy runs
+        summary = run_experiment(chosen, folder, on_policy=done)
+    except ScenarioError as error:
+        raise UsageError(str(error)) from error
     print_summary(chosen, summary)
     if chosen.repeats == 1:
         console.print(

@@ -24,16 +24,16 @@ from fedlb.flower import (
     ConfigError,
     DeployError,
     Federation,
-    RoundRecord,
     RunConfig,
     RunOutcome,
     TlsError,
     TlsFiles,
+    check_partition,
     free_port,
     make_certificates,
     make_silo_key,
+    print_round,
     read_toml,
-    render_round,
     start_supernode,
 )
 
@@ -154,8 +154,6 @@ def with_run_options(
 
 
 def settings(file_values: dict[str, Any], flags: dict[str, Any]) -> RunConfig:
-    from fedlb.flower.task import check_partition
-
     merged = {**file_values, **flags}
     try:
         config = RunConfig.from_mapping(merged)
@@ -179,16 +177,6 @@ def check_context_file(path: Path, role: str) -> str:
         return fingerprint(load_context(path, "server" if role == "server" else "silo"))
     except HeKeyError as error:
         raise UsageError(str(error)) from error
-
-
-def show_round(record: RoundRecord) -> None:
-    console.print(render_round(record))
-    for line in record.failed:
-        console.print(f"  [red]no update:[/] {escape(line)}")
-    for reason in record.rejected:
-        console.print(f"  [yellow]report dropped:[/] {escape(reason)}")
-    for event in record.events:
-        console.print(f"  [cyan]{escape(event)}[/]")
 
 
 def run_federation(
@@ -261,7 +249,9 @@ def run_federation(
                     f"  local silo-{i}: emulated {base_speed / slowdown:.0f} samples/s "
                     f"(slowdown {slowdown:g}; clock: measured, sleep-padded)"
                 )
-            outcome = federation.run(run_config, on_round=show_round, timeout=timeout)
+            outcome = federation.run(
+                run_config, on_round=lambda record: print_round(console, record), timeout=timeout
+            )
     except DeployError as error:
         console.print(f"[red]could not run the federation:[/] {escape(str(error))}")
         raise typer.Exit(1) from error

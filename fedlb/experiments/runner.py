@@ -202,7 +202,7 @@ class Scenario:
     def check_data(self) -> None:
         """Load the dataset and make the split, refusing what cannot be run (missing
         files, more silos than the split allows) before any policy starts."""
-        from fedlb.flower.task import check_partition
+        from fedlb.flower import check_partition
 
         try:
             check_partition(self.run_config())

@@ -45,12 +45,13 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         RoundRecord,
         RoundReporter,
         SiloRound,
+        print_round,
         records_from_json_lines,
         render_round,
     )
     from .silo import SiloClock, evaluate_reply, node_settings, train_reply
     from .strategy import LoadBalancedFedAvg, default_estimator
-    from .task import federation_data, model_for
+    from .task import check_partition, federation_data, model_for
     from .tls import TlsError, TlsFiles, make_certificates, make_silo_key
 
 _EXPORTS = {
@@ -79,6 +80,8 @@ _EXPORTS = {
     "read_toml": ".config",
     "dataclass_arguments": ".config",
     "render_round": ".report",
+    "print_round": ".report",
+    "check_partition": ".task",
     "records_from_json_lines": ".report",
     "Federation": ".launch",
     "RunOutcome": ".launch",
@@ -118,6 +121,7 @@ __all__ = [
     "SiloRound",
     "TlsError",
     "TlsFiles",
+    "check_partition",
     "dataclass_arguments",
     "decrypt_record",
     "default_estimator",
@@ -132,6 +136,7 @@ __all__ = [
     "make_silo_key",
     "model_for",
     "node_settings",
+    "print_round",
     "read_toml",
     "records_from_json_lines",
     "render_round",

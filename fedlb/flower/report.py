@@ -159,6 +159,18 @@ def render_round(record: RoundRecord) -> Table:
     return table
 
 
+def print_round(console: Console, record: RoundRecord) -> None:
+    """The round's table, then why silos sent nothing usable, reports dropped, and
+    membership events (silos that left, joined, or should leave)."""
+    console.print(render_round(record))
+    for line in record.failed:
+        console.print(f"  [red]no update:[/] {escape(line)}")
+    for reason in record.rejected:
+        console.print(f"  [yellow]report dropped:[/] {escape(reason)}")
+    for event in record.events:
+        console.print(f"  [cyan]{escape(event)}[/]")
+
+
 class RoundReporter:
     """Shows each finished round on a console and appends it to `out_dir/rounds.jsonl`.
 
@@ -201,11 +213,7 @@ class RoundReporter:
             with self.rounds_path.open("a") as handle:
                 handle.write("".join(line + "\n" for line in record.json_lines()))
         if self.console is not None:
-            self.console.print(render_round(record))
-            for reason in record.rejected:
-                self.console.print(f"  [yellow]report dropped:[/] {escape(reason)}")
-            for event in record.events:
-                self.console.print(f"  [cyan]{escape(event)}[/]")
+            print_round(self.console, record)
 
     def summary(self) -> dict[str, Any]:
         done = self.records

@@ -5,10 +5,36 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from flwr.app import Context, Error, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MessageType, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import Mod
 from flwr.serverapp import Grid
 
+from fedlb.flower import balance_mod, evaluate_reply, train_reply
+from fedlb.flower.protocol import LEARNING_RATE
+
 Handler = Callable[[Message, Context], Message]
+
+
+def fedlb_app(*mods: Mod, clock=None, config=None) -> ClientApp:
+    """fedlb's silo app as fedlb's client_app builds it (balance_mod first), with extra
+    mods after it (he_mod), a silo clock, or a RunConfig instead of the run config."""
+    app = ClientApp(mods=[balance_mod(clock), *mods])
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return train_reply(msg, context, config)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return evaluate_reply(msg, context, config)
+
+    return app
+
+
+def lr_config(rate: float = 0.1) -> ConfigRecord:
+    """The train config fedlb's ServerApp sends: its silo app's learning rate."""
+    return ConfigRecord({LEARNING_RATE: rate})
 
 
 class InProcessGrid(Grid):
@@ -17,10 +43,17 @@ class InProcessGrid(Grid):
     `before_round[k](grid)` runs when the server first looks for nodes after round k - 1's
     training (to change membership between rounds, or to raise: the server dying)."""
 
-    def __init__(self, nodes: dict[int, dict], run_config: dict, train: Handler, evaluate: Handler):
+    def __init__(
+        self,
+        nodes: dict[int, dict],
+        run_config: dict,
+        train: Handler | ClientApp | None = None,
+        evaluate: Handler | None = None,
+    ):
         self.nodes = nodes
         self.run_config = run_config
-        self.handlers = {MessageType.TRAIN: train, MessageType.EVALUATE: evaluate}
+        app = fedlb_app() if train is None else train
+        self.handlers = {MessageType.TRAIN: app, MessageType.EVALUATE: evaluate or app}
         self.sent: list[Message] = []
         self.replies: dict[str, Message] = {}
         self.drop: set[int] = set()

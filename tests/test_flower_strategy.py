@@ -10,9 +10,9 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedlb.balance import Static
-from fedlb.flower import LoadBalancedFedAvg, RoundReporter, RunConfig, evaluate_reply, train_reply
+from fedlb.flower import LoadBalancedFedAvg, RoundReporter, RunConfig
 from fedlb.flower.task import federation_data, model_for
-from tests.flower_fakes import InProcessGrid
+from tests.flower_fakes import InProcessGrid, lr_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -30,7 +30,7 @@ def make_grid(factors=(1, 2, 4), **overrides):
         100 + i: {"partition-id": i, "num-partitions": len(factors), "emulated-speed": BASE / f}
         for i, f in enumerate(factors)
     }
-    return InProcessGrid(nodes, run_config(**overrides), train_reply, evaluate_reply)
+    return InProcessGrid(nodes, run_config(**overrides))
 
 
 def initial_arrays(config):
@@ -45,7 +45,7 @@ def start(strategy, grid, rounds=3):
         initial_arrays=initial_arrays(config),
         num_rounds=rounds,
         timeout=30,
-        train_config=ConfigRecord(),
+        train_config=lr_config(),
     )
 
 
@@ -54,7 +54,6 @@ def test_each_silo_gets_its_own_size_and_sizes_follow_the_speeds(tmp_path):
     strategy = LoadBalancedFedAvg(
         batch_size=16,
         local_steps=3,
-        learning_rate=0.1,
         min_available_nodes=3,
         evaluate_every=2,
         reporter=RoundReporter(tmp_path),
@@ -100,7 +99,6 @@ def test_evaluation_rides_on_the_next_train_message(tmp_path):
     strategy = LoadBalancedFedAvg(
         batch_size=16,
         local_steps=3,
-        learning_rate=0.1,
         min_available_nodes=3,
         evaluate_every=1,
         evaluate_with_train=True,
@@ -161,7 +159,7 @@ def run_rounds(strategy, grid, changes, rounds):
         initial_arrays=initial_arrays(RunConfig.from_mapping(grid.run_config)),
         num_rounds=rounds,
         timeout=0.3,
-        train_config=ConfigRecord(),
+        train_config=lr_config(),
     )
     return strategy.reporter.records, grid
 
@@ -453,7 +451,7 @@ def test_four_hospitals_as_four_silos(tmp_path):
             "partition": "natural",
         }
     )
-    grid = InProcessGrid(nodes, settings, train_reply, evaluate_reply)
+    grid = InProcessGrid(nodes, settings)
     strategy = LoadBalancedFedAvg(batch_size=8, local_steps=3, min_available_nodes=4)
     start(strategy, grid, rounds=2)
     record = strategy.reporter.records[-1]

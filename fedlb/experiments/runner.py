@@ -12,33 +12,48 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fedlb.balance import Deadband, Proportional, Static
+from fedlb.balance import BatchSizeManager, Deadband, Proportional, Static, Tuner
+from fedlb.flower import LoadBalancedFedAvg
 
 from .profiles import CLOCKS, EmulatedClock, SpeedProfile, preset
+from .variants import QuorumFedAvg, ScaledLrFedAvg, StepsTunedFedAvg
 
 log = logging.getLogger("fedlb.experiments")
 
-# name -> (what it is, strategy arguments)
-POLICIES: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
-    "fedavg": ("FedAvg: every silo at B0", lambda: {"tuner": Static()}),
-    "lb": ("fedlb: B tuned from EMA speeds, τ and η fixed", lambda: {"tuner": Proportional()}),
+
+def _with_tuner(tuner: Callable[[], Tuner]) -> Callable[[Mapping[str, int]], BatchSizeManager]:
+    """A balancer with fedlb's default estimator and another tuner."""
+    return lambda initial: BatchSizeManager(initial, tuner())
+
+
+# name -> (what it is, strategy class, its extra arguments)
+POLICIES: dict[str, tuple[str, type[LoadBalancedFedAvg], Callable[[], dict[str, Any]]]] = {
+    "fedavg": (
+        "FedAvg: every silo at B0",
+        LoadBalancedFedAvg,
+        lambda: {"balancer": _with_tuner(Static)},
+    ),
+    "lb": ("fedlb: B tuned, τ and η fixed (the default balancer)", LoadBalancedFedAvg, dict),
     "lb-tau": (
         "τ tuned per silo, B fixed (Orchestra/FedCompass family)",
-        lambda: {"tuner": Proportional(), "tune": "steps"},
+        StepsTunedFedAvg,
+        lambda: {"balancer": _with_tuner(Proportional)},
     ),
-    "lb-lr": (
-        "B tuned and η scaled with B",
-        lambda: {"tuner": Proportional(), "scale_lr_with_batch": True},
+    "lb-lr": ("B tuned and η scaled with B", ScaledLrFedAvg, dict),
+    "deadband": (
+        "dynamic-batching controller on B",
+        LoadBalancedFedAvg,
+        lambda: {"balancer": _with_tuner(Deadband)},
     ),
-    "deadband": ("dynamic-batching controller on B", lambda: {"tuner": Deadband()}),
     "quorum": (
         "aggregate the fastest ⌈n/2⌉ updates, drop the rest",
-        lambda: {"tuner": Static(), "quorum": 0.5},
+        QuorumFedAvg,
+        lambda: {"balancer": _with_tuner(Static), "quorum": 0.5},
     ),
 }
 
@@ -280,21 +295,27 @@ def run_policy(
     from flwr.simulation import run_simulation
 
     from fedlb.flower import (
-        LoadBalancedFedAvg,
         RoundReporter,
+        balance_mod,
         evaluate_reply,
         federation_data,
         model_for,
         train_reply,
     )
+    from fedlb.flower.protocol import LEARNING_RATE
     from fedlb.training import evaluate, tensor_dataset
 
     config = scenario.run_config(str(out_dir))
     profiles = scenario.profiles()
     clock_name = scenario.clock
     result = PolicyResult(policy)
-    strategy_args = POLICIES[policy][1]()
-    mods = []
+    _, strategy_class, extra = POLICIES[policy]
+    strategy_args = extra()
+
+    def silo_clock(context: Context) -> EmulatedClock:
+        return EmulatedClock(clock_name, profiles[int(context.node_config["partition-id"])])
+
+    mods = [balance_mod(silo_clock)]
     if scenario.he:
         from fedlb.flower import EncryptedAggregation, he_mod
         from fedlb.he import generate_keys, public_context
@@ -317,10 +338,9 @@ def run_policy(
             return MetricRecord({"accuracy": accuracy, "loss": loss})
 
         reporter = RoundReporter(out_dir)
-        strategy = LoadBalancedFedAvg(
+        strategy = strategy_class(
             batch_size=config.batch_size,
             local_steps=config.local_steps,
-            learning_rate=config.learning_rate,
             expected_silos=config.num_silos,
             evaluate_every=1,
             evaluate_with_train=True,
@@ -337,7 +357,7 @@ def run_policy(
             initial_arrays=ArrayRecord(model.state_dict()),
             num_rounds=config.num_rounds,
             timeout=3600,
-            train_config=ConfigRecord(),
+            train_config=ConfigRecord({LEARNING_RATE: config.learning_rate}),
             # under HE the server cannot read the model: federated evaluation only
             evaluate_fn=None if scenario.he else server_evaluate,
         )
@@ -347,8 +367,7 @@ def run_policy(
 
     @client.train()
     def _train(msg: Message, context: Context) -> Message:
-        silo = int(context.node_config["partition-id"])
-        return train_reply(msg, context, config, EmulatedClock(clock_name, profiles[silo]))
+        return train_reply(msg, context, config)
 
     @client.evaluate()
     def _evaluate(msg: Message, context: Context) -> Message:

@@ -1,8 +1,9 @@
 """fedlb.flower: the Flower adapters.
 
 - `LoadBalancedFedAvg`: the strategy (server side), a drop-in for Flower's FedAvg.
-- `LocalRound`: makes somebody's own ClientApp training balanced (docs/flower.md).
-- `train_reply` / `evaluate_reply`: fedlb's silo message handlers.
+- `balance_mod`, `balanced_loader`: make somebody's own ClientApp balanced (docs/flower.md).
+- `train_reply` / `evaluate_reply`: fedlb's silo message handlers, built on the same two.
+- the wire protocol (every key fedlb adds to Flower's messages): `fedlb.flower.protocol`.
 - `RunConfig`: the run's settings; `RoundReporter`, `RoundRecord`: per-round results.
 - `Checkpoint`, `save_checkpoint`, `load_checkpoint`: a run's state after a round, to resume.
 - `PollingGrid`: waits for replies at a short interval instead of Flower's 3 s.
@@ -30,10 +31,11 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         read_toml,
     )
     from .deploy import DeployError, free_port, start_supernode
-    from .dropin import LocalRound
+    from .dropin import BalancedLoader, SiloClock, balance_mod, balanced_loader
     from .grid import PollingGrid
     from .he import (
         EncryptedAggregation,
+        EncryptedModel,
         decrypt_record,
         encrypted_record,
         he_mod,
@@ -49,8 +51,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         records_from_json_lines,
         render_round,
     )
-    from .silo import SiloClock, evaluate_reply, node_settings, train_reply
-    from .strategy import LoadBalancedFedAvg, default_estimator
+    from .silo import evaluate_reply, node_settings, train_reply
+    from .strategy import LoadBalancedFedAvg
     from .task import check_partition, federation_data, model_for
     from .tls import TlsError, TlsFiles, make_certificates, make_silo_key
 
@@ -60,10 +62,12 @@ _EXPORTS = {
     "load_checkpoint": ".checkpoint",
     "save_checkpoint": ".checkpoint",
     "LoadBalancedFedAvg": ".strategy",
-    "LocalRound": ".dropin",
-    "default_estimator": ".strategy",
+    "BalancedLoader": ".dropin",
+    "balance_mod": ".dropin",
+    "balanced_loader": ".dropin",
     "PollingGrid": ".grid",
     "EncryptedAggregation": ".he",
+    "EncryptedModel": ".he",
     "decrypt_record": ".he",
     "encrypted_record": ".he",
     "he_mod": ".he",
@@ -89,7 +93,7 @@ _EXPORTS = {
     "free_port": ".deploy",
     "start_supernode": ".deploy",
     "train_reply": ".silo",
-    "SiloClock": ".silo",
+    "SiloClock": ".dropin",
     "federation_data": ".task",
     "model_for": ".task",
     "TlsError": ".tls",
@@ -104,14 +108,15 @@ __all__ = [
     "DATASETS",
     "MODELS",
     "RUN_SETTING_HELP",
+    "BalancedLoader",
     "Checkpoint",
     "CheckpointError",
     "ConfigError",
     "DeployError",
     "EncryptedAggregation",
+    "EncryptedModel",
     "Federation",
     "LoadBalancedFedAvg",
-    "LocalRound",
     "PollingGrid",
     "RoundRecord",
     "RoundReporter",
@@ -121,10 +126,11 @@ __all__ = [
     "SiloRound",
     "TlsError",
     "TlsFiles",
+    "balance_mod",
+    "balanced_loader",
     "check_partition",
     "dataclass_arguments",
     "decrypt_record",
-    "default_estimator",
     "encrypted_record",
     "evaluate_reply",
     "federation_data",

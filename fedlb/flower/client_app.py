@@ -6,11 +6,13 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from .dropin import balance_mod
 from .he import he_mod
 from .silo import evaluate_reply, train_reply
 
-# The HE mod is a pass-through unless the node config names an `he-context`.
-app = ClientApp(mods=[he_mod()])
+# The HE mod is a pass-through unless the node config names an `he-context`; listed after
+# the balancing mod, its seconds count in the silo's fixed cost.
+app = ClientApp(mods=[balance_mod(), he_mod()])
 
 
 @app.train()

@@ -1,115 +1,281 @@
-"""Load balancing for a ClientApp somebody already has: `LocalRound`.
+"""Load balancing for a ClientApp somebody already has: `balance_mod` and `balanced_loader`.
 
-A standard Flower PyTorch ClientApp builds a DataLoader with a fixed batch size and trains
-some epochs. To be balanced, it must train τ steps at the batch size the server sends and
-report how long the steps took. In the handler:
+A stock Flower PyTorch ClientApp becomes load-balanced with two changed lines; its loop,
+optimizer, learning rate and metrics stay as they are:
 
-    with LocalRound(msg, trainset) as local:              # B, τ, η from the server
-        loss = train(model, local.loader, local.learning_rate)  # the app's own loop
-    metrics = {"train_loss": loss, "num-examples": len(trainset), **local.metrics()}
+    app = ClientApp(mods=[balance_mod()])                  # was: ClientApp()
+    ...
+    trainloader, _ = load_data(partition_id, num_partitions, batch_size)
+    trainloader = balanced_loader(msg, trainloader)        # the one added line
+    train_loss = train_fn(model, trainloader, epochs, lr, device)   # unchanged
 
-`local.loader` yields exactly τ batches of B samples (each epoch a fresh permutation, a
-batch running on into the next epoch when needed). The block's wall time is the compute
-time; what the handler spends between creating the LocalRound and calling metrics()
-outside the block (loading weights, serialising) is its fixed cost.
+`balanced_loader` keeps the loader's dataset, collate_fn, workers and pinning, has a
+`len()` (the original loader's: the app's loop runs the same number of steps every round
+as in round 1), and yields batches of the size the server sent (the loader's own in round
+1), timing them. `balance_mod` reads the server's orders before the handler runs and adds
+what the server needs to the reply's metrics afterwards (fedlb's keys, see
+fedlb.flower.protocol; the app's own metrics pass through untouched). It works beside
+`he_mod()` in either order.
 """
 
 from __future__ import annotations
 
-import itertools
+import contextvars
+import logging
 import math
 import time
-from collections.abc import Iterator, Sized
-from types import TracebackType
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
-from flwr.app import Message
-from torch.utils.data import DataLoader, Dataset
+from flwr.app import Context, Message, MessageType, MetricRecord
+from flwr.clientapp.typing import ClientAppCallable, Mod
+from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
 
-from fedlb.training import ResizableBatchSampler, ResourceProbe
+from fedlb.training import EmulatedSpeed, Pace, ResizableBatchSampler, ResourceProbe
+
+from .protocol import NODE_EMULATED_SPEED, NODE_PARTITION_ID, Orders, SiloReport, sent_config
+
+log = logging.getLogger("fedlb.flower")
 
 
-def _number(config: Any, key: str) -> float:
-    value = config.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(
-            f"the server's train config has no usable {key!r} ({value!r}): is the server "
-            "running fedlb's LoadBalancedFedAvg?"
-        )
-    return float(value)
+class SiloClock(Protocol):
+    """Emulated time for one silo (fedlb.experiments provides them): `pace` slows its steps
+    (measured clock), `fixed_cost` is slept as its fixed cost, `report` says which
+    (compute-s, overhead-s) to report (the model clock's, or the measured ones)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def pace(self, server_round: int) -> Pace | None: ...
+
+    def fixed_cost(self, server_round: int) -> float: ...
+
+    def report(
+        self, server_round: int, batch_size: int, steps: int, compute_s: float, fixed_s: float
+    ) -> tuple[float, float]: ...
+
+
+@dataclass
+class RoundTiming:
+    """What the balanced loaders of one train message drew and how long it took."""
+
+    orders: Orders
+    pace: Pace | None
+    batch_size: int | None = None
+    steps: int = 0
+    compute_s: float = 0.0  # as the silo lived it (padded when emulated)
+    real_compute_s: float = 0.0
+
+
+_CURRENT: contextvars.ContextVar[RoundTiming | None] = contextvars.ContextVar(
+    "fedlb_round_timing", default=None
+)
 
 
 def warm_up_torch() -> None:
     """Pay torch's one-time lazy initialisation (autograd, optimizer step: ~1.5 s in a
-    fresh process here) outside the timed block, on a throwaway parameter."""
+    fresh process here) outside the timed steps, on a throwaway parameter."""
     weight = torch.zeros(1, requires_grad=True)
     optimiser = torch.optim.SGD([weight], lr=0.1)
     (weight * 2).sum().backward()  # type: ignore[no-untyped-call]
     optimiser.step()
 
 
-class LocalRound:
-    """One silo round as the server configured it: batch size, steps, learning rate.
+def _emulated_speed(context: Context) -> float:
+    speed = context.node_config.get(NODE_EMULATED_SPEED, 0.0)
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed >= 0:
+        raise ValueError(f"node config {NODE_EMULATED_SPEED} must be a number >= 0, got {speed!r}")
+    if not math.isfinite(speed):
+        raise ValueError(f"node config {NODE_EMULATED_SPEED} must be finite, got {speed!r}")
+    return float(speed)
 
-    Args:
-        msg: the train message from a LoadBalancedFedAvg server.
-        dataset: the silo's training set (a torch Dataset with len()).
-        seed: seed of the batch order (the round number is added). Default 0.
-        **loader_args: passed to DataLoader (collate_fn, pin_memory...; num_workers > 0
-            prefetches, which is fine here: the size is fixed for the round).
+
+def _partition_id(context: Context) -> int | None:
+    value = context.node_config.get(NODE_PARTITION_ID)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value) if float(value).is_integer() else None
+
+
+def balance_mod(clock: Callable[[Context], SiloClock | None] | None = None) -> Mod:
+    """A Flower mod that makes a ClientApp's training load-balanced with `balanced_loader`.
+
+    For train messages it reads the server's orders, runs the handler, and adds fedlb's
+    report to the reply's MetricRecord: the batch size and steps drawn, the seconds of
+    the steps (compute) and of the rest of the handler (fixed cost), CPU and memory use,
+    and the node config's partition-id as the silo's label. Other messages pass through.
+
+    Emulation (one machine standing in for many, every output names its clock): a node
+    config `emulated-speed` (samples/s) pads each step with sleep to that speed; `clock`
+    (experiments) gives each silo its emulated clock from its Context.
     """
 
-    def __init__(
-        self, msg: Message, dataset: Dataset[Any], seed: int = 0, **loader_args: Any
-    ) -> None:
-        self._created = time.perf_counter()
-        self._probe = ResourceProbe()
-        config = next(iter(msg.content.config_records.values()))
-        self.batch_size = int(_number(config, "batch-size"))
-        self.steps = int(_number(config, "local-steps"))
-        self.learning_rate = _number(config, "learning-rate")
-        self.server_round = int(_number(config, "server-round"))
-        if not isinstance(dataset, Sized) or len(dataset) == 0:
-            raise ValueError("the dataset must have a length > 0")
-        self.sampler = ResizableBatchSampler(
-            dataset, self.batch_size, seed=seed * 1_000_003 + self.server_round
+    def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        if msg.metadata.message_type != MessageType.TRAIN:
+            return call_next(msg, context)
+        started = time.perf_counter()
+        probe = ResourceProbe()
+        orders = Orders.read(sent_config(msg))
+        silo_clock = clock(context) if clock is not None else None
+        speed = _emulated_speed(context)
+        pace = (
+            silo_clock.pace(orders.server_round)
+            if silo_clock is not None
+            else EmulatedSpeed(speed)
+            if speed > 0
+            else None
         )
-        self._loader = DataLoader(dataset, batch_sampler=self.sampler, **loader_args)
-        self.compute_s: float | None = None
-        self._started = self._warm_up_s = 0.0
+        warm_up = time.perf_counter()
+        warm_up_torch()
+        warm_up_s = time.perf_counter() - warm_up  # process start-up: neither cost
+        timing = RoundTiming(orders, pace)
+        token = _CURRENT.set(timing)
+        try:
+            reply = call_next(msg, context)
+        finally:
+            _CURRENT.reset(token)
+        if reply.has_error() or not reply.has_content():
+            return reply
+        if timing.steps == 0 or timing.batch_size is None:
+            log.warning(
+                "the train handler drew no batch from balanced_loader(msg, loader): no "
+                "balancing report is sent (the server uses the update, keeps the sizes)"
+            )
+            return reply
+        compute = timing.compute_s
+        fixed = max(0.0, time.perf_counter() - started - warm_up_s - compute)
+        if silo_clock is not None:
+            cost = silo_clock.fixed_cost(orders.server_round)
+            time.sleep(cost)
+            compute, fixed = silo_clock.report(
+                orders.server_round, timing.batch_size, timing.steps, compute, fixed + cost
+            )
+        if pace is not None and timing.real_compute_s > timing.compute_s * 0.999:
+            log.warning("this silo cannot keep up with its emulated speed (%.0f samples/s)", speed)
+        resources = probe.sample()
+        report = SiloReport(
+            batch_size=timing.batch_size,
+            local_steps=timing.steps,
+            compute_s=compute,
+            overhead_s=fixed,
+            cpu=resources.cpu,
+            mem=resources.mem,
+            partition_id=_partition_id(context),
+            emulated_speed=speed if silo_clock is None else 0.0,
+            model_clock=silo_clock is not None and silo_clock.name == "model",
+        )
+        records = reply.content.metric_records
+        if not records:
+            reply.content["metrics"] = MetricRecord()
+        target = next(iter(reply.content.metric_records.values()))
+        for key, value in report.metrics().items():
+            target[key] = value
+        return reply
+
+    return mod
+
+
+class BalancedLoader:
+    """What `balanced_loader` returns: iterates like the app's DataLoader (same dataset,
+    collate_fn, workers, pinning, same len()), drawing the server's batch size."""
+
+    def __init__(self, loader: DataLoader[Any], timing: RoundTiming) -> None:
+        if isinstance(loader.dataset, IterableDataset):
+            raise TypeError(
+                "balanced_loader needs a map-style dataset (with __getitem__ and __len__): "
+                "an IterableDataset cannot be drawn at a batch size of fedlb's choosing"
+            )
+        own = loader.batch_size
+        if own is None:
+            raise ValueError(
+                "balanced_loader needs a DataLoader built with batch_size=..., not a "
+                "batch_sampler: that batch size is the silo's B0"
+            )
+        self.original = loader
+        self.timing = timing
+        self.batch_size = timing.orders.batch_size or own
+        steps = timing.orders.local_steps
+        self.steps_per_pass = steps if steps is not None else len(loader)
+        if timing.batch_size is None:
+            timing.batch_size = self.batch_size
+        elif timing.batch_size != self.batch_size:
+            raise ValueError("two balanced loaders with different batch sizes in one round")
+        # The order of samples follows torch's RNG as the app's own shuffling would.
+        seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator))
+        self.sampler = ResizableBatchSampler(
+            loader.dataset,  # type: ignore[arg-type]
+            self.batch_size,
+            shuffle=not isinstance(loader.sampler, SequentialSampler),
+            seed=seed,
+        )
+        workers = loader.num_workers
+        self._loader: DataLoader[Any] = DataLoader(
+            loader.dataset,
+            batch_sampler=self.sampler,
+            num_workers=workers,
+            collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory,
+            timeout=loader.timeout,
+            worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context if workers else None,
+            generator=loader.generator,
+            prefetch_factor=loader.prefetch_factor if workers else None,
+            persistent_workers=loader.persistent_workers,
+            pin_memory_device=loader.pin_memory_device,
+        )
+        self._stream: Iterator[Any] | None = None  # kept across passes: one permutation
 
     @property
-    def loader(self) -> Iterator[Any]:
-        """Exactly τ batches of B samples."""
-        return itertools.islice(iter(self._loader), self.steps)
+    def dataset(self) -> Any:
+        return self.original.dataset
 
-    def __enter__(self) -> LocalRound:
-        start = time.perf_counter()
-        warm_up_torch()
-        self._warm_up_s = time.perf_counter() - start  # process start-up: neither cost
-        self._started = time.perf_counter()
-        return self
+    def __len__(self) -> int:
+        return self.steps_per_pass
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self.compute_s = time.perf_counter() - self._started
+    def __iter__(self) -> Iterator[Any]:
+        if self._stream is None:
+            self._stream = iter(self._loader)
+        return self._timed_pass(self._stream)
 
-    def metrics(self) -> dict[str, float | int]:
-        """What the balancer needs, to merge into the reply's MetricRecord."""
-        if self.compute_s is None:
-            raise RuntimeError("metrics() comes after the `with LocalRound(...)` block")
-        handler = time.perf_counter() - self._created
-        resources = self._probe.sample()
-        return {
-            "batch-size": self.batch_size,
-            "local-steps": self.steps,
-            "compute-s": self.compute_s,
-            "overhead-s": max(0.0, handler - self.compute_s - self._warm_up_s),
-            "cpu": resources.cpu,
-            "mem": resources.mem,
-        }
+    def __getattr__(self, name: str) -> Any:  # sampler, num_workers, ...: the app's loader's
+        return getattr(self.original, name)
+
+    def _timed_pass(self, stream: Iterator[Any]) -> Iterator[Any]:
+        """One pass: `steps_per_pass` batches. A step's time runs from asking for its
+        batch to asking for the next (or the end of the pass): loading plus the app's own
+        forward, backward and optimizer step."""
+        timing = self.timing
+        last = time.perf_counter()
+        for _ in range(self.steps_per_pass):
+            batch = next(stream)
+            try:
+                yield batch
+            finally:  # also when the app's loop stops early
+                now = time.perf_counter()
+                elapsed = real = now - last
+                if timing.pace is not None:
+                    target = timing.pace(real, self.batch_size)
+                    if target > real:
+                        time.sleep(target - real)
+                    elapsed = max(real, target)
+                timing.steps += 1
+                timing.compute_s += elapsed
+                timing.real_compute_s += real
+                last = time.perf_counter()
+
+
+def balanced_loader(msg: Message, loader: DataLoader[Any]) -> BalancedLoader:
+    """The app's training DataLoader, drawn at the batch size the server sent in `msg`
+    (the loader's own when the server sent none: round 1) for len(loader) steps per pass,
+    and timed for `balance_mod()`, which must be in the ClientApp's mods."""
+    timing = _CURRENT.get()
+    if timing is None:
+        raise RuntimeError(
+            "balanced_loader(msg, loader) needs balance_mod() in the ClientApp's mods: "
+            "app = ClientApp(mods=[balance_mod()])"
+        )
+    if Orders.read(sent_config(msg)) != timing.orders:
+        raise ValueError("balanced_loader got another message than the one being handled")
+    return BalancedLoader(loader, timing)

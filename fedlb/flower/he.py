@@ -20,6 +20,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
+from .protocol import add_he_seconds
+
 # fedlb.he (and TenSEAL, ~0.5 s of imports) is loaded only where a key or a ciphertext is
 # at hand: Flower starts a fresh ClientApp process per message, and a plaintext
 # federation should not pay for it.
@@ -142,9 +144,10 @@ def he_mod(context: ts.Context | None = None) -> Mod:
     config's `he-context`; with neither, messages pass through untouched. A silo with a
     key refuses a plaintext model (it would otherwise send its update in the clear).
 
-    The seconds spent decrypting, encrypting and serialising are added to the reply's
-    `overhead-s` (a fixed per-round cost, so the balancer accounts for it) and reported
-    as `he-s`."""
+    The seconds spent decrypting, encrypting and serialising are a fixed per-round cost of
+    the silo, so the balancer accounts for them: `balance_mod()` listed before this mod
+    times them as part of the handler; listed after it, this mod adds them to its report.
+    They are reported as `fedlb.he-s` either way."""
     # Kept serialised: a simulation ships the ClientApp, mods included, to Ray actors by
     # pickling, and TenSEAL contexts do not pickle. Each process deserialises it once.
     secret_bytes = (
@@ -201,13 +204,32 @@ def he_mod(context: ts.Context | None = None) -> Mod:
         he_s += time.perf_counter() - start
         content = RecordDict({**dict(reply.content.items()), **encrypted_out})
         for metrics in content.metric_records.values():
-            if out_records and "overhead-s" in metrics:
-                metrics["overhead-s"] = float(metrics["overhead-s"]) + he_s  # type: ignore[arg-type]
-            metrics["he-s"] = he_s
+            add_he_seconds(metrics, he_s)
         reply.content = content
         return reply
 
     return mod
+
+
+class EncryptedModel(ArrayRecord):
+    """The global model of a run under HE, as `LoadBalancedFedAvg.start` returns it: CKKS
+    ciphertexts that only a silo's secret key opens. Reading it as plaintext raises
+    instead of giving bytes that look like a model: save it with `save_encrypted(model,
+    path)` and decrypt it at a silo (`fedlb decrypt`, or `decrypt_record`)."""
+
+    def __init__(self, record: ArrayRecord) -> None:
+        read_encrypted(record)  # refuses anything that is not one
+        super().__init__(OrderedDict(record.items()))
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            "the global model is CKKS-encrypted: the server holds no key to read it. Save "
+            "it with fedlb.flower.save_encrypted(result.arrays, path) and decrypt it at a "
+            "silo with `fedlb decrypt --he-context silo.context` (or decrypt_record)"
+        )
+
+    to_torch_state_dict = _refuse
+    to_numpy_ndarrays = _refuse
 
 
 class EncryptedAggregation:

@@ -12,6 +12,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from fedlb.balance import WorkerReport, ideal_round_time
+
+from .protocol import HE_S, TRAIN_LOSS_NAMES, SiloReport, first_number
+
 
 @dataclass
 class SiloRound:
@@ -238,3 +242,90 @@ class RoundReporter:
 def _mean(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else None
+
+
+def round_record(
+    server_round: int,
+    reports: dict[int, WorkerReport],
+    silo_reports: dict[int, SiloReport],
+    app_metrics: dict[int, dict[str, float]],
+    labels: dict[int, str],
+    next_sizes: dict[int, int],
+    sent: dict[int, tuple[int | None, int | None]],
+    wall_s: float,
+    weighted_by_key: str,
+) -> RoundRecord:
+    """A train round's record: every replying silo's sizes and seconds, the slowest busy
+    time, the ideal T* for the speeds measured, E and the idle share.
+
+    `reports` are the balancer's (only reports it accepted), `silo_reports` what each silo
+    said it ran, `app_metrics` the app's own numbers per node (train loss, weight)."""
+    busy = {n: r.round_s for n, r in reports.items()}
+    slowest = max(busy.values()) if busy else math.nan
+    ideal = efficiency = idle = math.nan
+    if reports:
+        ideal = ideal_round_time(
+            {str(n): r.speed for n, r in reports.items()},
+            sum(r.batch_size for r in reports.values()),
+            {str(n): r.iterations for n, r in reports.items()},
+            {str(n): r.overhead_s for n, r in reports.items()},
+        )
+        efficiency = ideal / slowest
+        idle = 1.0 - sum(busy.values()) / (len(busy) * slowest)
+    said = list(silo_reports.values())
+    clock = (
+        "model"
+        if any(s.model_clock for s in said)
+        else "measured (emulated speeds)"
+        if any(s.emulated_speed > 0 for s in said)
+        else "measured"
+    )
+    silos = []
+    for node, metrics in sorted(app_metrics.items(), key=lambda kv: labels.get(kv[0], "")):
+        report = reports.get(node)
+        said_by = silo_reports.get(node)
+        loss = first_number(metrics, TRAIN_LOSS_NAMES)
+        silos.append(
+            SiloRound(
+                silo=labels.get(node, f"node-{node}"),
+                node=node,
+                batch_size=said_by.batch_size if said_by else sent.get(node, (0, 0))[0] or 0,
+                local_steps=said_by.local_steps if said_by else sent.get(node, (0, 0))[1] or 0,
+                compute_s=report.compute_s if report else math.nan,
+                fixed_s=report.overhead_s if report else math.nan,
+                round_s=busy.get(node, math.nan),
+                idle_s=slowest - busy[node] if node in busy else math.nan,
+                train_loss=math.nan if loss is None else loss,
+                num_examples=int(metrics.get(weighted_by_key, 0)),
+                emulated_speed=said_by.emulated_speed if said_by else 0.0,
+                next_batch_size=next_sizes.get(node, 0),
+                he_s=metrics.get(HE_S, 0.0),
+            )
+        )
+    return RoundRecord(
+        round=server_round,
+        clock=clock,
+        silos=silos,
+        round_s=_none_if_nan(slowest),
+        ideal_s=_none_if_nan(ideal),
+        efficiency=_none_if_nan(efficiency),
+        idle_fraction=_none_if_nan(idle),
+        wall_s=wall_s,
+    )
+
+
+def balance_line(record: RoundRecord) -> str:
+    """The round in one log line: B per silo (and next), round and ideal time, E, idle."""
+    sizes = ", ".join(
+        f"{s.silo} B={s.batch_size}→{s.next_batch_size} τ={s.local_steps}" for s in record.silos
+    )
+    idle = "–" if record.idle_fraction is None else f"{record.idle_fraction:.0%}"
+    return (
+        f"round {record.round} balance [{record.clock}]: {sizes or 'no reports'}; round "
+        f"{_fmt(record.round_s, 2)} s (ideal {_fmt(record.ideal_s, 2)} s), "
+        f"E = {_fmt(record.efficiency)}, idle {idle}"
+    )
+
+
+def _none_if_nan(value: float) -> float | None:
+    return None if math.isnan(value) else value

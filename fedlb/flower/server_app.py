@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +13,24 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from rich.console import Console
 
-from fedlb.balance import EMA, Deadband, Memoryless, Proportional, SpeedEstimator, Static, Tuner
+from fedlb.balance import (
+    EMA,
+    BatchSizeManager,
+    Deadband,
+    Memoryless,
+    Proportional,
+    SpeedEstimator,
+    Static,
+    Tuner,
+)
 from fedlb.training import evaluate, tensor_dataset
 
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import ConfigError, RunConfig
 from .he import EncryptedAggregation, save_encrypted
+from .protocol import LEARNING_RATE
 from .report import RoundReporter
-from .strategy import LoadBalancedFedAvg, default_estimator
+from .strategy import LoadBalancedFedAvg
 from .task import check_partition, federation_data, model_for
 
 log = logging.getLogger("fedlb.flower")
@@ -36,10 +47,15 @@ def make_tuner(config: RunConfig) -> Tuner:
     return Static()
 
 
-def make_estimator(config: RunConfig) -> type[SpeedEstimator] | Any:
-    return {"ema": EMA, "ema-restart": default_estimator, "memoryless": Memoryless}[
-        config.estimator
-    ]
+def make_estimator(config: RunConfig) -> Callable[[], SpeedEstimator]:
+    if config.estimator == "ema-restart":
+        return lambda: EMA(alpha=0.2, restart_threshold=0.25, restart_after=2)
+    return {"ema": EMA, "memoryless": Memoryless}[config.estimator]
+
+
+def make_balancer(config: RunConfig) -> Callable[[Mapping[str, int]], BatchSizeManager]:
+    """The run's balancer, from its tuner and estimator settings."""
+    return lambda initial: BatchSizeManager(initial, make_tuner(config), make_estimator(config))
 
 
 def build_strategy(config: RunConfig, reporter: RoundReporter) -> LoadBalancedFedAvg:
@@ -50,9 +66,7 @@ def build_strategy(config: RunConfig, reporter: RoundReporter) -> LoadBalancedFe
         he=EncryptedAggregation.from_file(config.he_context) if config.he_context else None,
         batch_size=config.batch_size,
         local_steps=config.local_steps,
-        learning_rate=config.learning_rate,
-        tuner=make_tuner(config),
-        estimator=make_estimator(config),
+        balancer=make_balancer(config),
         expected_silos=config.num_silos,
         evaluate_every=config.evaluate_every,
         evaluate_with_train=config.evaluate_mode == "with-train",
@@ -151,7 +165,7 @@ def main(grid: Grid, context: Context) -> None:
         initial_arrays=initial,
         num_rounds=config.num_rounds,
         timeout=config.round_timeout,
-        train_config=ConfigRecord(),
+        train_config=ConfigRecord({LEARNING_RATE: config.learning_rate}),
         evaluate_fn=None if strategy.he is not None else server_evaluate,
     )
     if out_dir is not None:

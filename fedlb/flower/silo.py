@@ -8,29 +8,39 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from torch.utils.data import DataLoader
 
-from fedlb.training import (
-    EmulatedSpeed,
-    Pace,
-    ResizableBatchSampler,
-    ResourceProbe,
-    evaluate,
-    tensor_dataset,
-    train_steps,
-)
+from fedlb.training import evaluate, tensor_dataset, train_epoch
 
 from .config import RunConfig
+from .dropin import balanced_loader
+from .protocol import (
+    EVAL_ACC,
+    EVAL_EXAMPLES,
+    EVAL_LOSS,
+    LEARNING_RATE,
+    NODE_EMULATED_SPEED,
+    NODE_PARTITION_ID,
+    TRAIN_LOSS,
+    Orders,
+    sent_config,
+)
 from .task import SiloData, model_for, silo_data, silo_data_from_file
 
 log = logging.getLogger("fedlb.flower")
 
-NODE_KEYS = {"partition-id": int, "num-partitions": int, "emulated-speed": float, "threads": int}
+NODE_KEYS = {
+    NODE_PARTITION_ID: int,
+    "num-partitions": int,
+    NODE_EMULATED_SPEED: float,
+    "threads": int,
+}
 
 
 class SiloConfigError(ValueError):
@@ -89,23 +99,6 @@ def node_settings(node_config: Mapping[str, Any]) -> NodeSettings:
     )
 
 
-class SiloClock(Protocol):
-    """Emulated time for one silo (fedlb.experiments provides them): `pace` slows its steps
-    (measured clock), `fixed_cost` is slept as its fixed cost, `report` says which
-    (compute-s, overhead-s) to report (the model clock's, or the measured ones)."""
-
-    @property
-    def name(self) -> str: ...
-
-    def pace(self, server_round: int) -> Pace | None: ...
-
-    def fixed_cost(self, server_round: int) -> float: ...
-
-    def report(
-        self, server_round: int, batch_size: int, steps: int, compute_s: float, fixed_s: float
-    ) -> tuple[float, float]: ...
-
-
 def _silo(
     context: Context, config: RunConfig | None = None
 ) -> tuple[RunConfig, SiloData, NodeSettings]:
@@ -125,105 +118,39 @@ def _silo(
     return config, data, node
 
 
-def _config_value(msg: Message, key: str, kind: type) -> Any:
-    config = next(iter(msg.content.config_records.values()))
-    if key not in config:
-        raise SiloConfigError(f"the server's message has no {key}")
-    value = config[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise SiloConfigError(f"the server sent {key}={value!r}, not a finite number")
-    if kind is int and not float(value).is_integer():
-        raise SiloConfigError(f"the server sent {key}={value!r}, not a whole number")
-    return kind(value)
+def train_reply(msg: Message, context: Context, config: RunConfig | None = None) -> Message:
+    """Train at the batch size and for the steps the server sent (through
+    `balanced_loader`: `balance_mod()` must be among the ClientApp's mods) with the run's
+    learning rate and momentum; reply with the weights, the dataset size and the loss.
 
-
-def _config_flag(msg: Message, key: str) -> bool:
-    config = next(iter(msg.content.config_records.values()))
-    return config.get(key) is True
-
-
-def train_reply(
-    msg: Message,
-    context: Context,
-    config: RunConfig | None = None,
-    clock: SiloClock | None = None,
-) -> Message:
-    """Train τ steps at the batch size and learning rate the server sent; reply with the
-    weights and the metrics the balancer needs.
-
-    `config` replaces the run config (Flower's simulation passes none); `clock` emulates
-    this silo's speed for experiments (it takes precedence over node-config emulation).
-    """
-    probe = ResourceProbe()
+    `config` replaces the run config (Flower's simulation passes none)."""
     config, data, node = _silo(context, config)
-    speed = node.emulated_speed
-    batch_size = _config_value(msg, "batch-size", int)
-    steps = _config_value(msg, "local-steps", int)
-    lr = _config_value(msg, "learning-rate", float)
-    server_round = _config_value(msg, "server-round", int)
+    sent = sent_config(msg)
+    orders = Orders.read(sent)
+    lr = sent.get(LEARNING_RATE)
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        raise SiloConfigError(f"the server sent {LEARNING_RATE}={lr!r}, not a finite number > 0")
 
-    start = time.perf_counter()
     model = model_for(config, data.train)
     model.load_state_dict(next(iter(msg.content.array_records.values())).to_torch_state_dict())
     evaluation: dict[str, float | int] = {}
-    if _config_flag(msg, "evaluate") and len(data.test):
+    if orders.evaluate_first and len(data.test):
         # The server asks for the incoming global model's evaluation with this update:
-        # a fixed per-round cost of this silo, so it is timed as one.
+        # a fixed per-round cost of this silo (balance_mod times it as one).
         loss, accuracy = evaluate(model, tensor_dataset(data.test.x, data.test.y))
-        evaluation = {"eval-loss": loss, "eval-acc": accuracy, "eval-examples": len(data.test)}
-    fixed = time.perf_counter() - start
+        evaluation = {EVAL_LOSS: loss, EVAL_ACC: accuracy, EVAL_EXAMPLES: len(data.test)}
 
     dataset = tensor_dataset(data.train.x, data.train.y)
     # Each round draws a fresh, reproducible stream of batches.
-    sampler = ResizableBatchSampler(
-        dataset,
-        batch_size,
-        seed=config.seed * 1_000_003 + (node.partition_id or 0) * 1009 + server_round,
+    torch.manual_seed(
+        config.seed * 1_000_003 + (node.partition_id or 0) * 1009 + orders.server_round
     )
-    result = train_steps(
-        model,
-        dataset,
-        sampler,
-        steps,
-        lr,
-        config.momentum,
-        pace=clock.pace(server_round)
-        if clock is not None
-        else (EmulatedSpeed(speed) if speed > 0 else None),
+    loader = balanced_loader(msg, DataLoader(dataset, batch_size=config.batch_size, shuffle=True))
+    train_loss = train_epoch(model, loader, lr, config.momentum)
+    metrics = MetricRecord({"num-examples": len(data.train), TRAIN_LOSS: train_loss, **evaluation})
+    return Message(
+        RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg
     )
-
-    start = time.perf_counter()
-    arrays = ArrayRecord(model.state_dict())
-    fixed += time.perf_counter() - start
-    compute = result.compute_s
-    if clock is not None:
-        time.sleep(clock.fixed_cost(server_round))
-        fixed += clock.fixed_cost(server_round)
-        compute, fixed = clock.report(server_round, batch_size, steps, compute, fixed)
-    resources = probe.sample()
-    metrics = MetricRecord(
-        {
-            "num-examples": len(data.train),
-            "batch-size": batch_size,
-            "local-steps": steps,
-            "compute-s": compute,
-            "overhead-s": fixed,
-            "cpu": resources.cpu,
-            "mem": resources.mem,
-            "train-loss": result.loss,
-            **({} if node.partition_id is None else {"partition-id": node.partition_id}),
-            "emulated-speed": speed,
-            **({"model-clock": 1} if clock is not None and clock.name == "model" else {}),
-            **evaluation,
-        }
-    )
-    if speed > 0 and result.real_compute_s > result.compute_s * 0.999:
-        log.warning(
-            "silo %s cannot keep up with its emulated speed %.0f samples/s",
-            node.partition_id,
-            speed,
-        )
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
 
 def evaluate_reply(msg: Message, context: Context, config: RunConfig | None = None) -> Message:
@@ -234,7 +161,5 @@ def evaluate_reply(msg: Message, context: Context, config: RunConfig | None = No
     model = model_for(config, data.test)
     model.load_state_dict(next(iter(msg.content.array_records.values())).to_torch_state_dict())
     loss, accuracy = evaluate(model, tensor_dataset(data.test.x, data.test.y))
-    metrics = MetricRecord(
-        {"num-examples": len(data.test), "eval-loss": loss, "eval-acc": accuracy}
-    )
+    metrics = MetricRecord({"num-examples": len(data.test), EVAL_LOSS: loss, EVAL_ACC: accuracy})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)

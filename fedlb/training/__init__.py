@@ -1,12 +1,11 @@
 """fedlb.training: torch helpers shared by federated silos and cluster workers."""
 
-from .local import EmulatedSpeed, LocalResult, Pace, evaluate, tensor_dataset, train_steps
+from .local import EmulatedSpeed, Pace, evaluate, tensor_dataset, train_epoch
 from .resources import ResourceProbe, ResourceSample, accelerator_memory
 from .sampler import ResizableBatchSampler
 
 __all__ = [
     "EmulatedSpeed",
-    "LocalResult",
     "Pace",
     "ResizableBatchSampler",
     "ResourceProbe",
@@ -14,5 +13,5 @@ __all__ = [
     "accelerator_memory",
     "evaluate",
     "tensor_dataset",
-    "train_steps",
+    "train_epoch",
 ]

@@ -1,0 +1,162 @@
+"""Which silos take part: waiting for them, leaving out those that missed a round, letting
+them back in, and keeping the balancer's set of workers in step (X re-divided each time)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from flwr.common.logger import log as flwr_log
+from flwr.serverapp import Grid
+
+from fedlb.balance import BatchSizeManager
+
+
+def say(level: int, text: str, *args: object) -> None:
+    """Log through Flower's logger, beside its own round log: what a ServerApp shows and
+    `flwr run --stream` streams, in any app (fedlb's own loggers have no handler there)."""
+    flwr_log(level, "fedlb: " + text, *args)
+
+
+class Membership:
+    """The federation's silos as the strategy sees them.
+
+    Args:
+        expected: silos to wait for before round 1.
+        join_timeout: seconds to wait for them before giving up.
+        rejoin_grace: seconds a silo that missed a round is left out while the SuperLink
+            still lists it (a killed SuperNode stays listed until its heartbeats lapse).
+        sleep: how to wait (tests pass a fake).
+    """
+
+    def __init__(
+        self,
+        expected: int,
+        join_timeout: float,
+        rejoin_grace: float,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.expected = expected
+        self.join_timeout = join_timeout
+        self.rejoin_grace = rejoin_grace
+        self.sleep = sleep
+        self.labels: dict[int, str] = {}
+        self.benched: dict[int, float] = {}  # node -> when it missed a round
+        self.too_slow: set[str] = set()  # silos already told to leave
+        self.events: list[str] = []  # for the next round record
+
+    def label(self, node: int) -> str:
+        return self.labels.get(node, f"node-{node}")
+
+    def name(self, node: int, partition_id: int | None) -> None:
+        """Label a node by its partition id (stable across restarts of its SuperNode)."""
+        if partition_id is not None:
+            self.labels[node] = f"silo-{partition_id}"
+
+    def take_events(self) -> list[str]:
+        events, self.events = self.events, []
+        return events
+
+    def wait_for(self, grid: Grid, count: int) -> list[int]:
+        """The SuperLink's online nodes once at least `count` are, or a RuntimeError after
+        `join_timeout` seconds."""
+        deadline = time.monotonic() + self.join_timeout
+        told = 0.0
+        while len(nodes := sorted(grid.get_node_ids())) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"only {len(nodes)} of {count} silos joined within "
+                    f"{self.join_timeout:.0f} s; start the missing silos or lower the "
+                    "expected number of silos"
+                )
+            if time.monotonic() - told > 10:
+                say(logging.INFO, "waiting for silos: %d of %d joined", len(nodes), count)
+                told = time.monotonic()
+            self.sleep(0.2)
+        return nodes
+
+    def eligible(self, grid: Grid, first: bool) -> list[int]:
+        """Online nodes, less those benched after missing a round; while every online node
+        is benched, waits for one to (re)join or its grace to end."""
+        warned = False
+        while True:
+            online = set(self.wait_for(grid, self.expected if first else 1))
+            now = time.monotonic()
+            for node, since in list(self.benched.items()):
+                if node not in online:
+                    # The SuperLink has let it go; if it comes back (same id with a silo
+                    # key, a new id without) it is a newcomer.
+                    del self.benched[node]
+                elif now - since >= self.rejoin_grace:
+                    del self.benched[node]
+                    self.events.append(
+                        f"{self.label(node)} still connected {now - since:.0f} s after "
+                        "missing a round: tried again with a fair share"
+                    )
+            eligible = sorted(online - set(self.benched))
+            if eligible:
+                return eligible
+            if not warned:
+                say(logging.WARNING, "no silo can take the round: waiting for one to (re)join")
+                warned = True
+            self.sleep(0.5)
+
+    def bench(
+        self, node: int, server_round: int, why: str, manager: BatchSizeManager | None
+    ) -> None:
+        """Leave a silo that missed a round out until it reconnects or the grace passes."""
+        self.benched[node] = time.monotonic()
+        self.events.append(f"{self.label(node)} missed round {server_round} ({why})")
+        if manager is not None and str(node) in manager.sizes and len(manager.workers) > 1:
+            self.note(f"{self.label(node)} left", manager.remove_worker(str(node)))
+
+    def sync(self, manager: BatchSizeManager, nodes: list[int], present: list[int]) -> None:
+        """Remove the workers no longer `present` and add `nodes` the manager does not
+        know (a fair share and a fresh estimator each), X re-divided each time."""
+        gone = [int(w) for w in manager.workers if int(w) not in present]
+        # Remove first, so newcomers get X/n of the silos really there; the last worker
+        # stays until a newcomer is in.
+        for node in gone:
+            if len(manager.workers) > 1:
+                self.note(f"{self.label(node)} left", manager.remove_worker(str(node)))
+        for node in nodes:
+            if str(node) not in manager.sizes:
+                sizes = manager.add_worker(str(node))
+                self.note(
+                    f"{self.label(node)} joined with a fair share B = {sizes[str(node)]} "
+                    "and a fresh speed estimate",
+                    sizes,
+                )
+        for node in gone:
+            if str(node) in manager.sizes:
+                self.note(f"{self.label(node)} left", manager.remove_worker(str(node)))
+
+    def note(self, event: str, sizes: dict[str, int]) -> None:
+        by_label = {self.label(int(w)): b for w, b in sizes.items()}
+        say(logging.INFO, "%s; X = %d re-divided: %s", event, sum(sizes.values()), by_label)
+        self.events.append(event)
+
+    def warn_too_slow(self, manager: BatchSizeManager) -> None:
+        """Say once per silo that it cannot keep up even at the smallest batch size."""
+        for worker in sorted(manager.removal_candidates - self.too_slow):
+            self.events.append(
+                f"{self.label(int(worker))} cannot keep up even at the smallest batch size: "
+                "it holds every round back and should leave the federation"
+            )
+        self.too_slow = manager.removal_candidates
+
+    def state_dict(self) -> dict[str, object]:
+        return {
+            "labels": {str(n): label for n, label in self.labels.items()},
+            "benched": sorted(self.benched),
+            "too_slow": sorted(self.too_slow),
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        labels = state["labels"]
+        assert isinstance(labels, dict)
+        self.labels = {int(n): str(label) for n, label in labels.items()}
+        # Left out before the stop: wait out a fresh grace (the clock restarted).
+        self.benched = {int(n): time.monotonic() for n in state["benched"]}  # type: ignore[attr-defined]
+        self.too_slow = {str(w) for w in state["too_slow"]}  # type: ignore[attr-defined]

@@ -1,0 +1,215 @@
+"""fedlb's wire protocol: every key fedlb adds to Flower's messages, in one place.
+
+The server tells each silo, inside the train message's ConfigRecord (next to the app's own
+keys and Flower's `server-round`), its `Orders`: the batch size to draw, and optionally the
+local steps to run. The silo answers, inside its reply's MetricRecord (next to the app's
+own metrics and the weighting key, `num-examples` by default), a `SiloReport`: what it ran
+and how long the run took. fedlb's keys all start with `fedlb.`, so they never clash with
+an app's own names, and `user_metrics` takes them out again before an app's metric
+aggregation sees the record.
+
+The same module names the metrics of fedlb's own silo app (its learning rate, evaluation
+inside the train reply) and the usual names other apps give accuracy and loss, which the
+server's round records look for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.app import ConfigRecord, Message, MetricRecord
+
+from fedlb.balance import WorkerReport
+
+PREFIX = "fedlb."
+
+# server -> silo, in the train ConfigRecord
+BATCH_SIZE = "fedlb.batch-size"  # absent: the silo draws its own loader's batch size (B0)
+LOCAL_STEPS = "fedlb.local-steps"  # absent: as many steps as the silo's loop runs
+EVALUATE_FIRST = "fedlb.evaluate"  # fedlb's silo app: evaluate the incoming model first
+SERVER_ROUND = "server-round"  # Flower's own key (FedAvg sets it too)
+
+# silo -> server, in the train reply's MetricRecord
+COMPUTE_S = "fedlb.compute-s"  # seconds of the local steps: the part that scales with B
+OVERHEAD_S = "fedlb.overhead-s"  # the rest of the handler: loading, evaluating, encrypting
+CPU = "fedlb.cpu"  # the silo machine's CPU use, 0..1
+MEM = "fedlb.mem"  # and memory use, 0..1
+PARTITION_ID = "fedlb.partition-id"  # the node config's partition-id: a stable silo label
+EMULATED_SPEED = "fedlb.emulated-speed"  # samples/s it emulated (0: real hardware speed)
+MODEL_CLOCK = "fedlb.model-clock"  # 1: the times are the model clock's, not measured
+HE_S = "fedlb.he-s"  # of overhead-s: CKKS decryption, encryption and serialisation
+REPORT_KEYS = (BATCH_SIZE, LOCAL_STEPS, COMPUTE_S, OVERHEAD_S)  # a report needs these
+
+# node config (SuperNode --node-config) keys fedlb reads
+NODE_PARTITION_ID = "partition-id"
+NODE_EMULATED_SPEED = "emulated-speed"
+
+# fedlb's own silo app: its config and metric names (an app's own, not fedlb's protocol)
+LEARNING_RATE = "learning-rate"
+TRAIN_LOSS = "train-loss"
+EVAL_ACC = "eval-acc"
+EVAL_LOSS = "eval-loss"
+EVAL_EXAMPLES = "eval-examples"  # the weight of an evaluation carried in a train reply
+
+# What the server's round records read from any app's metrics, first match wins.
+ACCURACY_NAMES = (EVAL_ACC, "eval_acc", "accuracy", "acc", "eval_accuracy", "val_accuracy")
+LOSS_NAMES = (EVAL_LOSS, "eval_loss", "loss", "val_loss")
+TRAIN_LOSS_NAMES = (TRAIN_LOSS, "train_loss", "loss")
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow fedlb's protocol; the text says what and why."""
+
+
+def _whole(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError(f"{what} must be a number, got {value!r}")
+    if not math.isfinite(value) or not float(value).is_integer() or value < 1:
+        raise ProtocolError(f"{what} must be a whole number >= 1, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Orders:
+    """What the server tells one silo for a train round."""
+
+    server_round: int
+    batch_size: int | None = None  # None: the silo's own loader's batch size
+    local_steps: int | None = None  # None: as many as its loop runs (fixed after round 1)
+    evaluate_first: bool = False
+
+    def into(self, config: ConfigRecord) -> ConfigRecord:
+        """`config` (the app's train config, copied) with the orders added."""
+        out = ConfigRecord(dict(config))
+        out[SERVER_ROUND] = self.server_round
+        if self.batch_size is not None:
+            out[BATCH_SIZE] = self.batch_size
+        if self.local_steps is not None:
+            out[LOCAL_STEPS] = self.local_steps
+        if self.evaluate_first:
+            out[EVALUATE_FIRST] = True
+        return out
+
+    @classmethod
+    def read(cls, config: Mapping[str, Any]) -> Orders:
+        """The orders in a train message's ConfigRecord; ProtocolError if malformed."""
+        server_round = config.get(SERVER_ROUND, 0)
+        batch = config.get(BATCH_SIZE)
+        steps = config.get(LOCAL_STEPS)
+        return cls(
+            server_round=0 if server_round == 0 else _whole(server_round, SERVER_ROUND),
+            batch_size=None if batch is None else _whole(batch, f"the server's {BATCH_SIZE}"),
+            local_steps=None if steps is None else _whole(steps, f"the server's {LOCAL_STEPS}"),
+            evaluate_first=config.get(EVALUATE_FIRST) is True,
+        )
+
+
+@dataclass(frozen=True)
+class SiloReport:
+    """What a silo ran in a train round and what it cost, in its own seconds."""
+
+    batch_size: int
+    local_steps: int
+    compute_s: float
+    overhead_s: float
+    cpu: float | None = None
+    mem: float | None = None
+    partition_id: int | None = None
+    emulated_speed: float = 0.0
+    model_clock: bool = False
+
+    def metrics(self) -> dict[str, int | float]:
+        """The report as MetricRecord entries (fedlb's keys only)."""
+        out: dict[str, int | float] = {
+            BATCH_SIZE: self.batch_size,
+            LOCAL_STEPS: self.local_steps,
+            COMPUTE_S: self.compute_s,
+            OVERHEAD_S: self.overhead_s,
+            EMULATED_SPEED: self.emulated_speed,
+        }
+        for key, value in ((CPU, self.cpu), (MEM, self.mem), (PARTITION_ID, self.partition_id)):
+            if value is not None:
+                out[key] = value
+        if self.model_clock:
+            out[MODEL_CLOCK] = 1
+        return out
+
+    def worker_report(self, worker: str) -> WorkerReport:
+        """The report as the balancer's WorkerReport."""
+        return WorkerReport(
+            worker=worker,
+            batch_size=self.batch_size,
+            iterations=self.local_steps,
+            compute_s=self.compute_s,
+            overhead_s=self.overhead_s,
+            cpu=self.cpu,
+            mem=self.mem,
+        )
+
+
+def sent_config(msg: Message) -> Mapping[str, Any]:
+    """The train message's ConfigRecord (the app's keys and fedlb's orders); {} if none."""
+    records = msg.content.config_records
+    return next(iter(records.values())) if records else {}
+
+
+def numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The record's finite scalar values as floats; anything else is left out."""
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def read_report(metrics: Mapping[str, Any]) -> SiloReport:
+    """The SiloReport in a train reply's metrics; ProtocolError says what is missing or
+    malformed (an app without `balance_mod()`, a corrupt or hostile reply)."""
+    missing = [k for k in REPORT_KEYS if k not in metrics]
+    if missing:
+        raise ProtocolError(
+            f"missing metric(s) {', '.join(missing)} (is balance_mod() in the ClientApp's "
+            "mods, and does its train loop draw from balanced_loader?)"
+        )
+    values = numbers(metrics)
+    bad = [k for k in REPORT_KEYS if k not in values]
+    if bad:
+        raise ProtocolError(
+            "metric(s) not finite numbers: " + ", ".join(f"{k}={metrics[k]!r}" for k in bad)
+        )
+    for key in (BATCH_SIZE, LOCAL_STEPS):
+        if not values[key].is_integer():
+            raise ProtocolError(f"{key} must be a whole number, got {values[key]!r}")
+    partition = values.get(PARTITION_ID)
+    return SiloReport(
+        batch_size=int(values[BATCH_SIZE]),
+        local_steps=int(values[LOCAL_STEPS]),
+        compute_s=values[COMPUTE_S],
+        overhead_s=values[OVERHEAD_S],
+        cpu=values.get(CPU),
+        mem=values.get(MEM),
+        partition_id=None if partition is None or not partition.is_integer() else int(partition),
+        emulated_speed=values.get(EMULATED_SPEED, 0.0),
+        model_clock=values.get(MODEL_CLOCK, 0.0) > 0,
+    )
+
+
+def user_metrics(metrics: MetricRecord) -> MetricRecord:
+    """The record without fedlb's keys: what the app itself reported."""
+    return MetricRecord({k: v for k, v in metrics.items() if not k.startswith(PREFIX)})
+
+
+def add_he_seconds(metrics: MetricRecord, he_s: float) -> None:
+    """Count the seconds an encryption mod spent as the silo's fixed cost (when the
+    balancing mod has already reported, i.e. it runs inside the encryption mod)."""
+    if OVERHEAD_S in metrics:
+        metrics[OVERHEAD_S] = float(metrics[OVERHEAD_S]) + he_s  # type: ignore[arg-type]
+    metrics[HE_S] = float(metrics.get(HE_S, 0.0)) + he_s  # type: ignore[arg-type]
+
+
+def first_number(values: Mapping[str, float], names: tuple[str, ...]) -> float | None:
+    """The first of `names` present in `values` (e.g. an app's accuracy metric)."""
+    return next((values[name] for name in names if name in values), None)

@@ -1,0 +1,117 @@
+"""Checks on what silos send back: an update the global model can take, and a report the
+balancer can trust. A reply that fails is left out with the reason, never crashes a round."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Message, MetricRecord
+
+from fedlb.he import CiphertextError
+
+from .he import EncryptedAggregation
+from .protocol import ProtocolError, SiloReport, numbers, read_report
+
+
+def only_metrics(msg: Message) -> MetricRecord:
+    return next(iter(msg.content.metric_records.values()))
+
+
+class UpdateCheck:
+    """Checks train replies against the round's global model (shapes, dtypes, finite
+    values; under HE the run's key and layout) and keeps the checked ciphertexts."""
+
+    def __init__(self, weighted_by_key: str, he: EncryptedAggregation | None) -> None:
+        self.weighted_by_key = weighted_by_key
+        self.he = he
+        self.global_arrays: ArrayRecord | None = None
+        self._template: dict[str, tuple[tuple[int, ...], str]] = {}
+        self.ciphertexts: dict[int, list[Any]] = {}  # by id(reply)
+
+    def new_round(self, arrays: ArrayRecord) -> None:
+        self.global_arrays = arrays
+        self._template = {k: (tuple(a.shape), str(a.dtype)) for k, a in arrays.items()}
+        self.ciphertexts = {}
+
+    def weight(self, msg: Message) -> float:
+        return numbers(only_metrics(msg))[self.weighted_by_key]
+
+    def problem(self, msg: Message, train: bool = True) -> str | None:
+        """Why a reply cannot be used, or None. Evaluation replies (train=False) need
+        only one MetricRecord with a usable weight."""
+        content = msg.content
+        arrays_expected = 1 if train else len(content.array_records)
+        if len(content.array_records) != arrays_expected or len(content.metric_records) != 1:
+            return (
+                f"expected {'one ArrayRecord and ' if train else ''}one MetricRecord, got "
+                f"{len(content.array_records)} and {len(content.metric_records)}"
+            )
+        metrics = only_metrics(msg)
+        weight = numbers(metrics).get(self.weighted_by_key)
+        if weight is None or weight <= 0:
+            return (
+                f"{self.weighted_by_key} must be a finite number > 0, "
+                f"got {metrics.get(self.weighted_by_key)!r}"
+            )
+        return self._arrays_problem(msg) if train else None
+
+    def _arrays_problem(self, msg: Message) -> str | None:
+        arrays = next(iter(msg.content.array_records.values()))
+        if self.he is not None:
+            assert self.global_arrays is not None
+            try:
+                self.ciphertexts[id(msg)] = self.he.check(arrays, self.global_arrays)
+            except CiphertextError as error:
+                return f"encrypted update rejected: {error}"
+            return None
+        if set(arrays.keys()) != set(self._template):
+            return "its arrays do not have the global model's keys"
+        for key, array in arrays.items():
+            shape, dtype = self._template[key]
+            if tuple(array.shape) != shape or str(array.dtype) != dtype:
+                return (
+                    f"array {key} is {array.dtype}{list(array.shape)}, "
+                    f"expected {dtype}{list(shape)}"
+                )
+            try:
+                values = array.numpy()
+            except Exception as error:  # a corrupt payload must not take the server down
+                return f"array {key} cannot be decoded: {error}"
+            if not np.all(np.isfinite(values)):
+                return f"array {key} holds NaN or infinite values"
+        return None
+
+
+class ReportCheck:
+    """Reads a reply's SiloReport and checks it against what the silo was told and what it
+    said before: its batch size and steps, and its dataset size (a silo whose data changed
+    has its speed measured on other data)."""
+
+    def __init__(self, weighted_by_key: str) -> None:
+        self.weighted_by_key = weighted_by_key
+        self._examples: dict[int, float | None] = {}
+
+    def read(
+        self, node: int, metrics: MetricRecord, sent: tuple[int | None, int | None]
+    ) -> tuple[SiloReport | None, str]:
+        """(the report, "") or (None, why it cannot be used)."""
+        try:
+            report = read_report(metrics)
+        except ProtocolError as error:
+            return None, str(error)
+        examples = numbers(metrics).get(self.weighted_by_key)
+        known = self._examples.setdefault(node, examples)
+        if examples != known:
+            self._examples[node] = examples  # said once; the new size holds from now on
+            return None, (
+                f"{self.weighted_by_key} changed from {known:g} to {examples:g}: its dataset "
+                "is not the one its speed was measured on"
+            )
+        for what, value, expected in (
+            ("batch size", report.batch_size, sent[0]),
+            ("local steps", report.local_steps, sent[1]),
+        ):
+            if expected is not None and value != expected:
+                return None, f"{what} {value} is not the {expected} it was sent"
+        return report, ""

@@ -1,115 +1,255 @@
-"""The drop-in: a standard Flower PyTorch app (written as Flower's template writes it)
-made load-balanced with a strategy swap and three lines in its train handler."""
+"""The drop-in on code fedlb did not write: Flower's quickstart-pytorch and the app
+`flwr new` writes for PyTorch (tests/apps), made load-balanced by three changed lines
+(tests/apps/adopt.py), run as their authors run them: in-process through the apps' own
+ServerApp main and ClientApp, in Flower's simulation (`flwr run`), and deployed on a
+SuperLink with SuperNodes of unequal speed and dataset size."""
 
 from __future__ import annotations
 
-import time
+import contextlib
+import importlib
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from torch import nn
-from torch.utils.data import TensorDataset
+from flwr.app import Context, Message, MetricRecord, RecordDict
 
-from fedlb.flower import LoadBalancedFedAvg, LocalRound
+from fedlb.flower import LoadBalancedFedAvg, balance_mod, balanced_loader, deploy
+from fedlb.flower.protocol import BATCH_SIZE, COMPUTE_S, LOCAL_STEPS, PARTITION_ID
+from tests.apps.adopt import adopt
 from tests.flower_fakes import InProcessGrid
 
-pytestmark = pytest.mark.usefixtures("task_identity")
+SPEEDS = (400.0, 200.0, 100.0)  # samples/s the three silos emulate: 4:2:1
+BALANCE = re.compile(r"fedlb: round (\d+) balance \[([^\]]+)\]: (.*?); round .* E = ([\d.–]+)")
+SIZE = re.compile(r"(silo-\d+) B=(\d+)→(\d+) τ=(\d+)")
 
 
-# ---- the user's app, as in Flower's PyTorch template -----------------------------------
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 3))
-
-    def forward(self, x):
-        return self.fc(x)
-
-
-def load_data(partition_id: int):
-    generator = torch.Generator().manual_seed(partition_id)
-    x = torch.randn(300, 20, generator=generator)
-    y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
-    return TensorDataset(x, y)
-
-
-def train_fn(net, batches, lr, seconds_per_sample):
-    """The app's own training loop (plus a sleep standing in for slower hardware)."""
-    optimiser = torch.optim.SGD(net.parameters(), lr=lr)
-    total = 0.0
-    count = 0
-    for x, y in batches:
-        optimiser.zero_grad()
-        loss = nn.functional.cross_entropy(net(x), y)
-        loss.backward()
-        optimiser.step()
-        time.sleep(seconds_per_sample * len(y))
-        total += loss.item()
-        count += 1
-    return total / count
+@contextlib.contextmanager
+def imported(app: Path) -> Iterator[dict[str, ModuleType]]:
+    """The app's server_app and client_app modules, imported from `app` (and forgotten
+    afterwards: the stock and the adopted copies share their package's name)."""
+    package = next(p.parent.name for p in app.glob("*/server_app.py"))
+    sys.path.insert(0, str(app))
+    try:
+        yield {
+            name: importlib.import_module(f"{package}.{name}")
+            for name in ("server_app", "client_app", "task")
+        }
+    finally:
+        sys.path.remove(str(app))
+        for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+            del sys.modules[name]
 
 
-def train(msg: Message, context: Context) -> Message:
-    model = Net()
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    trainset = load_data(context.node_config["partition-id"])
-    # -- the drop-in: train τ steps at the server's batch size, timed -------------------
-    with LocalRound(msg, trainset) as local:
-        loss = train_fn(
-            model, local.loader, local.learning_rate, context.node_config["seconds-per-sample"]
-        )
-    metrics = {"train_loss": loss, "num-examples": len(trainset), **local.metrics()}
-    # ------------------------------------------------------------------------------------
-    content = RecordDict(
-        {"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord(metrics)}
-    )
-    return Message(content=content, reply_to=msg)
+def app_config(app: Path, **overrides: object) -> dict[str, object]:
+    config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    return {**config, **overrides}
 
 
-def evaluate(msg: Message, context: Context) -> Message:
-    model = Net()
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    data = load_data(100 + context.node_config["partition-id"])
-    with torch.no_grad():
-        accuracy = float((model(data.tensors[0]).argmax(1) == data.tensors[1]).float().mean())
-    metrics = MetricRecord({"num-examples": len(data), "eval-acc": accuracy, "eval-loss": 0.0})
-    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+def balance_lines(log: str) -> dict[int, dict[str, tuple[int, int, int]]]:
+    """round -> silo -> (B, next B, τ), from fedlb's balance lines in a run's log."""
+    rounds: dict[int, dict[str, tuple[int, int, int]]] = {}
+    for match in BALANCE.finditer(log):
+        rounds[int(match.group(1))] = {
+            silo: (int(b), int(after), int(steps))
+            for silo, b, after, steps in SIZE.findall(match.group(3))
+        }
+    return rounds
 
 
-# ---- the test --------------------------------------------------------------------------
-def test_a_standard_flower_app_becomes_load_balanced():
-    # seconds per sample, speeds 4 : 2 : 1; large enough that real compute is noise next to it
-    slow = {100: 0.002, 101: 0.004, 102: 0.008}
+@pytest.mark.parametrize("name", ["quickstart_pytorch", "flwr_new_pytorch"])
+def test_the_change_is_three_lines(tmp_path, name):
+    _, touched = adopt(name, tmp_path)
+    added = [line for line in touched if line.startswith("+")]
+    assert len(added) == 3, touched
+    assert any("LoadBalancedFedAvg(" in line for line in added)
+    assert "+app = ClientApp(mods=[balance_mod()])" in added
+    assert any("balanced_loader(msg, trainloader)" in line for line in added)
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_quickstart_in_process_balances_and_keeps_its_own_loop_metrics_and_log(
+    tmp_path, monkeypatch, caplog
+):
+    """The app's own ServerApp main and ClientApp on an in-process grid: silos of unequal
+    speed (emulated, node config) and unequal dataset size (1:2:3)."""
+    monkeypatch.setenv("FEDLB_APP_PARTITION_WEIGHTS", "1,2,3")
+    monkeypatch.chdir(tmp_path)  # the app saves final_model.pt where it runs
+    app, _ = adopt("quickstart_pytorch", tmp_path)
     nodes = {
-        n: {"partition-id": i, "seconds-per-sample": s} for i, (n, s) in enumerate(slow.items())
+        10 + i: {"partition-id": i, "num-partitions": 3, "emulated-speed": speed}
+        for i, speed in enumerate(SPEEDS)
     }
-    grid = InProcessGrid(nodes, {}, train, evaluate)
-    strategy = LoadBalancedFedAvg(  # instead of FedAvg(...)
-        batch_size=24, local_steps=4, learning_rate=0.1, min_available_nodes=3
-    )
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=ArrayRecord(Net().state_dict()),
-        num_rounds=3,
-        timeout=30,
-        train_config=ConfigRecord(),
-    )
-    sizes = strategy.current_sizes()
-    assert sum(sizes.values()) == 72
-    assert sizes[100] > sizes[101] > sizes[102]
-    assert sizes[100] / sizes[102] == pytest.approx(4, rel=0.35)
-    assert result.arrays is not None
-    records = strategy.reporter.records
-    assert records[-1].efficiency > 0.8
-    assert all(not r.rejected for r in records)
+    config = app_config(app, **{"num-server-rounds": 4, "fraction-evaluate": 1.0})
+    caplog.set_level("INFO")
+    with imported(app) as modules:
+        grid = InProcessGrid(nodes, config, modules["client_app"].app)
+        torch.manual_seed(0)
+        modules["server_app"].main(grid, Context(1, 0, {}, RecordDict(), config))
+    log = caplog.text
+    # Flower's own round log is there, with the app's metric names
+    assert "[ROUND 4/4]" in log and "Strategy execution finished" in log
+    assert "'train_loss'" in log and "'eval_acc'" in log and "Global evaluation" in log
+    assert "fedlb.batch-size" not in log.split("Final results:")[1]  # the app's metrics only
+    # round 1 ran as the app wrote it: B0 = its loader's 32, τ = len(its loader)
+    rounds = balance_lines(log)
+    first = rounds[1]
+    assert {b for b, _, _ in first.values()} == {32}
+    steps = {silo: s for silo, (_, _, s) in first.items()}
+    assert steps["silo-0"] < steps["silo-1"] < steps["silo-2"]  # datasets of 1:2:3
+    # τ stays each silo's own; B moves toward speed / τ and X = 96 is kept
+    last = rounds[4]
+    assert {silo: s for silo, (_, _, s) in last.items()} == steps
+    assert sum(b for b, _, _ in last.values()) == 96
+    assert last["silo-0"][0] > 3 * last["silo-2"][0]  # 4x the speed, 1/3 the steps
+    # every update was aggregated, weighted by dataset size: the model file is the app's
+    assert (tmp_path / "final_model.pt").exists()
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert all(m.content["config"]["lr"] == 0.1 for m in train)  # the app's own lr
 
 
-def test_local_round_refuses_a_server_that_is_not_load_balanced():
-    msg = Message(
-        RecordDict({"config": ConfigRecord({"server-round": 1})}),
+@pytest.mark.usefixtures("task_identity")
+def test_train_metrics_aggregation_sees_the_apps_metrics_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    app, _ = adopt("flwr_new_pytorch", tmp_path)
+    seen: list[set[str]] = []
+
+    def aggregate(records: list[RecordDict], weight: str) -> MetricRecord:
+        seen.extend(set(r.metric_records["metrics"].keys()) for r in records)
+        return MetricRecord({"n": len(records)})
+
+    nodes = {10 + i: {"partition-id": i, "num-partitions": 3} for i in range(3)}
+    with imported(app) as modules:
+        grid = InProcessGrid(nodes, app_config(app), modules["client_app"].app)
+        strategy = LoadBalancedFedAvg(fraction_train=0.5, train_metrics_aggr_fn=aggregate)
+        result = strategy.start(
+            grid, __import__("flwr").app.ArrayRecord(modules["task"].Net().state_dict()), 2
+        )
+    assert seen and all(keys == {"train_loss", "num-examples"} for keys in seen)
+    # fraction_train = 0.5 of 3 silos: FedAvg's count, max(int(1.5), min_train_nodes = 2)
+    per_round = [len(strategy.reporter.records[k].silos) for k in range(2)]
+    assert per_round == [2, 2]
+    assert result.train_metrics_clientapp[2]["n"] == 2
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_balanced_loader_keeps_the_loader_and_times_the_steps():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.arange(100.0).unsqueeze(1), torch.zeros(100, dtype=torch.long))
+    collated: list[int] = []
+
+    def collate(batch):
+        collated.append(len(batch))
+        return torch.utils.data.default_collate(batch)
+
+    loader = DataLoader(data, batch_size=10, shuffle=True, collate_fn=collate)
+    message = Message(
+        RecordDict({"config": __import__("flwr").app.ConfigRecord({BATCH_SIZE: 7})}),
         dst_node_id=1,
         message_type="train",
     )
-    with pytest.raises(ValueError, match="no usable 'batch-size'"):
-        LocalRound(msg, load_data(0))
+
+    def handler(msg: Message, context: Context) -> Message:
+        balanced = balanced_loader(msg, loader)
+        assert len(balanced) == 10 and balanced.dataset is data
+        seen = [x for _ in range(2) for (x, _) in balanced]  # two passes (epochs)
+        assert [len(x) for x in seen] == [7] * 20
+        return Message(RecordDict({"metrics": MetricRecord({"own": 1})}), reply_to=msg)
+
+    reply = balance_mod()(message, Context(1, 1, {"partition-id": 4}, RecordDict(), {}), handler)
+    metrics = reply.content["metrics"]
+    assert metrics["own"] == 1 and metrics[BATCH_SIZE] == 7 and metrics[LOCAL_STEPS] == 20
+    assert metrics[PARTITION_ID] == 4 and metrics[COMPUTE_S] > 0
+    assert collated == [7] * 20  # the app's own collate_fn drew every batch
+
+
+def test_balanced_loader_without_the_mod_says_what_to_add():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
+    with pytest.raises(RuntimeError, match=r"ClientApp\(mods=\[balance_mod\(\)\]\)"):
+        balanced_loader(Message(RecordDict(), dst_node_id=1, message_type="train"), loader)
+
+
+def _flwr_run(home: Path, app: Path, options: list[str], timeout: float) -> tuple[str, str]:
+    """`flwr run APP --stream`: (its output, the run's final status from `flwr ls`)."""
+    done = subprocess.run(
+        [str(deploy.bin_dir() / "flwr"), "run", str(app), deploy.CONNECTION, "--stream", *options],
+        env=deploy.flower_env(home),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    (home / "flwr-run.log").write_text(output)
+    run_id = re.search(r"run_id `(\d+)`", output)
+    assert run_id is not None, output[-3000:]
+    return output, deploy.run_status(home, run_id.group(1))
+
+
+def test_quickstart_in_flowers_simulation(tmp_path, monkeypatch):
+    """`flwr run` on a simulation SuperLink, silos of dataset sizes 1:2:3: the
+    balancer gives the silo with 3x the steps about a third of the batch."""
+    monkeypatch.setenv("FEDLB_APP_PARTITION_WEIGHTS", "1,2,3")
+    app, _ = adopt("quickstart_pytorch", tmp_path)
+    link = deploy.start_superlink(tmp_path, extra_args=["--simulation"])
+    home = tmp_path / "home-cli"
+    try:
+        deploy.write_connection(home, f"127.0.0.1:{link.port}")
+        output, status = _flwr_run(
+            home,
+            app,
+            [
+                "--federation-config",
+                "num-supernodes=3 client-resources-num-cpus=1",
+                "--run-config",
+                "num-server-rounds=3",
+            ],
+            timeout=400,
+        )
+    finally:
+        link.stop()
+    assert status == "finished:completed", output[-3000:]
+    assert "[ROUND 3/3]" in output and "'eval_acc'" in output and "'train_loss'" in output
+    rounds = balance_lines(output)
+    assert sorted(rounds) == [1, 2, 3]
+    assert rounds[1]["silo-0"][2] * 2 < rounds[1]["silo-2"][2]  # τ from the datasets
+    assert rounds[3]["silo-0"][0] > rounds[3]["silo-2"][0]
+
+
+def test_flwr_new_app_deployed_on_unequal_silos(tmp_path):
+    """A SuperLink and three SuperNodes (emulated 4:2:1 speeds) running the `flwr new`
+    app: its Adam loop, fraction-train 0.5, its own metrics; sizes follow the speeds."""
+    app, _ = adopt("flwr_new_pytorch", tmp_path)
+    home = tmp_path / "home-cli"
+    link = deploy.start_superlink(tmp_path)
+    nodes = []
+    try:
+        deploy.write_connection(home, f"127.0.0.1:{link.port}")
+        for i, speed in enumerate(SPEEDS):
+            config = {"partition-id": i, "num-partitions": 3, "emulated-speed": speed}
+            nodes.append(deploy.start_supernode(tmp_path, f"silo-{i}", f"127.0.0.1:{link.port}", config))
+        output, status = _flwr_run(
+            home, app, ["--run-config", "num-server-rounds=4"], timeout=400
+        )
+    finally:
+        for node in nodes:
+            node.stop()
+        link.stop()
+    assert status == "finished:completed", output[-3000:]
+    assert "[ROUND 4/4]" in output and "'train_loss'" in output
+    rounds = balance_lines(output)
+    assert all(len(silos) == 2 for silos in rounds.values())  # fraction-train 0.5 of 3
+    latest: dict[str, int] = {}
+    for number in sorted(rounds):
+        latest.update({silo: after for silo, (_, after, _) in rounds[number].items()})
+    assert latest["silo-0"] > latest["silo-2"], rounds
+    assert all(m.group(2) == "measured (emulated speeds)" for m in BALANCE.finditer(output))

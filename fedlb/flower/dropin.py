@@ -67,6 +67,18 @@ class RoundTiming:
     steps: int = 0
     compute_s: float = 0.0  # as the silo lived it (padded when emulated)
     real_compute_s: float = 0.0
+    first_step_s: float = 0.0  # the round's first step alone
+
+    def split(self) -> tuple[float, float]:
+        """(compute seconds, seconds of one-off cost). The first step of a round pays
+        one-off costs (a fresh process's first convolution, allocator warm-up) that do
+        not scale with B: its excess over the other steps' mean is fixed cost, not
+        compute, or a silo's speed would be misjudged from every round's start."""
+        if self.steps < 2:
+            return self.compute_s, 0.0
+        others = (self.compute_s - self.first_step_s) / (self.steps - 1)
+        excess = max(0.0, self.first_step_s - others)
+        return self.compute_s - excess, excess
 
 
 _CURRENT: contextvars.ContextVar[RoundTiming | None] = contextvars.ContextVar(
@@ -111,14 +123,24 @@ def balance_mod(clock: Callable[[Context], SiloClock | None] | None = None) -> M
     config `emulated-speed` (samples/s) pads each step with sleep to that speed; `clock`
     (experiments) gives each silo its emulated clock from its Context.
     """
+    return BalanceMod(clock)
 
-    def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+
+class BalanceMod:
+    """The mod `balance_mod()` returns: an instance of an importable class, so that
+    Flower's simulation can ship it to its Ray workers (a closure over this module's
+    context variable would not pickle)."""
+
+    def __init__(self, clock: Callable[[Context], SiloClock | None] | None = None) -> None:
+        self.clock = clock
+
+    def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         if msg.metadata.message_type != MessageType.TRAIN:
             return call_next(msg, context)
         started = time.perf_counter()
         probe = ResourceProbe()
         orders = Orders.read(sent_config(msg))
-        silo_clock = clock(context) if clock is not None else None
+        silo_clock = self.clock(context) if self.clock is not None else None
         speed = _emulated_speed(context)
         pace = (
             silo_clock.pace(orders.server_round)
@@ -144,7 +166,7 @@ def balance_mod(clock: Callable[[Context], SiloClock | None] | None = None) -> M
                 "balancing report is sent (the server uses the update, keeps the sizes)"
             )
             return reply
-        compute = timing.compute_s
+        compute, _ = timing.split()  # the one-off part stays in the handler's rest
         fixed = max(0.0, time.perf_counter() - started - warm_up_s - compute)
         if silo_clock is not None:
             cost = silo_clock.fixed_cost(orders.server_round)
@@ -153,7 +175,7 @@ def balance_mod(clock: Callable[[Context], SiloClock | None] | None = None) -> M
                 orders.server_round, timing.batch_size, timing.steps, compute, fixed + cost
             )
         if pace is not None and timing.real_compute_s > timing.compute_s * 0.999:
-            log.warning("this silo cannot keep up with its emulated speed (%.0f samples/s)", speed)
+            log.warning("this silo cannot keep up with its emulated speed: steps ran unpadded")
         resources = probe.sample()
         report = SiloReport(
             batch_size=timing.batch_size,
@@ -163,18 +185,15 @@ def balance_mod(clock: Callable[[Context], SiloClock | None] | None = None) -> M
             cpu=resources.cpu,
             mem=resources.mem,
             partition_id=_partition_id(context),
-            emulated_speed=speed if silo_clock is None else 0.0,
+            emulated_speed=pace.samples_per_s if isinstance(pace, EmulatedSpeed) else 0.0,
             model_clock=silo_clock is not None and silo_clock.name == "model",
         )
-        records = reply.content.metric_records
-        if not records:
+        if not reply.content.metric_records:
             reply.content["metrics"] = MetricRecord()
         target = next(iter(reply.content.metric_records.values()))
         for key, value in report.metrics().items():
             target[key] = value
         return reply
-
-    return mod
 
 
 class BalancedLoader:
@@ -260,6 +279,8 @@ class BalancedLoader:
                     if target > real:
                         time.sleep(target - real)
                     elapsed = max(real, target)
+                if timing.steps == 0:
+                    timing.first_step_s = elapsed
                 timing.steps += 1
                 timing.compute_s += elapsed
                 timing.real_compute_s += real

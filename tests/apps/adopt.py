@@ -1,0 +1,70 @@
+"""The change that makes a stock Flower PyTorch app load-balanced, applied to a copy of it:
+three changed lines plus imports, as docs/flower.md shows them.
+
+    server_app.py   strategy = FedAvg(...)            ->  LoadBalancedFedAvg(...)
+    client_app.py   app = ClientApp()                 ->  ClientApp(mods=[balance_mod()])
+                    trainloader, _ = load_data(...)   +   trainloader = balanced_loader(msg, trainloader)
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shutil
+from pathlib import Path
+
+APPS = Path(__file__).parent
+IMPORT = re.compile(r"^\s*(from \S+ )?import ")
+
+
+def _replace_once(text: str, old: str, new: str, where: Path) -> str:
+    count = text.count(old)
+    if count != 1:
+        raise AssertionError(f"{where}: expected one {old!r}, found {count}")
+    return text.replace(old, new)
+
+
+def adopt(name: str, destination: Path, balanced: bool = True) -> tuple[Path, list[str]]:
+    """A copy of tests/apps/NAME in destination (made load-balanced unless `balanced` is
+    False); (the app folder, the non-import lines the change touched)."""
+    app = destination / name
+    shutil.copytree(APPS / name, app, ignore=shutil.ignore_patterns("__pycache__"))
+    package = next(p.parent for p in app.glob("*/server_app.py"))
+    if not balanced:
+        return app, []
+    server = package / "server_app.py"
+    client = package / "client_app.py"
+    before = {path: path.read_text() for path in (server, client)}
+    text = _replace_once(
+        before[server],
+        "from flwr.serverapp.strategy import FedAvg\n",
+        "from fedlb.flower import LoadBalancedFedAvg\n",
+        server,
+    )
+    server.write_text(_replace_once(text, "strategy = FedAvg(", "strategy = LoadBalancedFedAvg(", server))
+    text = _replace_once(
+        before[client],
+        "from flwr.clientapp import ClientApp\n",
+        "from flwr.clientapp import ClientApp\n\nfrom fedlb.flower import balance_mod, balanced_loader\n",
+        client,
+    )
+    text = _replace_once(text, "app = ClientApp()", "app = ClientApp(mods=[balance_mod()])", client)
+    loading = re.search(r"^( *)trainloader, _ = load_data\(.*\)\n", text, re.MULTILINE)
+    if loading is None:
+        raise AssertionError(f"{client}: no `trainloader, _ = load_data(...)` line")
+    text = (
+        text[: loading.end()]
+        + f"{loading.group(1)}trainloader = balanced_loader(msg, trainloader)\n"
+        + text[loading.end() :]
+    )
+    client.write_text(text)
+    touched = [
+        line
+        for path, old in before.items()
+        for line in difflib.unified_diff(old.splitlines(), path.read_text().splitlines(), n=0)
+        if line[:1] in "+-"
+        and not line.startswith(("+++", "---"))
+        and line[1:].strip()
+        and not IMPORT.match(line[1:])
+    ]
+    return app, touched

@@ -4,7 +4,16 @@ numpy only; torch is imported lazily when a NARX model trains. Knows nothing of 
 torch.distributed: both the federated strategy and the cluster coordinator drive it.
 """
 
-from .estimators import EMA, Memoryless, NotReadyError, SpeedEstimator
+from .estimators import (
+    EMA,
+    ChangePointMean,
+    Evidence,
+    Memoryless,
+    Moments,
+    NotReadyError,
+    SpeedEstimator,
+    default_estimator,
+)
 from .ideal import (
     balance_efficiency,
     ideal_round_time,
@@ -16,16 +25,29 @@ from .manager import BatchSizeManager
 from .narx import NARX
 from .reports import ReportError, WorkerReport
 from .traces import Trace, competing_load_trace, prediction_rmse
-from .tuners import Deadband, LeaderStraggler, Proportional, Static, Tuner, TuningInput
+from .tuners import (
+    Deadband,
+    LeaderStraggler,
+    PooledProportional,
+    Proportional,
+    Static,
+    Tuner,
+    TuningInput,
+    default_tuner,
+)
 
 __all__ = [
     "EMA",
     "NARX",
     "BatchSizeManager",
+    "ChangePointMean",
     "Deadband",
+    "Evidence",
     "LeaderStraggler",
     "Memoryless",
+    "Moments",
     "NotReadyError",
+    "PooledProportional",
     "Proportional",
     "ReportError",
     "SpeedEstimator",
@@ -36,6 +58,8 @@ __all__ = [
     "WorkerReport",
     "balance_efficiency",
     "competing_load_trace",
+    "default_estimator",
+    "default_tuner",
     "ideal_round_time",
     "ideal_sizes",
     "idle_fraction",

@@ -7,10 +7,10 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .estimators import EMA, SpeedEstimator
+from .estimators import SpeedEstimator, default_estimator
 from .reports import WorkerReport
 from .split import check_feasible, round_to_total, water_fill
-from .tuners import Proportional, Tuner, TuningInput
+from .tuners import Tuner, TuningInput, default_tuner
 
 log = logging.getLogger("fedlb.balance")
 
@@ -22,10 +22,13 @@ class BatchSizeManager:
 
     Args:
         initial: the starting size of every worker (usually B0 each); X is their sum.
-        tuner: how sizes move. Default `Proportional()` (LB-BSP Algorithm 1).
-        estimator: a factory making one speed estimator per worker. Default `EMA`
-            (α = 0.2, the paper's setting for silos).
-        overhead_alpha: EWMA weight of the newest fixed-cost measurement. Default 0.5:
+        tuner: how sizes move. Default `default_tuner()`: `PooledProportional()`, LB-BSP
+            Algorithm 1 on estimates pooled across workers the reports cannot tell apart.
+        estimator: a factory making one speed estimator per worker. Default
+            `default_estimator`: `ChangePointMean()`, the mean since the worker's last
+            significant change. (`Proportional()` with `EMA`, α = 0.2, is the papers'.)
+        overhead_alpha: EWMA weight of the newest fixed-cost measurement, for estimators
+            that do not track fixed costs themselves (`ChangePointMean` does). Default 0.5:
             fixed costs (encryption, upload) are steady, but one stalled upload should not
             swing the split.
 
@@ -40,7 +43,7 @@ class BatchSizeManager:
         self,
         initial: Mapping[str, int],
         tuner: Tuner | None = None,
-        estimator: Callable[[], SpeedEstimator] = EMA,
+        estimator: Callable[[], SpeedEstimator] = default_estimator,
         overhead_alpha: float = 0.5,
     ) -> None:
         if not initial:
@@ -54,11 +57,12 @@ class BatchSizeManager:
             raise ValueError(f"initial batch sizes must be integers >= 1, got {bad}")
         if not 0.0 < overhead_alpha <= 1.0:
             raise ValueError(f"overhead_alpha must be in (0, 1], got {overhead_alpha}")
-        self.tuner = tuner if tuner is not None else Proportional()
+        self.tuner = tuner if tuner is not None else default_tuner()
         self.estimator_factory = estimator
         self.overhead_alpha = overhead_alpha
         self._sizes: dict[str, int] = dict(initial)
         self.total = sum(self._sizes.values())
+        self.tuner.set_population(self.total, len(self._sizes))
         lo, hi = zip(*(self.tuner.bounds(w) for w in self._sizes), strict=True)
         check_feasible(self.total, lo, hi)
         self._given: dict[str, list[int]] = {w: [b] for w, b in self._sizes.items()}
@@ -129,14 +133,17 @@ class BatchSizeManager:
             accepted[report.worker] = report
 
         for name, report in accepted.items():
-            self.estimators[name].update(report)
+            estimator = self.estimators[name]
+            estimator.update(report)
+            own = estimator.overhead()
             previous = self._overheads.get(name)
             a = self.overhead_alpha
-            self._overheads[name] = (
-                report.overhead_s
-                if previous is None
-                else a * report.overhead_s + (1 - a) * previous
-            )
+            if own is not None:
+                self._overheads[name] = own
+            elif previous is None:
+                self._overheads[name] = report.overhead_s
+            else:
+                self._overheads[name] = a * report.overhead_s + (1 - a) * previous
             self._iterations[name] = report.iterations
 
         tuned: dict[str, float] = {}
@@ -160,6 +167,7 @@ class BatchSizeManager:
                 overheads={n: self._overheads[n] for n in tuned},
                 iterations={n: self._iterations[n] for n in tuned},
                 reports={n: accepted[n] for n in tuned},
+                evidence={n: e for n in tuned if (e := self.estimators[n].evidence()) is not None},
             )
             proposal = self.tuner.propose(given)
             self._check_proposal(given, proposal)
@@ -213,9 +221,15 @@ class BatchSizeManager:
         if name in self._sizes:
             raise ValueError(f"worker {name!r} is already present")
         n = len(self._sizes) + 1
+        try:
+            self.tuner.set_population(self.total, n)
+        except ValueError as error:
+            self.tuner.set_population(self.total, n - 1, strict=False)
+            raise ValueError(f"cannot add worker {name!r}: {error}") from error
         lo, hi = self.tuner.bounds(name)
         share = size if size is not None else int(max(lo, min(hi, self.total // n)))
         if self.total - share < lo * (n - 1) or share < lo:
+            self.tuner.set_population(self.total, n - 1, strict=False)
             raise ValueError(
                 f"cannot add worker {name!r}: a total of {self.total} cannot give {n} workers "
                 f"at least {lo} samples each"
@@ -233,6 +247,7 @@ class BatchSizeManager:
         if len(self._sizes) == 1:
             raise ValueError(f"cannot remove {name!r}: it is the last worker")
         rest = {w: b for w, b in self._sizes.items() if w != name}
+        self.tuner.set_population(self.total, len(rest), strict=False)
         self._sizes = self._redivide(rest, self.total)
         del self.estimators[name], self._given[name]
         self._overheads.pop(name, None)
@@ -275,3 +290,4 @@ class BatchSizeManager:
         self._overheads = {w: float(x) for w, x in state["overheads"].items()}
         self._iterations = {w: int(x) for w, x in state["iterations"].items()}
         self.steps = int(state["steps"])
+        self.tuner.set_population(self.total, len(self._sizes), strict=False)

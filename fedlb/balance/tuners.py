@@ -3,6 +3,8 @@
 - `Proportional`: LB-BSP Algorithm 1 made overhead-aware (CPU clusters, federated silos).
 - `LeaderStraggler`: LB-BSP Algorithm 2 on measured times (GPU clusters, non-linear t(B)).
 - `Deadband`: the dynamic-batching proportional controller (Tyagi & Sharma, Section III.C).
+- `PooledProportional` (the default): `Proportional` on estimates pooled across workers
+  whose speeds (and fixed costs) the reports cannot tell apart, with an optional floor.
 
 A tuner sees only the workers that reported this step; the manager keeps the others' sizes.
 """
@@ -14,13 +16,15 @@ import math
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .estimators import Evidence, Moments, overhead_from_log
 from .reports import WorkerReport
 from .split import round_to_total, water_fill
+from .stats import pool_means
 
 log = logging.getLogger("fedlb.balance")
 
@@ -34,6 +38,8 @@ class TuningInput:
     overheads: smoothed fixed seconds per round (o_i).
     iterations: local iterations per round (τ_i; 1 in cluster mode).
     reports: this step's validated reports.
+    evidence: what the estimates rest on, for the workers whose estimator keeps it
+        (`SpeedEstimator.evidence()`); empty by default.
     """
 
     sizes: Mapping[str, int]
@@ -41,6 +47,7 @@ class TuningInput:
     overheads: Mapping[str, float]
     iterations: Mapping[str, int]
     reports: Mapping[str, WorkerReport]
+    evidence: Mapping[str, Evidence] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
@@ -67,6 +74,15 @@ class Tuner(ABC):
     def bounds(self, worker: str) -> tuple[int, float]:
         """(lowest, highest) size this tuner allows the worker."""
         return 1, math.inf
+
+    def set_population(self, total: int, workers: int, strict: bool = True) -> None:
+        """Told by the manager whenever X or the number of workers is set or changes.
+
+        Bounds that depend on them (`PooledProportional(min_share=...)`) raise ValueError
+        here when X cannot be placed; with `strict=False` (a worker left: the run must go
+        on) they loosen instead, with a warning. Default: nothing.
+        """
+        return None
 
     def forget(self, worker: str) -> None:
         """Drop what the tuner remembers of a worker that left."""
@@ -127,9 +143,14 @@ class Proportional(Tuner):
         return self.min_batch, math.inf if self.max_batch is None else self.max_batch
 
     def propose(self, given: TuningInput) -> dict[str, int]:
+        return self._split(given, given.speeds, given.overheads)
+
+    def _split(
+        self, given: TuningInput, speeds: Mapping[str, float], overheads: Mapping[str, float]
+    ) -> dict[str, int]:
         names = given.names
-        rates = [given.speeds[n] / given.iterations[n] for n in names]
-        offsets = [given.overheads[n] for n in names]
+        rates = [speeds[n] / given.iterations[n] for n in names]
+        offsets = [overheads[n] for n in names]
         lo, hi = zip(*(self.bounds(n) for n in names), strict=True)
         level, real = water_fill(rates, offsets, given.total, lo, hi)
         for name, rate, offset in zip(names, rates, offsets, strict=True):
@@ -441,3 +462,154 @@ class Deadband(Tuner):
         }
         self._previous = {n: int(v) for n, v in state["previous"].items()}
         self._ceiling = {n: int(v) for n, v in state["ceiling"].items()}
+
+
+class PooledProportional(Proportional):
+    """`Proportional` on pooled estimates: the default tuner, made for noisy timings.
+
+    Measured times are noisy, so two silos of the same speed never report the same speed,
+    and splitting X by the raw estimates chases that noise round after round. Before
+    splitting, this tuner asks of the estimates what a dead-band asks of the sizes: is the
+    difference real? Workers whose mean log speeds the reports cannot tell apart (a
+    one-way F-test at `significance` against the spread the reports themselves show,
+    pooled over all workers; see `stats.pool_means`) share one speed, their pooled mean;
+    fixed costs are pooled the same way. Equal silos thus get equal sizes, and a worker's
+    share moves away from its peers' only once its difference is significant.
+
+    It needs estimators that keep their evidence (`ChangePointMean`, the default one);
+    for workers whose estimator keeps none it is plain `Proportional`. With no spread yet
+    (every worker's first report) nothing is pooled, and with clean timings (zero spread)
+    only exactly equal speeds are: the first reports size the next round exactly, as in
+    LB-BSP Algorithm 1.
+
+    Args:
+        min_batch, max_batch: as `Proportional`. Defaults 1 and None.
+        min_share: an accuracy guard: every worker gets at least ⌈min_share·X/n⌉ samples
+            (n: the workers present), so no silo's updates rest on a sliver of a batch. X is
+            kept; a min_share that X cannot meet raises ValueError. Default 0.0 (no floor).
+        significance: the test level below which a difference counts as real. Default
+            0.05: equal workers are pooled in ~95% of rounds.
+        deadband: keep the current sizes while the split would shorten the modelled round
+            (on the pooled estimates) by less than this fraction. Default 0.0 (always move:
+            after pooling, what is left to move is estimation, which only sharpens).
+    """
+
+    kind = "pooled-proportional"
+
+    def __init__(
+        self,
+        min_batch: int = 1,
+        max_batch: int | None = None,
+        min_share: float = 0.0,
+        significance: float = 0.16,
+        deadband: float = 0.01,
+    ) -> None:
+        super().__init__(min_batch, max_batch)
+        if not (math.isfinite(min_share) and 0.0 <= min_share <= 1.0):
+            raise ValueError(f"min_share must be in [0, 1], got {min_share}")
+        if not 0.0 < significance < 1.0:
+            raise ValueError(f"significance must be in (0, 1), got {significance}")
+        if not (math.isfinite(deadband) and deadband >= 0.0):
+            raise ValueError(f"deadband must be a finite number >= 0, got {deadband}")
+        self.min_share = min_share
+        self.significance = significance
+        self.deadband = deadband
+        self.floor = min_batch
+        self.groups: dict[str, int] = {}  # the last step's speed groups (0 = slowest)
+
+    def set_population(self, total: int, workers: int, strict: bool = True) -> None:
+        floor = max(self.min_batch, math.ceil(self.min_share * total / workers - 1e-9))
+        if floor * workers > total and not strict and self.min_batch * workers <= total:
+            log.warning(
+                "min_share=%g cannot give each of %d workers %d samples out of X = %d; "
+                "the floor is %d (an equal split) until the number of workers changes",
+                self.min_share,
+                workers,
+                floor,
+                total,
+                total // workers,
+            )
+            floor = max(self.min_batch, total // workers)
+        if floor * workers > total:
+            raise ValueError(
+                f"min_share={self.min_share:g} needs at least {floor} samples for each of "
+                f"{workers} workers ({floor * workers} in all), more than X = {total}; lower "
+                "min_share or min_batch, or raise the total"
+            )
+        if self.max_batch is not None and self.max_batch < floor:
+            raise ValueError(
+                f"min_share={self.min_share:g} needs at least {floor} samples per worker, "
+                f"above max_batch={self.max_batch}"
+            )
+        self.floor = floor
+
+    def bounds(self, worker: str) -> tuple[int, float]:
+        return self.floor, math.inf if self.max_batch is None else self.max_batch
+
+    def propose(self, given: TuningInput) -> dict[str, int]:
+        speeds, overheads = self.pooled(given)
+        proposal = self._split(given, speeds, overheads)
+        if self.deadband > 0 and all(
+            self.bounds(n)[0] <= b <= self.bounds(n)[1] for n, b in given.sizes.items()
+        ):
+            now = _modelled(given, given.sizes, speeds, overheads)
+            then = _modelled(given, proposal, speeds, overheads)
+            if now <= then * (1.0 + self.deadband):
+                return dict(given.sizes)
+        return proposal
+
+    def pooled(self, given: TuningInput) -> tuple[dict[str, float], dict[str, float]]:
+        """(speeds, fixed costs) with workers that cannot be told apart sharing one value."""
+        speeds, overheads = dict(given.speeds), dict(given.overheads)
+        known = [n for n in given.names if n in given.evidence]
+        self.groups = {}
+        if len(known) >= 2:
+            found = [given.evidence[n].speed for n in known]
+            levels, groups = self._pool(found)
+            self.groups = dict(zip(known, groups, strict=True))
+            for name, level in zip(known, levels, strict=True):
+                speeds[name] = math.exp(level)
+            costs = [(n, given.evidence[n].overhead) for n in known]
+            with_cost = [(n, m) for n, m in costs if m is not None]
+            if len(with_cost) >= 2:
+                levels, _ = self._pool([m for _, m in with_cost])
+                for (name, _), level in zip(with_cost, levels, strict=True):
+                    overheads[name] = overhead_from_log(level)
+        return speeds, overheads
+
+    def _pool(self, found: list[Moments]) -> tuple[list[float], list[int]]:
+        dof = sum(m.count - 1 for m in found)
+        variance = math.fsum(m.ss for m in found) / dof if dof > 0 else 0.0
+        return pool_means(
+            [m.mean for m in found],
+            [m.count for m in found],
+            variance,
+            dof,
+            self.significance,
+        )
+
+    def forget(self, worker: str) -> None:
+        super().forget(worker)
+        self.groups.pop(worker, None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "floor": self.floor, "groups": dict(self.groups)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.floor = int(state["floor"])
+        self.groups = {n: int(g) for n, g in state["groups"].items()}
+
+
+def _modelled(
+    given: TuningInput,
+    sizes: Mapping[str, int],
+    speeds: Mapping[str, float],
+    overheads: Mapping[str, float],
+) -> float:
+    return max(overheads[n] + given.iterations[n] * sizes[n] / speeds[n] for n in given.names)
+
+
+def default_tuner() -> Tuner:
+    """The default tuner: `PooledProportional()` with its defaults."""
+    return PooledProportional()

@@ -7,6 +7,9 @@
    (the paper's Table 3), with NARX's RMSE relative to EMA's.
 4. Balance efficiency E after k steps for each tuner at heterogeneity max/min speed 2, 4
    and 8 (model clock, 3% measurement jitter).
+5. The default balancer against the old ones on noisy timings (model clock, lognormal
+   multiplicative noise σ = 0, 0.05, 0.2, 0.4 on compute and fixed costs): mean E from
+   round 4, and rounds to recover after one silo slows 3x.
 
     .venv/bin/python benchmarks/balance.py [--quick] [--json results.json]
 
@@ -36,6 +39,9 @@ from fedlb.balance import (
     Tuner,
     WorkerReport,
     competing_load_trace,
+    default_estimator,
+    default_tuner,
+    ideal_round_time,
     prediction_rmse,
 )
 from fedlb.experiments import LinearTime, TimeModel, run_benchmark, what_if
@@ -87,6 +93,7 @@ def step_cost_ms(
 def controller_costs(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     weights = pretrained_narx_weights()
     configs: dict[str, tuple[Callable[[], Tuner], Callable[[], SpeedEstimator]]] = {
+        "default: ChangePointMean + PooledProportional": (default_tuner, default_estimator),
         "EMA + Proportional": (Proportional, EMA),
         "EMA + Deadband": (Deadband, EMA),
         "EMA + LeaderStraggler": (LeaderStraggler, EMA),
@@ -217,10 +224,11 @@ def rmse_table(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any
 def efficiency_table(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     levels = (2, 4, 8)
     checkpoints = (1, 2, 3, 5, 10, 30)
-    tuners: dict[str, Callable[[], Tuner]] = {
-        "Proportional": Proportional,
-        "Deadband": Deadband,
-        "LeaderStraggler": LeaderStraggler,
+    tuners: dict[str, tuple[Callable[[], Tuner], Callable[[], SpeedEstimator]]] = {
+        "default (PooledProportional + ChangePointMean)": (default_tuner, default_estimator),
+        "Proportional": (Proportional, EMA),
+        "Deadband": (Deadband, EMA),
+        "LeaderStraggler": (LeaderStraggler, EMA),
     }
     seeds = range(2 if quick else 5)
     rows = []
@@ -228,7 +236,7 @@ def efficiency_table(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[st
     for level in levels:
         speeds = np.geomspace(level, 1, 5) * 100  # 5 workers from level·100 down to 100
         models: dict[str, TimeModel] = {f"w{i}": LinearTime(float(v)) for i, v in enumerate(speeds)}
-        for name, make in tuners.items():
+        for name, (make, estimator) in tuners.items():
             per_k: dict[int, list[float]] = {k: [] for k in checkpoints}
             for seed in seeds:
                 history = what_if(
@@ -237,6 +245,7 @@ def efficiency_table(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[st
                     dict.fromkeys(models, 32),
                     iterations=1,
                     rounds=max(checkpoints) + 1,
+                    estimator=estimator,
                     noise=0.03,
                     seed=seed,
                 )
@@ -252,10 +261,130 @@ def efficiency_table(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[st
         "\n\nClock: model. 5 workers with speeds spaced geometrically between 100·level and 100 "
         "samples/s, X = 160 (B0 = 32), 3% Gaussian jitter on measured times, means over "
         f"seeds {list(seeds)}. E = T*/T_round of the sizes in force, on noise-free times. "
+        "The other tuners run with EMA (α = 0.2). "
         "LeaderStraggler moves 5 samples per 5-iteration window by design (Algorithm 2 is "
         "for GPUs, where t(B) is non-linear)."
     )
     return text, {"efficiency": data}
+
+
+# ---- 5. the default on noisy timings ----------------------------------------------------
+
+Balancer = Callable[[dict[str, int]], BatchSizeManager]
+
+BALANCERS: dict[str, Balancer] = {
+    "default (PooledProportional + ChangePointMean)": lambda initial: BatchSizeManager(initial),
+    "old manager default (Proportional + EMA α=0.2)": lambda initial: BatchSizeManager(
+        initial, Proportional(), EMA
+    ),
+    "old Flower default (Proportional + EMA with restarts)": lambda initial: BatchSizeManager(
+        initial, Proportional(), lambda: EMA(alpha=0.2, restart_threshold=0.25, restart_after=2)
+    ),
+}
+NOISE_SPEEDS = {"1:1:1": (100.0, 100.0, 100.0), "1:2:4": (100.0, 200.0, 400.0)}
+NOISE_TAU, NOISE_B0, NOISE_OVERHEAD_S = 10, 32, 0.3
+
+
+def noisy_run(
+    balancer: Balancer,
+    speeds: tuple[float, ...],
+    sigma: float,
+    rounds: int,
+    seed: int,
+    step_at: int | None = None,
+    slowed: int = 0,
+) -> list[float]:
+    """E of every round on the model clock: t_i = o_i + τ·B_i/v_i, the reports' compute and
+    fixed seconds multiplied by exp(N(0, σ²)), E = T*/max_i t_i on the true times. From
+    round `step_at` on, worker `slowed` runs 3x slower."""
+    rng = np.random.default_rng(seed)
+    names = [f"silo{i}" for i in range(len(speeds))]
+    manager = balancer(dict.fromkeys(names, NOISE_B0))
+    overheads = dict.fromkeys(names, NOISE_OVERHEAD_S)
+    ideal: dict[bool, float] = {}
+    efficiency = []
+    for number in range(1, rounds + 1):
+        stepped = step_at is not None and number >= step_at
+        true = {
+            n: v / (3.0 if stepped and i == slowed else 1.0)
+            for i, (n, v) in enumerate(zip(names, speeds, strict=True))
+        }
+        if stepped not in ideal:
+            ideal[stepped] = ideal_round_time(true, manager.total, NOISE_TAU, overheads)
+        sizes = manager.sizes
+        busy = {n: overheads[n] + NOISE_TAU * sizes[n] / true[n] for n in names}
+        efficiency.append(ideal[stepped] / max(busy.values()))
+        noise = np.exp(sigma * rng.standard_normal((len(names), 2)))
+        manager.step(
+            WorkerReport(
+                n,
+                sizes[n],
+                NOISE_TAU,
+                (busy[n] - overheads[n]) * float(noise[i, 0]),
+                overheads[n] * float(noise[i, 1]),
+            )
+            for i, n in enumerate(names)
+        )
+    return efficiency
+
+
+def recovery_rounds(curve: list[float], step_at: int, goal: float = 0.95) -> int | None:
+    """Rounds after the step round until E (mean over seeds) is >= goal again."""
+    for k, e in enumerate(curve[step_at - 1 :]):
+        if e >= goal:
+            return k
+    return None
+
+
+def noisy_table(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    sigmas = (0.0, 0.05, 0.2, 0.4)
+    rounds, seeds = 30, range(2 if quick else 10)
+    step_at, step_rounds, step_seeds = 16, 30, range(4 if quick else 20)
+    short = {name: name.split(" (")[0] for name in BALANCERS}
+    rows = []
+    data: dict[str, Any] = {}
+    for label, speeds in NOISE_SPEEDS.items():
+        slowed = len(speeds) - 1  # the fastest (equal speeds: the last)
+        for sigma in sigmas:
+            row = [label, f"{sigma:g}"]
+            recover = []
+            for name, balancer in BALANCERS.items():
+                steady = [
+                    e
+                    for seed in seeds
+                    for e in noisy_run(balancer, speeds, sigma, rounds, seed)[3:]
+                ]
+                runs = [
+                    noisy_run(balancer, speeds, sigma, step_rounds, 1000 + s, step_at, slowed)
+                    for s in step_seeds
+                ]
+                curve = [float(np.mean(col)) for col in zip(*runs, strict=True)]
+                k = recovery_rounds(curve, step_at)
+                mean_e = statistics.mean(steady)
+                row.append(f"{mean_e:.3f}")
+                recover.append(f"> {step_rounds - step_at}" if k is None else str(k))
+                data[f"{label}@{sigma}/{short[name]}"] = {
+                    "mean_e_from_round_4": mean_e,
+                    "recovery_rounds": k,
+                    "e_after_step": curve[step_at - 1 : step_at + 4],
+                }
+            rows.append(row + recover)
+    headers = ["speeds", "σ"] + [f"E: {short[n]}" for n in BALANCERS]
+    headers += [f"recover: {short[n]}" for n in BALANCERS]
+    text = table(headers, rows)
+    text += (
+        f"\n\nClock: model, lognormal multiplicative noise: every reported compute time and "
+        f"fixed cost is the true one times exp(N(0, σ²)). 3 silos at the speeds shown "
+        f"(x 100 samples/s), τ = {NOISE_TAU}, B0 = {NOISE_B0} (X = {3 * NOISE_B0}), fixed cost "
+        f"{NOISE_OVERHEAD_S} s each. E = T*/max_i t_i on the true (noise-free) times of "
+        f"the sizes chosen, T* = ideal_round_time of the true speeds (uniform sizes on equal "
+        f"silos: E = 1). E: mean over rounds 4-{rounds} and seeds {list(seeds)}. Recover: "
+        f"one silo (the last, the fastest of 1:2:4) runs 3x slower from round {step_at}; "
+        f"rounds after that round until E, averaged over {len(step_seeds)} seeds, is "
+        "≥ 0.95 again (the step round itself is always lost: its sizes were chosen before; "
+        f"> {step_rounds - step_at}: not within the run)."
+    )
+    return text, {"noisy": data}
 
 
 def main() -> None:
@@ -272,6 +401,7 @@ def main() -> None:
             ("NARX cost against a CPU iteration", narx_costs),
             ("Speed prediction RMSE (Table 3)", rmse_table),
             ("Balance efficiency after k steps", efficiency_table),
+            ("The default balancer on noisy timings", noisy_table),
         ],
     )
 

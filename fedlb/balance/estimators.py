@@ -32,16 +32,20 @@ def overhead_from_log(mean: float) -> float:
 
 @dataclass(frozen=True)
 class Moments:
-    """Running statistics of one measured quantity, on the log scale, since its last change.
+    """One measured quantity's estimate on the log scale, since its last change.
 
-    count: measurements averaged (at most the estimator's memory).
-    mean: their mean log value.
-    ss: the sum of squared deviations of the log values about `mean` (spread² · (count − 1)).
+    count: the measurements behind `mean`, as a weight (fewer than were averaged when a
+        trend is extrapolated: its variance is spread²/count).
+    mean: the log value expected next.
+    ss: the sum of squared residuals of the log values (about their mean, or about their
+        trend line when there is one).
+    dof: the degrees of freedom of `ss` (count − 1, or n − 2 with a trend).
     """
 
-    count: int
+    count: float
     mean: float
     ss: float
+    dof: int
 
 
 @dataclass(frozen=True)
@@ -223,29 +227,64 @@ class _LogStream:
     def __init__(self) -> None:
         self.values: list[float] = []
         self.pending: list[float] = []  # consecutive values far out on one side
-        self._moments: Moments | None = None  # of `values`; None after every change
+        # Caches of the window's (mean, ss) and estimate; None after every change.
+        self._moments: tuple[float, float] | None = None
+        self._estimate: Moments | None = None
 
     @property
     def count(self) -> int:
         return len(self.values)
 
-    def moments(self) -> Moments:
+    def _mean_ss(self) -> tuple[float, float]:
         if self._moments is None:
+            self._estimate = None
             n = len(self.values)
             mean = math.fsum(self.values) / n if n else 0.0
-            self._moments = Moments(n, mean, math.fsum((v - mean) ** 2 for v in self.values))
+            self._moments = (mean, math.fsum((v - mean) ** 2 for v in self.values))
         return self._moments
 
+    def estimate(self, trend_p: float) -> Moments:
+        """The level to expect next: the window's mean, or, when the window shows a trend
+        significant at `trend_p` (t-test of the least-squares slope), the trend line one
+        step past the newest value."""
+        if self._moments is not None and self._estimate is not None:
+            return self._estimate
+        self._estimate = self._fit(trend_p)
+        return self._estimate
+
+    def _fit(self, trend_p: float) -> Moments:
+        n = len(self.values)
+        mean, ss = self._mean_ss()
+        if n < 5:
+            return Moments(n, mean, ss, max(n - 1, 0))
+        centre = (n - 1) / 2.0
+        sxx = n * (n * n - 1) / 12.0
+        slope = math.fsum((i - centre) * v for i, v in enumerate(self.values)) / sxx
+        residual = max(0.0, ss - slope * slope * sxx)
+        if slope == 0.0 or (
+            residual > 0.0
+            and abs(slope) <= t_limit(trend_p, n - 2) * math.sqrt(residual / (n - 2) / sxx)
+        ):
+            return Moments(n, mean, ss, n - 1)
+        ahead = n - centre  # the next value's position from the window's centre
+        return Moments(1.0 / (1.0 / n + ahead * ahead / sxx), mean + slope * ahead, residual, n - 2)
+
     def push(
-        self, value: float, memory: int, change_p: float, confirm: int, outlier_p: float
+        self,
+        value: float,
+        memory: int,
+        change_p: float,
+        confirm: int,
+        outlier_p: float,
+        trend_p: float,
     ) -> bool:
         """Take one log value; True when a change was found (the window restarted or cut)."""
         n = len(self.values)
         if n >= 2:
-            m = self.moments()
-            spread = math.sqrt(m.ss / (n - 1) * (1.0 + 1.0 / n))
+            m = self.estimate(trend_p)
+            spread = math.sqrt(m.ss / m.dof * (1.0 + 1.0 / m.count))
             deviation = value - m.mean
-            if abs(deviation) > max(t_limit(change_p, n - 1) * spread, 1e-9):
+            if abs(deviation) > max(t_limit(change_p, m.dof) * spread, 1e-9):
                 if self.pending and (self.pending[-1] > m.mean) != (deviation > 0):
                     self._admit([], memory)  # far out on the other side: not one change
                 self.pending.append(value)
@@ -272,10 +311,10 @@ class _LogStream:
         n = len(values)
         if n < 4:
             return False
-        m = self.moments()
+        mean, total_ss = self._mean_ss()
         limit = t_limit(level / (n - 2), n - 2)
         best, cut, head = 0.0, 0, 0.0
-        rest = m.mean * n
+        rest = mean * n
         for j in range(1, n - 1):  # head values[:j], tail values[j:] (at least 2)
             head += values[j - 1]
             a, b = j, n - j
@@ -284,7 +323,7 @@ class _LogStream:
             if diff <= 1e-9:
                 continue
             # Within-segment squares: the total about the mean less the between part.
-            ss = m.ss - a * (mean_a - m.mean) ** 2 - b * (mean_b - m.mean) ** 2
+            ss = total_ss - a * (mean_a - mean) ** 2 - b * (mean_b - mean) ** 2
             score = diff / math.sqrt(max(ss, 0.0) / (n - 2) * (1.0 / a + 1.0 / b) or 1e-300)
             if score > best:
                 best, cut = score, j
@@ -299,12 +338,12 @@ class _LogStream:
         n = len(values)
         if n < 3:
             return
-        m = self.moments()
-        far = max(values, key=lambda v: abs(v - m.mean))  # the most extreme value
-        deviation = (far - m.mean) * n / (n - 1)  # from the mean of the others
+        mean, ss = self._mean_ss()
+        far = max(values, key=lambda v: abs(v - mean))  # the most extreme value
+        deviation = (far - mean) * n / (n - 1)  # from the mean of the others
         if abs(deviation) <= 1e-9:
             return
-        ss_others = max(0.0, m.ss - (far - m.mean) ** 2 * n / (n - 1))
+        ss_others = max(0.0, ss - (far - mean) ** 2 * n / (n - 1))
         spread = math.sqrt(ss_others / (n - 2) * (1.0 + 1.0 / (n - 1)))
         if abs(deviation) > t_limit(level / n, n - 2) * spread:
             values.remove(far)
@@ -330,14 +369,15 @@ class ChangePointMean(SpeedEstimator):
     `confirm` of them in a row on one side are a change (the mean restarts from them),
     and a lone one is no change (it joins the mean, or is dropped as an outlier when it
     is extreme at the `outlier_p` level: a stalled round). Looking back, a window whose
-    first reports differ from the rest (a slow first round) is cut there. Fixed costs
+    first reports differ from the rest (a slow first round) is cut there, and a window
+    whose reports follow a significant trend (at `trend_p`) predicts the trend line's next
+    value instead of its mean, so a steady drift is followed without lag. Fixed costs
     (`overhead_s`) are tracked the same way, separately (`overhead()`).
 
     With clean timings the spread is zero, so a change is seen at once and confirmed by
     the next report: the sizes follow two rounds after it. With noisy ones, a 3x change
-    against 20% noise is ~5 standard deviations and is confirmed the same way. Drifts too
-    small for the tests are followed by the window: the mean covers the last `memory`
-    reports at most.
+    against 20% noise is ~5 standard deviations and is confirmed the same way. The mean
+    covers the last `memory` reports at most.
 
     Args:
         memory: how many reports the mean covers at most. Default 50.
@@ -347,6 +387,9 @@ class ChangePointMean(SpeedEstimator):
         outlier_p: level of the tests that look back (Bonferroni-corrected over the
             window): drop the most extreme report, cut the window at a shift (at a tenth
             of this level). Default 0.01.
+        trend_p: level of the slope test that switches from the window's mean to its
+            trend line. Default 0.001: a false trend is extrapolated, which costs
+            precision, so it needs strong evidence.
     """
 
     kind = "change-point-mean"
@@ -357,6 +400,7 @@ class ChangePointMean(SpeedEstimator):
         change_p: float = 0.01,
         confirm: int = 2,
         outlier_p: float = 0.01,
+        trend_p: float = 0.001,
     ) -> None:
         super().__init__()
         if isinstance(memory, bool) or not isinstance(memory, int) or memory < 2:
@@ -367,10 +411,13 @@ class ChangePointMean(SpeedEstimator):
             raise ValueError(f"confirm must be an integer >= 1, got {confirm!r}")
         if not 0.0 < outlier_p < 1.0:
             raise ValueError(f"outlier_p must be in (0, 1), got {outlier_p}")
+        if not 0.0 < trend_p < 1.0:
+            raise ValueError(f"trend_p must be in (0, 1), got {trend_p}")
         self.memory = memory
         self.change_p = change_p
         self.confirm = confirm
         self.outlier_p = outlier_p
+        self.trend_p = trend_p
         self.changes = 0
         self._speed = _LogStream()
         self._overhead = _LogStream()
@@ -398,24 +445,24 @@ class ChangePointMean(SpeedEstimator):
         self._overhead.push(overhead, *self._tests)
 
     @property
-    def _tests(self) -> tuple[int, float, int, float]:
-        return self.memory, self.change_p, self.confirm, self.outlier_p
+    def _tests(self) -> tuple[int, float, int, float, float]:
+        return self.memory, self.change_p, self.confirm, self.outlier_p, self.trend_p
 
     def predict(self) -> float:
         if not self.ready:
             raise self._not_ready()
-        return math.exp(self._speed.moments().mean)
+        return math.exp(self._speed.estimate(self.trend_p).mean)
 
     def overhead(self) -> float | None:
         if self._overhead.count == 0:
             return None
-        return overhead_from_log(self._overhead.moments().mean)
+        return overhead_from_log(self._overhead.estimate(self.trend_p).mean)
 
     def evidence(self) -> Evidence | None:
         if not self.ready:
             return None
-        overhead = self._overhead.moments() if self._overhead.count else None
-        return Evidence(self._speed.moments(), overhead)
+        overhead = self._overhead.estimate(self.trend_p) if self._overhead.count else None
+        return Evidence(self._speed.estimate(self.trend_p), overhead)
 
     def state_dict(self) -> dict[str, Any]:
         return {

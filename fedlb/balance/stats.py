@@ -169,7 +169,7 @@ def t_limit(p: float, dof: int) -> float:
 
 def pool_means(
     means: Sequence[float],
-    counts: Sequence[int],
+    counts: Sequence[float],
     variance: float,
     dof: int,
     significance: float,
@@ -216,7 +216,7 @@ def pool_means(
 def _same(
     members: list[int],
     means: Sequence[float],
-    counts: Sequence[int],
+    counts: Sequence[float],
     variance: float,
     dof: int,
     significance: float,
@@ -236,7 +236,7 @@ def _same(
 
 
 def _statistic(
-    members: list[int], means: Sequence[float], counts: Sequence[int], variance: float
+    members: list[int], means: Sequence[float], counts: Sequence[float], variance: float
 ) -> float:
     """Σ n_i (m_i − m̄)² / variance: χ²(k − 1) when the k means are equal."""
     weight = sum(counts[i] for i in members)

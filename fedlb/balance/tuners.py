@@ -470,28 +470,35 @@ class PooledProportional(Proportional):
     Measured times are noisy, so two silos of the same speed never report the same speed,
     and splitting X by the raw estimates chases that noise round after round. Before
     splitting, this tuner asks of the estimates what a dead-band asks of the sizes: is the
-    difference real? Workers whose mean log speeds the reports cannot tell apart (a
-    one-way F-test at `significance` against the spread the reports themselves show,
-    pooled over all workers; see `stats.pool_means`) share one speed, their pooled mean;
-    fixed costs are pooled the same way. Equal silos thus get equal sizes, and a worker's
-    share moves away from its peers' only once its difference is significant.
+    difference real? Workers whose mean log speeds the reports cannot tell apart share one
+    speed, their pooled mean; fixed costs are pooled the same way. The test is a one-way
+    F-test of the sorted means against the spread the reports themselves show (pooled over
+    all workers); a set that fails is split at its largest gap and each side tested again
+    (`stats.pool_means`). Equal silos thus get equal sizes, and a worker's share moves
+    away from its peers' only once its difference is significant.
 
     It needs estimators that keep their evidence (`ChangePointMean`, the default one);
     for workers whose estimator keeps none it is plain `Proportional`. With no spread yet
     (every worker's first report) nothing is pooled, and with clean timings (zero spread)
     only exactly equal speeds are: the first reports size the next round exactly, as in
-    LB-BSP Algorithm 1.
+    LB-BSP Algorithm 1. Fixed costs o_i and per-worker iteration counts τ_i enter the
+    split as in `Proportional` (B_i = (T − o_i)·v_i/τ_i).
 
     Args:
         min_batch, max_batch: as `Proportional`. Defaults 1 and None.
         min_share: an accuracy guard: every worker gets at least ⌈min_share·X/n⌉ samples
-            (n: the workers present), so no silo's updates rest on a sliver of a batch. X is
-            kept; a min_share that X cannot meet raises ValueError. Default 0.0 (no floor).
-        significance: the test level below which a difference counts as real. Default
-            0.05: equal workers are pooled in ~95% of rounds.
-        deadband: keep the current sizes while the split would shorten the modelled round
-            (on the pooled estimates) by less than this fraction. Default 0.0 (always move:
-            after pooling, what is left to move is estimation, which only sharpens).
+            (n: the workers present), so no silo's updates rest on a sliver of the global
+            batch. X is kept; a min_share that X cannot meet raises ValueError (when the
+            manager is built or a worker added; a worker leaving loosens it to X // n with
+            a warning instead, so the run goes on). Default 0.0 (no floor).
+        significance: the level at which a difference between workers counts as real.
+            Default 0.16: about the Akaike break-even for one difference (z² > 2), where
+            a separate estimate starts to pay for its noise. Lower pools more (equal silos
+            closer to exact, near-equal ones biased longer); higher pools less.
+        deadband: keep the current sizes while the new split would shorten the modelled
+            round (on the pooled estimates) by less than this fraction. Default 0.01: the
+            estimates refine by less than that from round to round, so moves below it are
+            mostly sample shuffling (the dynamic-batching paper uses 5% on sizes).
     """
 
     kind = "pooled-proportional"
@@ -578,7 +585,7 @@ class PooledProportional(Proportional):
         return speeds, overheads
 
     def _pool(self, found: list[Moments]) -> tuple[list[float], list[int]]:
-        dof = sum(m.count - 1 for m in found)
+        dof = sum(m.dof for m in found)
         variance = math.fsum(m.ss for m in found) / dof if dof > 0 else 0.0
         return pool_means(
             [m.mean for m in found],

@@ -18,7 +18,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedlb.flower import LoadBalancedFedAvg, balance_mod, balanced_loader, deploy
 from fedlb.flower.protocol import BATCH_SIZE, COMPUTE_S, LOCAL_STEPS, PARTITION_ID
@@ -129,7 +129,10 @@ def test_train_metrics_aggregation_sees_the_apps_metrics_only(tmp_path, monkeypa
         grid = InProcessGrid(nodes, app_config(app), modules["client_app"].app)
         strategy = LoadBalancedFedAvg(fraction_train=0.5, train_metrics_aggr_fn=aggregate)
         result = strategy.start(
-            grid, __import__("flwr").app.ArrayRecord(modules["task"].Net().state_dict()), 2
+            grid,
+            ArrayRecord(modules["task"].Net().state_dict()),
+            num_rounds=2,
+            train_config=ConfigRecord({"lr": 0.01}),
         )
     assert seen and all(keys == {"train_loss", "num-examples"} for keys in seen)
     # fraction_train = 0.5 of 3 silos: FedAvg's count, max(int(1.5), min_train_nodes = 2)
@@ -151,7 +154,7 @@ def test_balanced_loader_keeps_the_loader_and_times_the_steps():
 
     loader = DataLoader(data, batch_size=10, shuffle=True, collate_fn=collate)
     message = Message(
-        RecordDict({"config": __import__("flwr").app.ConfigRecord({BATCH_SIZE: 7})}),
+        RecordDict({"config": ConfigRecord({BATCH_SIZE: 7})}),
         dst_node_id=1,
         message_type="train",
     )
@@ -170,6 +173,7 @@ def test_balanced_loader_keeps_the_loader_and_times_the_steps():
     assert collated == [7] * 20  # the app's own collate_fn drew every batch
 
 
+@pytest.mark.usefixtures("task_identity")
 def test_balanced_loader_without_the_mod_says_what_to_add():
     from torch.utils.data import DataLoader, TensorDataset
 

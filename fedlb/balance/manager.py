@@ -211,42 +211,54 @@ class BatchSizeManager:
         _, real = water_fill([float(sizes[n]) for n in names], [0.0] * len(names), total, lo, hi)
         return dict(zip(names, round_to_total(real, total, list(lo), list(hi)), strict=True))
 
-    def add_worker(self, name: str, size: int | None = None) -> dict[str, int]:
-        """Add a worker between steps. X stays the same and is re-divided.
+    def add_worker(self, name: str, size: int | None = None, grow: bool = False) -> dict[str, int]:
+        """Add a worker between steps.
 
-        The newcomer gets `size` (default a fair share X/n: nothing is known of its speed)
-        and its estimator starts empty; the others share the rest in their current
-        proportions. Returns the new sizes.
+        By default X stays the same and is re-divided: the newcomer gets `size` (default a
+        fair share X/n: nothing is known of its speed) and the others share the rest in
+        their current proportions. With `grow`, the newcomer brings its `size` samples: X
+        grows by it and the others keep theirs (a silo joining with its own batch size).
+        Its estimator starts empty either way. Returns the new sizes.
         """
         if name in self._sizes:
             raise ValueError(f"worker {name!r} is already present")
+        if grow and (size is None or isinstance(size, bool) or size < 1):
+            raise ValueError(f"growing X needs the newcomer's size >= 1, got {size!r}")
         n = len(self._sizes) + 1
+        total = self.total + size if grow and size is not None else self.total
         try:
-            self.tuner.set_population(self.total, n)
+            self.tuner.set_population(total, n)
         except ValueError as error:
             self.tuner.set_population(self.total, n - 1, strict=False)
             raise ValueError(f"cannot add worker {name!r}: {error}") from error
         lo, hi = self.tuner.bounds(name)
-        share = size if size is not None else int(max(lo, min(hi, self.total // n)))
-        if self.total - share < lo * (n - 1) or share < lo:
+        share = size if size is not None else int(max(lo, min(hi, total // n)))
+        if total - share < lo * (n - 1) or share < lo:
             self.tuner.set_population(self.total, n - 1, strict=False)
             raise ValueError(
-                f"cannot add worker {name!r}: a total of {self.total} cannot give {n} workers "
+                f"cannot add worker {name!r}: a total of {total} cannot give {n} workers "
                 f"at least {lo} samples each"
             )
-        others = self._redivide(self._sizes, self.total - share)
+        others = self._redivide(self._sizes, total - share)
+        self.total = total
         self._sizes = {**others, name: share}
         self.estimators[name] = self.estimator_factory()
         self._note_given()
         return self.sizes
 
-    def remove_worker(self, name: str) -> dict[str, int]:
-        """Remove a worker between steps; X is re-divided among the rest. Returns new sizes."""
+    def remove_worker(self, name: str, shrink: int = 0) -> dict[str, int]:
+        """Remove a worker between steps; X, less `shrink` samples (what the worker
+        brought when it joined with `grow`; default 0: X is kept), is re-divided among the
+        rest in their proportions. Returns the new sizes."""
         if name not in self._sizes:
             raise ValueError(f"worker {name!r} is not present")
         if len(self._sizes) == 1:
             raise ValueError(f"cannot remove {name!r}: it is the last worker")
         rest = {w: b for w, b in self._sizes.items() if w != name}
+        total = self.total - shrink
+        if shrink < 0 or total < len(rest):
+            raise ValueError(f"cannot shrink X = {self.total} by {shrink} for {len(rest)} workers")
+        self.total = total
         self.tuner.set_population(self.total, len(rest), strict=False)
         self._sizes = self._redivide(rest, self.total)
         del self.estimators[name], self._given[name]

@@ -44,6 +44,7 @@ class Membership:
         self.labels: dict[int, str] = {}
         self.benched: dict[int, float] = {}  # node -> when it missed a round
         self.too_slow: set[str] = set()  # silos already told to leave
+        self.brought: dict[int, int] = {}  # node -> the B0 it brought to X
         self.events: list[str] = []  # for the next round record
 
     def label(self, node: int) -> str:
@@ -53,6 +54,11 @@ class Membership:
         """Label a node by its partition id (stable across restarts of its SuperNode)."""
         if partition_id is not None:
             self.labels[node] = f"silo-{partition_id}"
+
+    def event(self, text: str) -> None:
+        """Log a membership event now and keep it for the next round record."""
+        say(logging.INFO, "%s", text)
+        self.events.append(text)
 
     def take_events(self) -> list[str]:
         events, self.events = self.events, []
@@ -90,9 +96,9 @@ class Membership:
                     del self.benched[node]
                 elif now - since >= self.rejoin_grace:
                     del self.benched[node]
-                    self.events.append(
+                    self.event(
                         f"{self.label(node)} still connected {now - since:.0f} s after "
-                        "missing a round: tried again with a fair share"
+                        "missing a round: tried again"
                     )
             eligible = sorted(online - set(self.benched))
             if eligible:
@@ -107,40 +113,44 @@ class Membership:
     ) -> None:
         """Leave a silo that missed a round out until it reconnects or the grace passes."""
         self.benched[node] = time.monotonic()
-        self.events.append(f"{self.label(node)} missed round {server_round} ({why})")
-        if manager is not None and str(node) in manager.sizes and len(manager.workers) > 1:
-            self.note(f"{self.label(node)} left", manager.remove_worker(str(node)))
+        self.event(f"{self.label(node)} missed round {server_round} ({why})")
+        if manager is not None:
+            self.leave(manager, node)
 
-    def sync(self, manager: BatchSizeManager, nodes: list[int], present: list[int]) -> None:
-        """Remove the workers no longer `present` and add `nodes` the manager does not
-        know (a fair share and a fresh estimator each), X re-divided each time."""
-        gone = [int(w) for w in manager.workers if int(w) not in present]
-        # Remove first, so newcomers get X/n of the silos really there; the last worker
-        # stays until a newcomer is in.
-        for node in gone:
-            if len(manager.workers) > 1:
-                self.note(f"{self.label(node)} left", manager.remove_worker(str(node)))
-        for node in nodes:
-            if str(node) not in manager.sizes:
-                sizes = manager.add_worker(str(node))
-                self.note(
-                    f"{self.label(node)} joined with a fair share B = {sizes[str(node)]} "
-                    "and a fresh speed estimate",
-                    sizes,
-                )
-        for node in gone:
-            if str(node) in manager.sizes:
-                self.note(f"{self.label(node)} left", manager.remove_worker(str(node)))
+    def leave(self, manager: BatchSizeManager, node: int) -> None:
+        """Remove a silo from the balancer: X loses the B0 it brought, the rest is
+        re-divided in the others' proportions (the last silo stays)."""
+        if str(node) in manager.sizes and len(manager.workers) > 1:
+            sizes = manager.remove_worker(str(node), shrink=self.brought.get(node, 0))
+            self.note(f"{self.label(node)} left", sizes)
+
+    def join(self, manager: BatchSizeManager, node: int, b0: int) -> None:
+        """Add a silo to the balancer with the B0 it brings (X grows by it) and a fresh
+        speed estimate: its first round ran at that size, so it is balanced from its next."""
+        self.brought[node] = b0
+        sizes = manager.add_worker(str(node), size=b0, grow=True)
+        self.note(f"{self.label(node)} joined with its B0 = {b0} and a fresh speed estimate", sizes)
+
+    def sync(self, manager: BatchSizeManager, present: list[int], sampled: list[int]) -> None:
+        """Before a round: remove the silos no longer `present`, and take back sampled
+        silos that left and came back (with their B0: nothing is known of the machine
+        they are on now). Silos never seen join when their first report arrives."""
+        for worker in manager.workers:
+            if int(worker) not in present:
+                self.leave(manager, int(worker))
+        for node in sampled:
+            if str(node) not in manager.sizes and node in self.brought:
+                self.join(manager, node, self.brought[node])
 
     def note(self, event: str, sizes: dict[str, int]) -> None:
         by_label = {self.label(int(w)): b for w, b in sizes.items()}
-        say(logging.INFO, "%s; X = %d re-divided: %s", event, sum(sizes.values()), by_label)
+        say(logging.INFO, "%s; X = %d divided: %s", event, sum(sizes.values()), by_label)
         self.events.append(event)
 
     def warn_too_slow(self, manager: BatchSizeManager) -> None:
         """Say once per silo that it cannot keep up even at the smallest batch size."""
         for worker in sorted(manager.removal_candidates - self.too_slow):
-            self.events.append(
+            self.event(
                 f"{self.label(int(worker))} cannot keep up even at the smallest batch size: "
                 "it holds every round back and should leave the federation"
             )
@@ -151,6 +161,7 @@ class Membership:
             "labels": {str(n): label for n, label in self.labels.items()},
             "benched": sorted(self.benched),
             "too_slow": sorted(self.too_slow),
+            "brought": {str(n): b for n, b in self.brought.items()},
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -160,3 +171,6 @@ class Membership:
         # Left out before the stop: wait out a fresh grace (the clock restarted).
         self.benched = {int(n): time.monotonic() for n in state["benched"]}  # type: ignore[attr-defined]
         self.too_slow = {str(w) for w in state["too_slow"]}  # type: ignore[attr-defined]
+        brought = state["brought"]
+        assert isinstance(brought, dict)
+        self.brought = {int(n): int(b) for n, b in brought.items()}

@@ -211,7 +211,7 @@ class LoadBalancedFedAvg(FedAvg):
     # Hooks the experiment-only variants (fedlb.experiments) override ------------------
     def _orders(self, server_round: int, node: int) -> Orders:
         """What `node` is told to run this round."""
-        size = None if self.manager is None else self.manager.sizes[str(node)]
+        size = None if self.manager is None else self.manager.sizes.get(str(node))
         return Orders(
             server_round=server_round,
             batch_size=size if size is not None else self.batch_size,
@@ -247,7 +247,7 @@ class LoadBalancedFedAvg(FedAvg):
                 return []
             present, nodes = self._sample(self.fraction_train, self.min_train_nodes, grid)
             if self.manager is not None:
-                self.members.sync(self.manager, nodes, present)
+                self.members.sync(self.manager, present, nodes)
             flwr_log(
                 INFO, "configure_train: Sampled %s nodes (out of %s)", len(nodes), len(present)
             )
@@ -286,8 +286,6 @@ class LoadBalancedFedAvg(FedAvg):
             self._publish()
             self._pending = record
             say(INFO, "%s", balance_line(record))
-            for event in record.events:
-                say(INFO, "%s", event)
             if not valid:
                 say(WARNING, "round %d: no usable update; the model stays as it was", server_round)
                 return None, None
@@ -403,6 +401,7 @@ class LoadBalancedFedAvg(FedAvg):
             if not said:
                 return {}
             initial = {str(n): self._initial_load(r) for n, r in sorted(said.items())}
+            self.members.brought.update({int(n): b for n, b in initial.items()})
             self.manager = self.balancer(initial)
             say(
                 INFO,
@@ -413,6 +412,10 @@ class LoadBalancedFedAvg(FedAvg):
                 self.manager.total,
                 {self.members.label(n): r.local_steps for n, r in sorted(said.items())},
             )
+        else:
+            for node, report in sorted(said.items()):
+                if str(node) not in self.manager.sizes:  # its first round: its own B0
+                    self.members.join(self.manager, node, self._initial_load(report))
         sizes = self.manager.step(list(reports.values()))
         rejected += [
             f"{self.members.label(int(w))}: {why}" for w, why in self.manager.last_rejected

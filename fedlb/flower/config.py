@@ -20,8 +20,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-TUNERS = ("proportional", "deadband", "static")
-ESTIMATORS = ("ema", "ema-restart", "memoryless")
+TUNERS = ("pooled", "proportional", "deadband", "static")
+ESTIMATORS = ("change-point", "ema", "ema-restart", "memoryless")
 DATASETS = ("digits", "fashion-mnist", "mnist-5k", "cifar10", "heart-disease", "shakespeare")
 NATURAL_DATASETS = ("heart-disease", "shakespeare")  # datasets whose samples carry a silo
 EVALUATE_MODES = ("with-train", "separate")
@@ -35,8 +35,9 @@ RUN_SETTING_HELP = {
     "batch-size": "B0: every silo's starting batch size.",
     "learning-rate": "η: the same for every silo whatever its B, never tuned.",
     "momentum": "SGD momentum on the silos.",
-    "tuner": "proportional (fedlb), deadband, or static (plain FedAvg).",
-    "estimator": "ema-restart, ema (α=0.2) or memoryless.",
+    "tuner": "pooled (fedlb's default), proportional (Algorithm 1 as is), deadband, or static "
+    "(plain FedAvg).",
+    "estimator": "change-point (fedlb's default), ema-restart, ema (α=0.2) or memoryless.",
     "min-batch": "Smallest B any silo gets.",
     "max-batch": "Largest B any silo gets (0: no limit).",
     "evaluate-every": "Federated evaluation every k rounds and after the last.",
@@ -82,10 +83,12 @@ class RunConfig:
     batch_size: B0, every silo's starting batch size.
     learning_rate: η, the same for every silo whatever its batch size, never tuned.
     momentum: SGD momentum on the silos (0: plain SGD).
-    tuner: 'proportional' (LB-BSP, fedlb's default), 'deadband', or 'static' (plain FedAvg:
-        B stays B0).
-    estimator: 'ema' (α = 0.2), 'ema-restart' (EMA that restarts on a lasting change of
-        speed: the default), or 'memoryless'.
+    tuner: 'pooled' (fedlb's default: LB-BSP Algorithm 1 on speeds pooled across silos the
+        reports cannot tell apart, see docs/balance.md), 'proportional' (Algorithm 1 as is),
+        'deadband', or 'static' (plain FedAvg: B stays B0).
+    estimator: 'change-point' (fedlb's default: the mean speed since the last significant
+        change), 'ema' (α = 0.2), 'ema-restart' (EMA restarting on a lasting change), or
+        'memoryless'.
     min_batch, max_batch: bounds on any silo's B (max_batch 0: none).
     evaluate_every: federated evaluation every k rounds (and always after the last).
     evaluate_mode: 'with-train' (default): silos evaluate the model they receive inside the
@@ -114,8 +117,8 @@ class RunConfig:
     batch_size: int = 32
     learning_rate: float = 0.05
     momentum: float = 0.0
-    tuner: str = "proportional"
-    estimator: str = "ema-restart"
+    tuner: str = "pooled"
+    estimator: str = "change-point"
     min_batch: int = 1
     max_batch: int = 0
     evaluate_every: int = 1

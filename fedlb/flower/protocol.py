@@ -18,11 +18,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import ConfigRecord, Message, MetricRecord
 
-from fedlb.balance import WorkerReport
+if TYPE_CHECKING:  # the silo side never needs the balancer: imported where a server uses it
+    from fedlb.balance import WorkerReport
 
 PREFIX = "fedlb."
 
@@ -139,6 +140,8 @@ class SiloReport:
 
     def worker_report(self, worker: str) -> WorkerReport:
         """The report as the balancer's WorkerReport."""
+        from fedlb.balance import WorkerReport
+
         return WorkerReport(
             worker=worker,
             batch_size=self.batch_size,

@@ -18,10 +18,12 @@ from fedlb.balance import (
     BatchSizeManager,
     Deadband,
     Memoryless,
+    PooledProportional,
     Proportional,
     SpeedEstimator,
     Static,
     Tuner,
+    default_estimator,
 )
 from fedlb.training import evaluate, tensor_dataset
 
@@ -40,6 +42,8 @@ app = ServerApp()
 
 def make_tuner(config: RunConfig) -> Tuner:
     max_batch = config.max_batch or None
+    if config.tuner == "pooled":
+        return PooledProportional(min_batch=config.min_batch, max_batch=max_batch)
     if config.tuner == "proportional":
         return Proportional(min_batch=config.min_batch, max_batch=max_batch)
     if config.tuner == "deadband":
@@ -50,11 +54,14 @@ def make_tuner(config: RunConfig) -> Tuner:
 def make_estimator(config: RunConfig) -> Callable[[], SpeedEstimator]:
     if config.estimator == "ema-restart":
         return lambda: EMA(alpha=0.2, restart_threshold=0.25, restart_after=2)
-    return {"ema": EMA, "memoryless": Memoryless}[config.estimator]
+    return {"change-point": default_estimator, "ema": EMA, "memoryless": Memoryless}[
+        config.estimator
+    ]
 
 
 def make_balancer(config: RunConfig) -> Callable[[Mapping[str, int]], BatchSizeManager]:
-    """The run's balancer, from its tuner and estimator settings."""
+    """The run's balancer, from its tuner and estimator settings (with the defaults,
+    exactly `BatchSizeManager(initial)`: what LoadBalancedFedAvg uses by default)."""
     return lambda initial: BatchSizeManager(initial, make_tuner(config), make_estimator(config))
 
 

@@ -215,7 +215,8 @@ class EncryptedModel(ArrayRecord):
     """The global model of a run under HE, as `LoadBalancedFedAvg.start` returns it: CKKS
     ciphertexts that only a silo's secret key opens. Reading it as plaintext raises
     instead of giving bytes that look like a model: save it with `save_encrypted(model,
-    path)` and decrypt it at a silo (`fedlb decrypt`, or `decrypt_record`)."""
+    path)` and decrypt it at a silo (`fedlb decrypt MODEL --context silo.context`, or
+    `decrypt_record`)."""
 
     def __init__(self, record: ArrayRecord) -> None:
         read_encrypted(record)  # refuses anything that is not one
@@ -224,8 +225,8 @@ class EncryptedModel(ArrayRecord):
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(
             "the global model is CKKS-encrypted: the server holds no key to read it. Save "
-            "it with fedlb.flower.save_encrypted(result.arrays, path) and decrypt it at a "
-            "silo with `fedlb decrypt --he-context silo.context` (or decrypt_record)"
+            "it with fedlb.flower.save_encrypted(result.arrays, Path('model.ckks.npz')) and "
+            "decrypt it at a silo: `fedlb decrypt model.ckks.npz --context silo.context`"
         )
 
     to_torch_state_dict = _refuse

@@ -29,7 +29,7 @@ A seed fixes torch's RNG (so the initial model), the subsample and every loader'
 seed's runs share the initial model and data across policies (paired).
 
     .venv/bin/python benchmarks/accuracy_parity.py [--rounds 10] [--seeds 0 1 2]
-        [--lrs 0.1 0.03] [--per-silo 6000] [--json results.json]
+        [--lrs 0.1 0.03] [--per-silo 6000] [--json results.json] [--from-json results.json]
 
 Prints one markdown table (accuracy at round 3 and at the last round, mean ± sd over
 seeds) and per-seed accuracies.
@@ -58,6 +58,7 @@ from fedlb.balance import Proportional, TuningInput, balance_efficiency
 APP = Path(__file__).resolve().parent.parent / "tests" / "apps" / "quickstart_pytorch"
 POLICIES = ("stock", "uniform", "lb", "lb-f0.5", "lb-f0.75")
 B0 = 32
+COLLAPSED = 0.15  # final accuracy at or below this: stuck at chance (0.10)
 
 
 def load_task(data: str) -> Any:
@@ -86,11 +87,13 @@ def batch_sizes(policy: str, speeds: list[float]) -> list[int]:
     return [sizes[name] for name in names]
 
 
-def efficiency(sizes: list[int], speeds: list[float], tau: int) -> float:
-    """E = T*/max_i τ·B_i/v_i (model clock, no fixed costs), T* over integer splits of X."""
+def efficiency(sizes: list[int], speeds: list[float], taus: list[int]) -> float:
+    """E = T*/max_i τ_i·B_i/v_i (model clock, no fixed costs), T* over integer splits of X."""
     names = [f"silo{i}" for i in range(len(sizes))]
     return balance_efficiency(
-        dict(zip(names, speeds, strict=True)), dict(zip(names, sizes, strict=True)), tau
+        dict(zip(names, speeds, strict=True)),
+        dict(zip(names, sizes, strict=True)),
+        dict(zip(names, taus, strict=True)),
     )
 
 
@@ -128,7 +131,7 @@ def run_one(
         full = task.load_data(i, n, B0)[0].dataset
         keep = torch.randperm(len(full), generator=pick)[:per_silo].tolist()
         silos.append(Subset(full, keep))
-    tau = math.ceil(per_silo / B0)  # len() of the app's loader at B0
+    taus = [math.ceil(len(train) / B0) for train in silos]  # len() of the app's loader at B0
     sizes = batch_sizes(policy, speeds)
     torch.manual_seed(seed)
     arrays = ArrayRecord(task.Net().state_dict())
@@ -145,7 +148,7 @@ def run_one(
             net = task.Net()
             net.load_state_dict(start)
             order = seed * 100_003 + server_round * 101 + i
-            trainloader = loader(policy, train, sizes[i], tau, order)
+            trainloader = loader(policy, train, sizes[i], taus[i], order)
             train_loss = task.train(net, trainloader, 1, lr, device)
             weights = net.state_dict()
             train_losses[-1].append(float(train_loss))
@@ -167,8 +170,8 @@ def run_one(
         "lr": lr,
         "seed": seed,
         "sizes": sizes,
-        "tau": tau,
-        "E": efficiency(sizes, speeds, tau),
+        "tau": taus,
+        "E": efficiency(sizes, speeds, taus),
         "accuracy": accuracy,
         "loss": losses,
         "train_loss": train_losses,
@@ -183,18 +186,53 @@ def mean_sd(values: list[float]) -> str:
 
 
 def table(results: list[dict[str, Any]], rounds: int, early: int) -> str:
+    """One row per (lr, policy): accuracies mean ± sd over seeds, and how many runs
+    collapsed (final accuracy <= COLLAPSED: the model stuck at chance)."""
     lines = [
-        f"| policy | B_i | lr | E | accuracy round {early} | accuracy round {rounds} | seeds |",
-        "|---|---|---|---|---|---|---|",
+        f"| policy | B_i | lr | E | accuracy round {early} | accuracy round {rounds} "
+        f"| collapsed | round {rounds}, runs not collapsed | seeds |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    keys = list(dict.fromkeys((r["lr"], r["policy"]) for r in results))
+    keys = sorted(
+        dict.fromkeys((r["lr"], r["policy"]) for r in results),
+        key=lambda k: (-k[0], POLICIES.index(k[1])),
+    )
     for lr, policy in keys:
         runs = [r for r in results if r["lr"] == lr and r["policy"] == policy]
-        first = runs[0]
+        final = [r["accuracy"][rounds] for r in runs]
+        alive = [a for a in final if a > COLLAPSED]
         lines.append(
-            f"| {policy} | {'/'.join(map(str, first['sizes']))} | {lr:g} | {first['E']:.3f} | "
-            f"{mean_sd([r['accuracy'][early] for r in runs if early in r['accuracy']])} | "
-            f"{mean_sd([r['accuracy'][rounds] for r in runs])} | {len(runs)} |"
+            f"| {policy} | {'/'.join(map(str, runs[0]['sizes']))} | {lr:g} | {runs[0]['E']:.3f} | "
+            f"{mean_sd([r['accuracy'][early] for r in runs])} | {mean_sd(final)} | "
+            f"{len(final) - len(alive)}/{len(final)} | {mean_sd(alive)} | {len(runs)} |"
+        )
+    return "\n".join(lines)
+
+
+def silo_table(results: list[dict[str, Any]]) -> str:
+    """Per silo (slowest first), the size of its local update ||w_i - w_global||: typical
+    (median over rounds) and largest in the run, each the median over seeds."""
+    lines = [
+        "| policy | lr | update norm per silo, median round | largest update norm per silo |",
+        "|---|---|---|---|",
+    ]
+    keys = sorted(
+        dict.fromkeys((r["lr"], r["policy"]) for r in results),
+        key=lambda k: (-k[0], POLICIES.index(k[1])),
+    )
+    for lr, policy in keys:
+        runs = [r for r in results if r["lr"] == lr and r["policy"] == policy]
+        silos = range(len(runs[0]["sizes"]))
+        typical = [
+            statistics.median(statistics.median(row[i] for row in r["drift"]) for r in runs)
+            for i in silos
+        ]
+        largest = [
+            statistics.median(max(row[i] for row in r["drift"]) for r in runs) for i in silos
+        ]
+        lines.append(
+            f"| {policy} | {lr:g} | {' / '.join(f'{x:.1f}' for x in typical)} | "
+            f"{' / '.join(f'{x:.1f}' for x in largest)} |"
         )
     return "\n".join(lines)
 
@@ -212,7 +250,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=1, help="score the model every k rounds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--json", type=Path, help="write every run's results here")
+    parser.add_argument(
+        "--from-json", type=Path, help="print the table of an earlier --json file, run nothing"
+    )
     args = parser.parse_args(argv)
+    if args.from_json:
+        done = json.loads(args.from_json.read_text())
+        for run in done:  # JSON keys are strings
+            run["accuracy"] = {int(k): v for k, v in run["accuracy"].items()}
+        last = max(max(run["accuracy"]) for run in done)
+        print(table(done, last, args.early))
+        print()
+        print(silo_table(done))
+        return
 
     torch.set_num_threads(args.threads)
     logging.getLogger("fedlb.balance").setLevel(logging.ERROR)  # the floors' removal warnings
@@ -228,8 +278,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     results = []
     started = time.perf_counter()
-    for lr in args.lrs:
-        for seed in args.seeds:
+    for seed in args.seeds:
+        for lr in args.lrs:
             for policy in args.policies:
                 t0 = time.perf_counter()
                 result = run_one(
@@ -246,7 +296,11 @@ def main(argv: list[str] | None = None) -> None:
                 if args.json:
                     args.json.write_text(json.dumps(results, indent=1))
     print(f"\n{len(results)} runs in {time.perf_counter() - started:.0f} s\n")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
     print(table(results, args.rounds, args.early))
+    print()
+    print(silo_table(results))
 
 
 if __name__ == "__main__":

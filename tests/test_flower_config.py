@@ -132,7 +132,8 @@ def test_demo_refuses_bad_slowdowns():
 
 
 def test_example_configs_parse():
-    from fedlb.cli.federation import SERVER_KEYS, SILO_KEYS, read_config, settings
+    from fedlb.cli.federation import SERVER_KEYS, read_config, settings
+    from fedlb.cli.silo import SILO_KEYS
 
     sections = read_config(Path("server/server.toml"), {"server": SERVER_KEYS, "run": {}})
     assert settings(sections["run"], {}).num_silos == 3

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from . import cluster, experiment, federation, he, tune  # noqa: F401 (the modules register their commands)
+# Importing a module registers its commands; `fedlb --help` lists them in this order.
+from . import cluster, experiment, federation, silo, security, he, tune  # noqa: F401 # isort: skip
 from .common import app
 
 

@@ -1,4 +1,5 @@
-"""`fedlb server`, `fedlb silo` and `fedlb demo`: a real Flower deployment from the CLI."""
+"""`fedlb server` and `fedlb demo`: a real Flower deployment from the CLI (its silos:
+`fedlb silo`, in silo.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import inspect
 import json
 import signal
 import sys
-import time
 import typing
 from collections.abc import Callable
 from dataclasses import fields
@@ -29,12 +29,8 @@ from fedlb.flower import (
     TlsError,
     TlsFiles,
     check_partition,
-    free_port,
-    make_certificates,
-    make_silo_key,
     print_round,
     read_toml,
-    start_supernode,
 )
 
 from .common import UsageError, app, console
@@ -48,21 +44,6 @@ SERVER_KEYS = {
     "run-timeout": float,
     "certs": str,
     "silo-keys": str,
-}
-SILO_KEYS = {
-    "server": str,
-    "data-path": str,
-    "partition-id": int,
-    "num-partitions": int,
-    "emulated-speed": float,
-    "slowdown": float,
-    "base-speed": float,
-    "threads": int,
-    "port": int,
-    "workdir": str,
-    "he-context": str,
-    "root-certificates": str,
-    "auth-key": str,
 }
 BASE_SPEED = 200.0  # samples/s of an emulated silo with slowdown 1
 
@@ -435,176 +416,3 @@ def demo(
         run, "127.0.0.1", None, folder, None, factors, base_speed, silo_context
     )
     finish(outcome)
-
-
-@app.command()
-def silo(
-    config: Annotated[
-        Path | None, typer.Option("--config", help="TOML file ([silo] table).")
-    ] = None,
-    server: Annotated[str | None, typer.Option(help="The server's address, host:port.")] = None,
-    partition_id: Annotated[int | None, typer.Option(help="This silo's partition.")] = None,
-    data_path: Annotated[
-        Path | None,
-        typer.Option(help="This silo's own data (.npz with x and y) instead of a partition."),
-    ] = None,
-    num_partitions: Annotated[int | None, typer.Option(help="Partitions in all.")] = None,
-    slowdown: Annotated[
-        float | None, typer.Option(help="Emulate a machine this many times slower (>= 1).")
-    ] = None,
-    emulated_speed: Annotated[
-        float | None, typer.Option(help="Emulate this many samples/s (overrides slowdown).")
-    ] = None,
-    base_speed: Annotated[float | None, typer.Option(help="Samples/s of slowdown 1.")] = None,
-    threads: Annotated[int | None, typer.Option(help="torch threads (0: torch's default).")] = None,
-    port: Annotated[int | None, typer.Option(help="Local port of this SuperNode's API.")] = None,
-    workdir: Annotated[Path | None, typer.Option(help="Logs and Flower home.")] = None,
-    he_context: Annotated[
-        Path | None,
-        typer.Option(help="The silos' secret CKKS context (fedlb keygen's silo.context)."),
-    ] = None,
-    root_certificates: Annotated[
-        Path | None,
-        typer.Option(help="TLS: the federation's CA certificate (fedlb certs' ca.crt)."),
-    ] = None,
-    auth_key: Annotated[
-        Path | None,
-        typer.Option(help="This silo's private key (fedlb silo-key) when the server checks."),
-    ] = None,
-) -> None:
-    """Start this silo's SuperNode against the server and keep it up until Ctrl-C."""
-    values = read_config(config, {"silo": SILO_KEYS})["silo"]
-    flags = {
-        "server": server,
-        "data-path": None if data_path is None else str(data_path.resolve()),
-        "partition-id": partition_id,
-        "num-partitions": num_partitions,
-        "slowdown": slowdown,
-        "emulated-speed": emulated_speed,
-        "base-speed": base_speed,
-        "threads": threads,
-        "port": port,
-        "workdir": workdir,
-        "he-context": None if he_context is None else str(he_context),
-        "root-certificates": None if root_certificates is None else str(root_certificates),
-        "auth-key": None if auth_key is None else str(auth_key),
-    }
-    values.update({k: v for k, v in flags.items() if v is not None})
-    if "data-path" in values:
-        path = Path(values["data-path"])
-        if not path.is_file():
-            raise UsageError(f"--data-path {path} is not a file")
-    elif "partition-id" not in values or "num-partitions" not in values:
-        raise UsageError(
-            "a silo needs --partition-id and --num-partitions, or --data-path (or a --config)"
-        )
-    if (
-        "num-partitions" in values
-        and not 0 <= values.get("partition-id", 0) < values["num-partitions"]
-    ):
-        raise UsageError(
-            f"partition-id {values.get('partition-id')} is outside "
-            f"0..{values['num-partitions'] - 1}"
-        )
-    speed = float(values.get("emulated-speed", 0.0))
-    if speed == 0.0 and "slowdown" in values:
-        if values["slowdown"] < 1:
-            raise UsageError(f"--slowdown must be >= 1, got {values['slowdown']}")
-        speed = float(values.get("base-speed", BASE_SPEED)) / values["slowdown"]
-    if speed < 0:
-        raise UsageError(f"--emulated-speed must be >= 0, got {speed}")
-    node_config: dict[str, Any] = {
-        "emulated-speed": speed,
-        "threads": int(values.get("threads", 0)),
-    }
-    for key in ("partition-id", "num-partitions"):
-        if key in values:
-            node_config[key] = values[key]
-    if "data-path" in values:
-        node_config["data-path"] = str(Path(values["data-path"]).resolve())
-    if values.get("he-context"):
-        path = Path(values["he-context"]).resolve()
-        print_ = check_context_file(path, "silo")  # before anything starts
-        node_config["he-context"] = str(path)
-        console.print(f"HE on: key fingerprint {print_} ({path})")
-    name = f"silo-{values.get('partition-id', Path(values.get('data-path', 'x')).stem)}"
-    work = Path(values.get("workdir") or Path("runs") / name).resolve()
-    address = values.get("server", "127.0.0.1:8000")
-    ca = Path(values["root-certificates"]).resolve() if values.get("root-certificates") else None
-    if ca is not None and not ca.is_file():
-        raise UsageError(f"--root-certificates {ca} is not a file: fedlb certs makes ca.crt")
-    private_key = Path(values["auth-key"]).resolve() if values.get("auth-key") else None
-    if private_key is not None and not private_key.is_file():
-        raise UsageError(f"--auth-key {private_key} is not a file: fedlb silo-key makes it")
-    try:
-        node = start_supernode(
-            work,
-            name,
-            address,
-            node_config,
-            values.get("port") or free_port(),
-            root_certificates=ca,
-            extra_args=["--auth-supernode-private-key", str(private_key)] if private_key else None,
-        )
-    except DeployError as error:
-        console.print(f"[red]could not start the silo:[/] {escape(str(error))}")
-        raise typer.Exit(1) from error
-    clock = (
-        f"emulated {speed:.0f} samples/s (clock: measured, sleep-padded)" if speed else "real speed"
-    )
-    console.print(
-        f"[bold]{name}[/] joined {address} (pid {node.pid}, {clock}); log {node.log_path}"
-    )
-    stop = False
-
-    def request_stop(signum: int, frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    try:
-        while not stop and node.alive():
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        node.stop()
-    console.print(f"{name} stopped")
-
-
-@app.command()
-def certs(
-    out: Annotated[Path, typer.Option(help="Folder for the certificate files.")],
-    host: Annotated[
-        list[str] | None,
-        typer.Option(help="The SuperLink's host name or address (repeatable)."),
-    ] = None,
-    days: Annotated[int, typer.Option(help="Validity in days.")] = 365,
-    overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
-) -> None:
-    """Make a federation CA and a SuperLink certificate: give the server the folder
-    (fedlb server --certs DIR) and every silo ca.crt (fedlb silo --root-certificates)."""
-    try:
-        files = make_certificates(out, host or ["127.0.0.1", "localhost"], days, overwrite)
-    except TlsError as error:
-        raise UsageError(str(error)) from error
-    console.print(
-        f"TLS files in {out}: {files.ca.name} (every silo and the server), "
-        f"{files.cert.name} and {files.key.name} (the server only), ca.key (keep it safe: "
-        "it signs servers the silos will trust)"
-    )
-
-
-@app.command("silo-key")
-def silo_key(
-    out: Annotated[Path, typer.Option(help="Folder for NAME.key and NAME.pub.")],
-    name: Annotated[str, typer.Option(help="The silo's name.")],
-    overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
-) -> None:
-    """Make a silo's authentication key pair: NAME.key stays at the silo (fedlb silo
-    --auth-key), NAME.pub goes into the server's --silo-keys folder."""
-    try:
-        private, public = make_silo_key(out, name, overwrite)
-    except TlsError as error:
-        raise UsageError(str(error)) from error
-    console.print(f"{private} (the silo's, keep it there) and {public} (give it to the server)")

@@ -5,16 +5,8 @@ from .clocks import GpuLikeTime, LinearTime, TimeModel, ideal_split, round_time
 from .cluster_run import CLUSTER_POLICIES, ClusterScenario, ClusterScenarioError, launch
 from .load import CompetingLoad, MachineProbe
 from .profiles import CLOCKS, EC2_5, EmulatedClock, SpeedProfile, preset
-from .runner import (
-    POLICIES,
-    PolicyResult,
-    Scenario,
-    ScenarioError,
-    quiet_flower,
-    run_experiment,
-    run_policy,
-    summarise_results,
-)
+from .runner import PolicyResult, quiet_flower, run_experiment, run_policy, summarise_results
+from .scenario import POLICIES, Scenario, ScenarioError
 from .whatif import CLOCK as WHATIF_CLOCK
 from .whatif import WhatIfRound, what_if
 

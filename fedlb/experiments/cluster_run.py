@@ -38,7 +38,7 @@ from fedlb.balance import (
 from .clocks import GpuLikeTime, ideal_split
 from .load import CompetingLoad, MachineProbe
 from .profiles import SpeedProfile, preset
-from .runner import scenario_arguments
+from .scenario import scenario_arguments
 
 log = logging.getLogger("fedlb.cluster")
 

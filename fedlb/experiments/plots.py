@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .runner import PolicyResult, Scenario
+    from .runner import PolicyResult
+    from .scenario import Scenario
 
 
 def _save(figure: Any, path: Path, right: float = 1.0) -> Path:

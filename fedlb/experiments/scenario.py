@@ -1,0 +1,238 @@
+"""The federation a policy comparison runs on (`Scenario`), and the policies to compare.
+
+A scenario comes from a TOML file or flags; `Scenario.check` refuses what cannot be run
+before any policy starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedlb.balance import BatchSizeManager, Deadband, Proportional, Static, Tuner
+from fedlb.flower import LoadBalancedFedAvg
+
+from .profiles import CLOCKS, SpeedProfile, preset
+from .variants import QuorumFedAvg, ScaledLrFedAvg, StepsTunedFedAvg
+
+
+def _with_tuner(tuner: Callable[[], Tuner]) -> Callable[[Mapping[str, int]], BatchSizeManager]:
+    """A balancer with fedlb's default estimator and another tuner."""
+    return lambda initial: BatchSizeManager(initial, tuner())
+
+
+# name -> (what it is, strategy class, its extra arguments)
+POLICIES: dict[str, tuple[str, type[LoadBalancedFedAvg], Callable[[], dict[str, Any]]]] = {
+    "fedavg": (
+        "FedAvg: every silo at B0",
+        LoadBalancedFedAvg,
+        lambda: {"balancer": _with_tuner(Static)},
+    ),
+    "lb": ("fedlb: B tuned, τ and η fixed (the default balancer)", LoadBalancedFedAvg, dict),
+    "lb-tau": (
+        "τ tuned per silo, B fixed (Orchestra/FedCompass family)",
+        StepsTunedFedAvg,
+        lambda: {"balancer": _with_tuner(Proportional)},
+    ),
+    "lb-lr": ("B tuned and η scaled with B", ScaledLrFedAvg, dict),
+    "deadband": (
+        "dynamic-batching controller on B",
+        LoadBalancedFedAvg,
+        lambda: {"balancer": _with_tuner(Deadband)},
+    ),
+    "quorum": (
+        "aggregate the fastest ⌈n/2⌉ updates, drop the rest",
+        QuorumFedAvg,
+        lambda: {"balancer": _with_tuner(Static), "quorum": 0.5},
+    ),
+}
+
+
+def scenario_arguments(
+    cls: type, values: dict[str, Any], what: str, error: type[ValueError]
+) -> dict[str, Any]:
+    """A scenario dataclass's keyword arguments from file or flag values ('-' keys); TOML
+    lists are taken for the comma-separated keys (speeds, policies, ...). A bad key or
+    type raises `error` naming it."""
+    from fedlb.flower import ConfigError, dataclass_arguments
+
+    flat = {
+        k: ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else v
+        for k, v in values.items()
+    }
+    try:
+        return dataclass_arguments(cls, flat, what)
+    except ConfigError as problem:
+        raise error(str(problem)) from problem
+
+
+# Round 1 is uniform (nothing measured yet) and round 2 the first balanced one: the
+# balance goals are judged from round 3 on.
+STEADY_FROM_ROUND = 3
+
+
+class ScenarioError(ValueError):
+    """A scenario setting that cannot be run; the message names it."""
+
+
+@dataclass
+class Scenario:
+    """One federation to compare policies on. Keys in files and flags use '-' for '_'.
+
+    speeds: relative silo speeds ('1,2,3,6': bigger is faster), or a preset ('ec2-5',
+        'hetero-K:N'), times base_speed samples/s.
+    overheads: fixed seconds per round, one value for all or one per silo.
+    traces: speed traces (see SpeedProfile), one for all or one per silo.
+    repeats: runs of every policy with seeds seed, seed+1, ... (data split, initial
+        model, batch order and random-walk traces all follow the seed).
+    he: updates travel and are averaged as CKKS ciphertexts (fresh keys per run); the
+        measured HE seconds join each silo's fixed cost on either clock, so the model
+        clock is no longer bit-for-bit repeatable with it.
+    """
+
+    name: str = "scenario"
+    dataset: str = "digits"
+    data_dir: str = ""
+    silos: int = 4
+    speeds: str = "1,2,3,6"
+    base_speed: float = 100.0
+    overheads: str = "0"
+    traces: str = "static"
+    partition: str = "iid"
+    model: str = "mlp"
+    rounds: int = 20
+    local_steps: int = 20
+    batch_size: int = 32
+    learning_rate: float = 0.05
+    clock: str = "model"
+    policies: str = "fedavg,lb"
+    target_accuracy: float = 0.8
+    seed: int = 0
+    repeats: int = 1
+    he: bool = False
+    out: str = ""
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> Scenario:
+        scenario = cls(**scenario_arguments(cls, values, "scenario key", ScenarioError))
+        scenario.check()
+        return scenario
+
+    @classmethod
+    def from_file(cls, path: Path, overrides: dict[str, Any] | None = None) -> Scenario:
+        from fedlb.flower import ConfigError, read_toml
+
+        try:
+            values = read_toml(path, "scenario file")
+        except ConfigError as error:
+            raise ScenarioError(str(error)) from error
+        values.setdefault("name", path.stem)
+        return cls.from_mapping({**values, **(overrides or {})})
+
+    def seeds(self) -> list[int]:
+        return [self.seed + k for k in range(self.repeats)]
+
+    def speedup_ceiling(self) -> float:
+        """The most any policy can shorten the run against FedAvg's uniform split: the sum
+        over rounds of the uniform round time over the sum of the ideal T* (the best split
+        of X = n·B0 for each round's speeds and fixed costs)."""
+        from .clocks import LinearTime, ideal_split, round_time
+
+        uniform = ideal = 0.0
+        profiles = self.profiles()
+        for server_round in range(1, self.rounds + 1):
+            models = {
+                str(i): LinearTime(p.speed_at(server_round), p.overhead)
+                for i, p in enumerate(profiles)
+            }
+            uniform += max(
+                round_time(m, self.batch_size, self.local_steps) for m in models.values()
+            )
+            ideal += ideal_split(models, self.silos * self.batch_size, self.local_steps)[1]
+        return uniform / ideal
+
+    def policy_names(self) -> list[str]:
+        return [p.strip() for p in self.policies.split(",") if p.strip()]
+
+    def speeds_per_silo(self) -> list[float]:
+        try:
+            speeds = preset(self.speeds, self.base_speed)
+        except ValueError as error:
+            raise ScenarioError(str(error)) from error
+        if len(speeds) != self.silos:
+            raise ScenarioError(
+                f"speeds {self.speeds!r} give {len(speeds)} silos, not {self.silos}"
+            )
+        return speeds
+
+    def _per_silo(self, text: str, what: str) -> list[str]:
+        values = [v.strip() for v in text.split(",")]
+        if len(values) == 1:
+            values *= self.silos
+        if len(values) != self.silos:
+            raise ScenarioError(f"{what} has {len(values)} values for {self.silos} silos")
+        return values
+
+    def profiles(self) -> list[SpeedProfile]:
+        overheads = self._per_silo(self.overheads, "overheads")
+        traces = self._per_silo(self.traces, "traces")
+        profiles = []
+        for i, (v, o, t) in enumerate(zip(self.speeds_per_silo(), overheads, traces, strict=True)):
+            try:
+                profiles.append(SpeedProfile(v, float(o), t, seed=self.seed + i))
+            except ValueError as error:
+                raise ScenarioError(
+                    f"silo {i} (speeds, overheads, traces = {v:g}, {o!r}, {t!r}): {error}"
+                ) from error
+        return profiles
+
+    def check(self) -> None:
+        if min(self.silos, self.rounds, self.local_steps, self.batch_size, self.repeats) < 1:
+            raise ScenarioError("silos, rounds, local-steps, batch-size and repeats must be >= 1")
+        if self.clock not in CLOCKS:
+            raise ScenarioError(f"clock must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
+        unknown = [p for p in self.policy_names() if p not in POLICIES]
+        if unknown or not self.policy_names():
+            raise ScenarioError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
+        if not 0 < self.target_accuracy <= 1:
+            raise ScenarioError(f"target-accuracy must be in (0, 1], got {self.target_accuracy}")
+        if not (math.isfinite(self.base_speed) and self.base_speed > 0):
+            raise ScenarioError(f"base-speed must be > 0 samples/s, got {self.base_speed}")
+        self.profiles()
+        try:
+            self.run_config()
+        except ValueError as error:
+            raise ScenarioError(str(error)) from error
+
+    def check_data(self) -> None:
+        """Load the dataset and make the split, refusing what cannot be run (missing
+        files, more silos than the split allows) before any policy starts."""
+        from fedlb.flower import check_partition
+
+        try:
+            check_partition(self.run_config())
+        except ValueError as error:
+            raise ScenarioError(str(error)) from error
+
+    def run_config(self, out_dir: str = "") -> Any:
+        from fedlb.flower import RunConfig
+
+        return RunConfig.from_mapping(
+            {
+                "num-silos": self.silos,
+                "num-rounds": self.rounds,
+                "local-steps": self.local_steps,
+                "batch-size": self.batch_size,
+                "learning-rate": self.learning_rate,
+                "dataset": self.dataset,
+                "partition": self.partition,
+                "model": self.model,
+                "seed": self.seed,
+                "evaluate-every": 1,
+                "evaluate-mode": "with-train",
+                "out-dir": out_dir,
+            }
+        )

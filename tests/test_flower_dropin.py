@@ -11,7 +11,6 @@ import importlib
 import re
 import subprocess
 import sys
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -20,7 +19,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedlb.flower import LoadBalancedFedAvg, balance_mod, balanced_loader, deploy
+from fedlb.flower import LoadBalancedFedAvg, balance_mod, balanced_loader, deploy, read_toml
 from fedlb.flower.protocol import BATCH_SIZE, COMPUTE_S, LOCAL_STEPS, PARTITION_ID
 from tests.apps.adopt import adopt
 from tests.flower_fakes import InProcessGrid
@@ -48,7 +47,7 @@ def imported(app: Path) -> Iterator[dict[str, ModuleType]]:
 
 
 def app_config(app: Path, **overrides: object) -> dict[str, object]:
-    config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    config = read_toml(app / "pyproject.toml")["tool"]["flwr"]["app"]["config"]
     return {**config, **overrides}
 
 
@@ -94,8 +93,11 @@ def test_quickstart_in_process_balances_and_keeps_its_own_loop_metrics_and_log(
         modules["server_app"].main(grid, Context(1, 0, {}, RecordDict(), config))
     log = caplog.text
     # Flower's own round log is there, with the app's metric names
-    assert "[ROUND 4/4]" in log and "Strategy execution finished" in log
-    assert "'train_loss'" in log and "'eval_acc'" in log and "Global evaluation" in log
+    assert "[ROUND 4/4]" in log
+    assert "Strategy execution finished" in log
+    assert "'train_loss'" in log
+    assert "'eval_acc'" in log
+    assert "Global evaluation" in log
     assert "fedlb.batch-size" not in log.split("Final results:")[1]  # the app's metrics only
     # round 1 ran as the app wrote it: B0 = its loader's 32, τ = len(its loader)
     rounds = balance_lines(log)
@@ -134,7 +136,8 @@ def test_train_metrics_aggregation_sees_the_apps_metrics_only(tmp_path, monkeypa
             num_rounds=2,
             train_config=ConfigRecord({"lr": 0.01}),
         )
-    assert seen and all(keys == {"train_loss", "num-examples"} for keys in seen)
+    assert seen
+    assert all(keys == {"train_loss", "num-examples"} for keys in seen)
     # fraction_train = 0.5 of 3 silos: FedAvg's count, max(int(1.5), min_train_nodes = 2)
     per_round = [len(strategy.reporter.records[k].silos) for k in range(2)]
     assert per_round == [2, 2]
@@ -161,15 +164,19 @@ def test_balanced_loader_keeps_the_loader_and_times_the_steps():
 
     def handler(msg: Message, context: Context) -> Message:
         balanced = balanced_loader(msg, loader)
-        assert len(balanced) == 10 and balanced.dataset is data
+        assert len(balanced) == 10
+        assert balanced.dataset is data
         seen = [x for _ in range(2) for (x, _) in balanced]  # two passes (epochs)
         assert [len(x) for x in seen] == [7] * 20
         return Message(RecordDict({"metrics": MetricRecord({"own": 1})}), reply_to=msg)
 
     reply = balance_mod()(message, Context(1, 1, {"partition-id": 4}, RecordDict(), {}), handler)
     metrics = reply.content["metrics"]
-    assert metrics["own"] == 1 and metrics[BATCH_SIZE] == 7 and metrics[LOCAL_STEPS] == 20
-    assert metrics[PARTITION_ID] == 4 and metrics[COMPUTE_S] > 0
+    assert metrics["own"] == 1
+    assert metrics[BATCH_SIZE] == 7
+    assert metrics[LOCAL_STEPS] == 20
+    assert metrics[PARTITION_ID] == 4
+    assert metrics[COMPUTE_S] > 0
     assert collated == [7] * 20  # the app's own collate_fn drew every batch
 
 
@@ -199,11 +206,12 @@ def _flwr_run(home: Path, app: Path, options: list[str], timeout: float) -> tupl
     return output, deploy.run_status(home, run_id.group(1))
 
 
-def test_quickstart_in_flowers_simulation(tmp_path, monkeypatch):
-    """`flwr run` on a simulation SuperLink, silos of dataset sizes 1:2:3: the
-    balancer gives the silo with 3x the steps about a third of the batch."""
+@pytest.mark.timeout(600)
+def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
+    """`flwr run` on a simulation SuperLink: the `flwr new` app (its Adam loop, its
+    fraction-train 0.5, its own metrics) on silos with datasets of 1:2:3."""
     monkeypatch.setenv("FEDLB_APP_PARTITION_WEIGHTS", "1,2,3")
-    app, _ = adopt("quickstart_pytorch", tmp_path)
+    app, _ = adopt("flwr_new_pytorch", tmp_path)
     link = deploy.start_superlink(tmp_path, extra_args=["--simulation"])
     home = tmp_path / "home-cli"
     try:
@@ -215,24 +223,34 @@ def test_quickstart_in_flowers_simulation(tmp_path, monkeypatch):
                 "--federation-config",
                 "num-supernodes=3 client-resources-num-cpus=1",
                 "--run-config",
-                "num-server-rounds=3",
+                "num-server-rounds=4",
             ],
             timeout=400,
         )
     finally:
         link.stop()
     assert status == "finished:completed", output[-3000:]
-    assert "[ROUND 3/3]" in output and "'eval_acc'" in output and "'train_loss'" in output
+    assert "[ROUND 4/4]" in output
+    assert "'eval_acc'" in output
+    assert "'train_loss'" in output
     rounds = balance_lines(output)
-    assert sorted(rounds) == [1, 2, 3]
-    assert rounds[1]["silo-0"][2] * 2 < rounds[1]["silo-2"][2]  # τ from the datasets
-    assert rounds[3]["silo-0"][0] > rounds[3]["silo-2"][0]
+    assert sorted(rounds) == [1, 2, 3, 4]
+    assert all(len(silos) == 2 for silos in rounds.values())  # fraction-train 0.5 of 3
+    steps = {silo: s for silos in rounds.values() for silo, (_, _, s) in silos.items()}
+    assert steps["silo-0"] * 2 < steps["silo-2"]  # each silo's τ from its dataset
+    # X is the sum of the B0 the silos brought: 96 once all three have run
+    latest: dict[str, int] = {}
+    for number in sorted(rounds):
+        latest.update({silo: after for silo, (_, after, _) in rounds[number].items()})
+    assert len(latest) < 3 or sum(latest.values()) == 96
 
 
-def test_flwr_new_app_deployed_on_unequal_silos(tmp_path):
-    """A SuperLink and three SuperNodes (emulated 4:2:1 speeds) running the `flwr new`
-    app: its Adam loop, fraction-train 0.5, its own metrics; sizes follow the speeds."""
-    app, _ = adopt("flwr_new_pytorch", tmp_path)
+@pytest.mark.timeout(600)
+def test_quickstart_deployed_on_unequal_silos(tmp_path, monkeypatch):
+    """A SuperLink and three SuperNodes of emulated speeds 4:2:1 and datasets 1:2:3 running
+    the quickstart: sizes follow speed over steps, its metrics and log are kept."""
+    monkeypatch.setenv("FEDLB_APP_PARTITION_WEIGHTS", "1,2,3")
+    app, _ = adopt("quickstart_pytorch", tmp_path)
     home = tmp_path / "home-cli"
     link = deploy.start_superlink(tmp_path)
     nodes = []
@@ -240,20 +258,20 @@ def test_flwr_new_app_deployed_on_unequal_silos(tmp_path):
         deploy.write_connection(home, f"127.0.0.1:{link.port}")
         for i, speed in enumerate(SPEEDS):
             config = {"partition-id": i, "num-partitions": 3, "emulated-speed": speed}
-            nodes.append(deploy.start_supernode(tmp_path, f"silo-{i}", f"127.0.0.1:{link.port}", config))
-        output, status = _flwr_run(
-            home, app, ["--run-config", "num-server-rounds=4"], timeout=400
-        )
+            address = f"127.0.0.1:{link.port}"
+            nodes.append(deploy.start_supernode(tmp_path, f"silo-{i}", address, config))
+        output, status = _flwr_run(home, app, ["--run-config", "num-server-rounds=3"], timeout=400)
     finally:
         for node in nodes:
             node.stop()
         link.stop()
     assert status == "finished:completed", output[-3000:]
-    assert "[ROUND 4/4]" in output and "'train_loss'" in output
+    assert "[ROUND 3/3]" in output
+    assert "'train_loss'" in output
+    assert "'eval_acc'" in output
     rounds = balance_lines(output)
-    assert all(len(silos) == 2 for silos in rounds.values())  # fraction-train 0.5 of 3
-    latest: dict[str, int] = {}
-    for number in sorted(rounds):
-        latest.update({silo: after for silo, (_, after, _) in rounds[number].items()})
-    assert latest["silo-0"] > latest["silo-2"], rounds
+    assert sorted(rounds) == [1, 2, 3]
     assert all(m.group(2) == "measured (emulated speeds)" for m in BALANCE.finditer(output))
+    assert {b for b, _, _ in rounds[1].values()} == {32}
+    # 4x the speed and 1/3 of the steps: far more samples per step
+    assert rounds[3]["silo-0"][0] > 2 * rounds[3]["silo-2"][0], rounds

@@ -1,9 +1,9 @@
 """The change that makes a stock Flower PyTorch app load-balanced, applied to a copy of it:
 three changed lines plus imports, as docs/flower.md shows them.
 
-    server_app.py   strategy = FedAvg(...)            ->  LoadBalancedFedAvg(...)
-    client_app.py   app = ClientApp()                 ->  ClientApp(mods=[balance_mod()])
-                    trainloader, _ = load_data(...)   +   trainloader = balanced_loader(msg, trainloader)
+    server_app.py  strategy = FedAvg(...)           ->  LoadBalancedFedAvg(...)
+    client_app.py  app = ClientApp()                ->  ClientApp(mods=[balance_mod()])
+                   trainloader, _ = load_data(...)  +   trainloader = balanced_loader(msg, ...)
 """
 
 from __future__ import annotations
@@ -41,11 +41,14 @@ def adopt(name: str, destination: Path, balanced: bool = True) -> tuple[Path, li
         "from fedlb.flower import LoadBalancedFedAvg\n",
         server,
     )
-    server.write_text(_replace_once(text, "strategy = FedAvg(", "strategy = LoadBalancedFedAvg(", server))
+    server.write_text(
+        _replace_once(text, "strategy = FedAvg(", "strategy = LoadBalancedFedAvg(", server)
+    )
     text = _replace_once(
         before[client],
         "from flwr.clientapp import ClientApp\n",
-        "from flwr.clientapp import ClientApp\n\nfrom fedlb.flower import balance_mod, balanced_loader\n",
+        "from flwr.clientapp import ClientApp\n\n"
+        "from fedlb.flower import balance_mod, balanced_loader\n",
         client,
     )
     text = _replace_once(text, "app = ClientApp()", "app = ClientApp(mods=[balance_mod()])", client)

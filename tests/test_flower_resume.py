@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,13 +18,12 @@ from fedlb.flower import (
     LoadBalancedFedAvg,
     RoundReporter,
     RunConfig,
-    evaluate_reply,
     load_checkpoint,
     save_checkpoint,
-    train_reply,
 )
+from fedlb.flower.protocol import BATCH_SIZE, SERVER_ROUND
 from fedlb.flower.task import federation_data, model_for
-from tests.flower_fakes import InProcessGrid
+from tests.flower_fakes import InProcessGrid, fedlb_app, lr_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -45,11 +44,10 @@ class CrashingGrid(InProcessGrid):
         config = RunConfig.from_mapping(SETTINGS)
         nodes = {100 + i: {"partition-id": i, "num-partitions": 4} for i in range(4)}
 
-        def train(msg, context):
-            clock = EmulatedClock("model", PROFILES[context.node_config["partition-id"]])
-            return train_reply(msg, context, config, clock)
+        def clock(context):
+            return EmulatedClock("model", PROFILES[context.node_config["partition-id"]])
 
-        super().__init__(nodes, SETTINGS, train, evaluate_reply)
+        super().__init__(nodes, SETTINGS, fedlb_app(clock=clock, config=config))
         if crash_before is not None:
             self.before_round[crash_before] = crash
 
@@ -62,7 +60,6 @@ def strategy_for(out_dir, keep_before=None):
     return LoadBalancedFedAvg(
         batch_size=16,
         local_steps=3,
-        learning_rate=0.1,
         min_available_nodes=4,
         fraction_train=0.75,  # node sampling: the RNG's state must carry over too
         evaluate_every=2,
@@ -76,16 +73,16 @@ def strategy_for(out_dir, keep_before=None):
 
 def run(strategy, grid, arrays, rounds=6):
     return strategy.start(
-        grid=grid, initial_arrays=arrays, num_rounds=rounds, timeout=5, train_config=ConfigRecord()
+        grid=grid, initial_arrays=arrays, num_rounds=rounds, timeout=5, train_config=lr_config(0.1)
     )
 
 
 def sizes_sent(grid):
     return [
         (
-            m.content["config"]["server-round"],
+            m.content["config"][SERVER_ROUND],
             m.metadata.dst_node_id,
-            m.content["config"]["batch-size"],
+            m.content["config"][BATCH_SIZE],
         )
         for m in grid.sent
         if m.metadata.message_type == "train"
@@ -124,6 +121,10 @@ def test_a_resumed_run_ends_with_the_same_model_as_an_uninterrupted_one(tmp_path
 
     for key, array in expected.arrays.items():
         assert np.array_equal(array.numpy(), result.arrays[key].numpy()), key
+    # Flower's loop ran the last three rounds; the Result counts them as the run's 4-6
+    assert sorted(expected.train_metrics_clientapp) == [1, 2, 3, 4, 5, 6]
+    assert sorted(result.train_metrics_clientapp) == [4, 5, 6]
+    assert result.train_metrics_clientapp[6] == expected.train_metrics_clientapp[6]
     assert sizes_sent(stopped) + sizes_sent(resumed_grid) == sizes_sent(whole)
     assert {r for r, _, _ in sizes_sent(resumed_grid)} == {4, 5, 6}  # no round done twice
     resumed_rows = without_measured_seconds(tmp_path / "stopped" / "rounds.jsonl")

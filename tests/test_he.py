@@ -9,24 +9,30 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.app import Array, ArrayRecord, MetricRecord
+from flwr.clientapp import ClientApp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedlb.balance import Static
+from fedlb.balance import BatchSizeManager, Static
 from fedlb.flower import (
     LoadBalancedFedAvg,
     RoundReporter,
     RunConfig,
+    balance_mod,
     evaluate_reply,
     train_reply,
 )
 from fedlb.flower.he import (
     EncryptedAggregation,
+    EncryptedModel,
     he_mod,
     is_encrypted,
+    load_encrypted,
     read_encrypted,
+    save_encrypted,
 )
+from fedlb.flower.protocol import HE_S, OVERHEAD_S, PREFIX
 from fedlb.flower.task import federation_data, model_for
 from fedlb.he import (
     CiphertextError,
@@ -42,7 +48,7 @@ from fedlb.he import (
     weighted_sum,
     write_keys,
 )
-from tests.flower_fakes import InProcessGrid
+from tests.flower_fakes import InProcessGrid, fedlb_app, lr_config
 
 
 @pytest.fixture(scope="module")
@@ -205,36 +211,34 @@ class TestEncryptedFedAvg:
         "partition": "classes:3",
     }
 
-    def grid(self, mod=None):
-        nodes = {100 + i: {"partition-id": i, "num-partitions": 3} for i in range(3)}
-        if mod is None:
-            return InProcessGrid(nodes, dict(self.SETTINGS), train_reply, evaluate_reply)
-        return InProcessGrid(
-            nodes,
-            dict(self.SETTINGS),
-            lambda m, c: mod(m, c, train_reply),
-            lambda m, c: mod(m, c, evaluate_reply),
-        )
+    NODES: ClassVar[dict[int, dict[str, int]]] = {
+        100 + i: {"partition-id": i, "num-partitions": 3} for i in range(3)
+    }
 
-    def run(self, grid, he=None, rounds=3, tmp_path=None):
+    def grid(self, mod=None):
+        """fedlb's silo app (balance_mod, then the HE mod when given)."""
+        app = fedlb_app() if mod is None else fedlb_app(mod)
+        return InProcessGrid(dict(self.NODES), dict(self.SETTINGS), app)
+
+    def run(self, grid, he=None, rounds=3, tmp_path=None, **options):
         config = RunConfig.from_mapping(self.SETTINGS)
         pool, _ = federation_data(config)
         strategy = LoadBalancedFedAvg(
             batch_size=16,
             local_steps=3,
-            learning_rate=0.1,
-            tuner=Static(),
+            balancer=lambda initial: BatchSizeManager(initial, Static()),
             min_available_nodes=3,
             evaluate_with_train=True,
             reporter=RoundReporter(tmp_path),
             he=he,
+            **options,
         )
         result = strategy.start(
             grid=grid,
             initial_arrays=ArrayRecord(model_for(config, pool).state_dict()),
             num_rounds=rounds,
             timeout=30,
-            train_config=ConfigRecord(),
+            train_config=lr_config(),
         )
         return strategy, result.arrays
 
@@ -305,3 +309,96 @@ class TestEncryptedFedAvg:
                 initial_arrays=ArrayRecord(),
                 evaluate_fn=lambda r, a: None,
             )
+
+    def test_the_result_of_an_he_run_refuses_to_be_read_as_plaintext(
+        self, secret, public, tmp_path
+    ):
+        _, model = self.run(self.grid(he_mod(secret)), EncryptedAggregation(public), rounds=1)
+        assert isinstance(model, EncryptedModel)
+        with pytest.raises(TypeError, match="CKKS-encrypted"):
+            model.to_torch_state_dict()
+        with pytest.raises(TypeError, match="CKKS-encrypted"):
+            model.to_numpy_ndarrays()
+        # it saves as its ciphertexts and opens at a silo
+        saved = load_encrypted(save_encrypted(model, tmp_path / "model.ckks.npz"))
+        ciphertexts, layout = read_encrypted(saved)
+        assert set(decrypt_arrays(secret, ciphertexts, layout)) == set(self.plain_keys())
+        with pytest.raises(CiphertextError):
+            EncryptedModel(ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))}))
+
+    def plain_keys(self):
+        config = RunConfig.from_mapping(self.SETTINGS)
+        pool, _ = federation_data(config)
+        return model_for(config, pool).state_dict().keys()
+
+    def test_he_mod_works_on_either_side_of_balance_mod(self, secret, public):
+        """Outside balance_mod, the HE mod adds its seconds to the report's fixed cost;
+        inside it, balance_mod times them as part of the handler. Reported either way."""
+        outside = ClientApp(mods=[he_mod(secret), balance_mod()])
+
+        @outside.train()
+        def train(msg, context):
+            return train_reply(msg, context)
+
+        @outside.evaluate()
+        def evaluate(msg, context):
+            return evaluate_reply(msg, context)
+
+        he_seconds = []
+
+        def note(reply):
+            if reply.has_content() and "arrays" in reply.content:
+                metrics = reply.content["metrics"]
+                he_seconds.append((metrics[HE_S], metrics[OVERHEAD_S]))
+            return reply
+
+        for app in (outside, fedlb_app(he_mod(secret))):
+            he_seconds.clear()
+            grid = InProcessGrid(dict(self.NODES), dict(self.SETTINGS), app)
+            grid.intercept = note
+            strategy, model = self.run(grid, EncryptedAggregation(public), rounds=1)
+            assert is_encrypted(model)
+            assert not strategy.reporter.records[0].failed
+            assert len(he_seconds) == 3
+            assert all(0 < he_s <= overhead_s for he_s, overhead_s in he_seconds)
+            assert all(0 < s.he_s <= s.fixed_s for s in strategy.reporter.records[0].silos)
+
+    def metrics_seen_by_the_aggregations(self, secret, public):
+        seen: dict[str, list[dict]] = {"train": [], "evaluate": []}
+
+        def aggregation(kind):
+            def aggregate(records, weighting_key):
+                seen[kind].extend(dict(r["metrics"]) for r in records)
+                return MetricRecord({"calls": 1})
+
+            return aggregate
+
+        self.run(
+            self.grid(he_mod(secret)),
+            EncryptedAggregation(public),
+            rounds=1,
+            train_metrics_aggr_fn=aggregation("train"),
+            evaluate_metrics_aggr_fn=aggregation("evaluate"),
+        )
+        assert len(seen["train"]) == len(seen["evaluate"]) == 3
+        return seen
+
+    def test_the_train_metric_aggregation_sees_no_fedlb_keys_under_he(self, secret, public):
+        """The app's metric aggregation sees its own metrics only, also when the HE mod
+        has added its seconds to the replies."""
+        for metrics in self.metrics_seen_by_the_aggregations(secret, public)["train"]:
+            assert "num-examples" in metrics
+            assert not [k for k in metrics if k.startswith(PREFIX)], metrics
+
+    @pytest.mark.xfail(
+        strict=True,
+        reason="product bug: he_mod adds fedlb.he-s to evaluate replies too "
+        "(fedlb/flower/he.py, add_he_seconds on every reply) and aggregate_evaluate hands "
+        "m.content to evaluate_metrics_aggr_fn without user_metrics() "
+        "(fedlb/flower/strategy.py aggregate_evaluate), so the app's evaluate "
+        "aggregation and Result.evaluate_metrics_clientapp get fedlb.he-s",
+    )
+    def test_the_evaluate_metric_aggregation_sees_no_fedlb_keys_under_he(self, secret, public):
+        for metrics in self.metrics_seen_by_the_aggregations(secret, public)["evaluate"]:
+            assert "num-examples" in metrics
+            assert not [k for k in metrics if k.startswith(PREFIX)], metrics

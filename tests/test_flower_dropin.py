@@ -25,6 +25,7 @@ from tests.apps.adopt import adopt
 from tests.flower_fakes import InProcessGrid
 
 SPEEDS = (400.0, 200.0, 100.0)  # samples/s the three silos emulate: 4:2:1
+DEPLOYED_SPEEDS = (160.0, 80.0, 40.0)  # the same, slower: each silo is its own process
 BALANCE = re.compile(r"fedlb: round (\d+) balance \[([^\]]+)\]: (.*?); round .* E = ([\d.–]+)")
 SIZE = re.compile(r"(silo-\d+) B=(\d+)→(\d+) τ=(\d+)")
 
@@ -211,6 +212,7 @@ def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
     """`flwr run` on a simulation SuperLink: the `flwr new` app (its Adam loop, its
     fraction-train 0.5, its own metrics) on silos with datasets of 1:2:3."""
     monkeypatch.setenv("FEDLB_APP_PARTITION_WEIGHTS", "1,2,3")
+    monkeypatch.chdir(tmp_path)  # the ServerApp saves final_model.pt where it runs
     app, _ = adopt("flwr_new_pytorch", tmp_path)
     link = deploy.start_superlink(tmp_path, extra_args=["--simulation"])
     home = tmp_path / "home-cli"
@@ -247,16 +249,18 @@ def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(600)
 def test_quickstart_deployed_on_unequal_silos(tmp_path, monkeypatch):
-    """A SuperLink and three SuperNodes of emulated speeds 4:2:1 and datasets 1:2:3 running
-    the quickstart: sizes follow speed over steps, its metrics and log are kept."""
-    monkeypatch.setenv("FEDLB_APP_PARTITION_WEIGHTS", "1,2,3")
+    """A SuperLink and three SuperNodes of emulated speeds 4:2:1 running the quickstart:
+    sizes follow the speeds, its metrics and log are kept. (Speeds low enough that three
+    fresh training processes on two cores still run slower than emulated: the padding,
+    not the contention, sets their pace.)"""
+    monkeypatch.chdir(tmp_path)  # the ServerApp saves final_model.pt where it runs
     app, _ = adopt("quickstart_pytorch", tmp_path)
     home = tmp_path / "home-cli"
     link = deploy.start_superlink(tmp_path)
     nodes = []
     try:
         deploy.write_connection(home, f"127.0.0.1:{link.port}")
-        for i, speed in enumerate(SPEEDS):
+        for i, speed in enumerate(DEPLOYED_SPEEDS):
             config = {"partition-id": i, "num-partitions": 3, "emulated-speed": speed}
             address = f"127.0.0.1:{link.port}"
             nodes.append(deploy.start_supernode(tmp_path, f"silo-{i}", address, config))
@@ -273,5 +277,4 @@ def test_quickstart_deployed_on_unequal_silos(tmp_path, monkeypatch):
     assert sorted(rounds) == [1, 2, 3]
     assert all(m.group(2) == "measured (emulated speeds)" for m in BALANCE.finditer(output))
     assert {b for b, _, _ in rounds[1].values()} == {32}
-    # 4x the speed and 1/3 of the steps: far more samples per step
-    assert rounds[3]["silo-0"][0] > 2 * rounds[3]["silo-2"][0], rounds
+    assert rounds[3]["silo-0"][0] > 2 * rounds[3]["silo-2"][0], rounds  # ideal: 4x

@@ -315,9 +315,12 @@ def round_record(
 
 
 def balance_line(record: RoundRecord) -> str:
-    """The round in one log line: B per silo (and next), round and ideal time, E, idle."""
+    """The round in one log line: per silo B (and next), τ, compute + fixed seconds; the
+    round and ideal time, E, idle."""
     sizes = ", ".join(
-        f"{s.silo} B={s.batch_size}→{s.next_batch_size} τ={s.local_steps}" for s in record.silos
+        f"{s.silo} B={s.batch_size}→{s.next_batch_size} τ={s.local_steps} "
+        f"({_fmt(s.compute_s, 2)}+{_fmt(s.fixed_s, 2)} s)"
+        for s in record.silos
     )
     idle = "–" if record.idle_fraction is None else f"{record.idle_fraction:.0%}"
     return (

@@ -417,9 +417,9 @@ class LoadBalancedFedAvg(FedAvg):
                 if str(node) not in self.manager.sizes:  # its first round: its own B0
                     self.members.join(self.manager, node, self._initial_load(report))
         sizes = self.manager.step(list(reports.values()))
-        rejected += [
-            f"{self.members.label(int(w))}: {why}" for w, why in self.manager.last_rejected
-        ]
+        for worker, why in self.manager.last_rejected:
+            reports.pop(int(worker), None)  # not a time the round's figures can use either
+            rejected.append(f"{self.members.label(int(worker))}: {why}")
         self.members.warn_too_slow(self.manager)
         return {int(w): b for w, b in sizes.items()}
 
@@ -490,7 +490,10 @@ class LoadBalancedFedAvg(FedAvg):
             self._eval_started = None
             if not valid:
                 return None
-            return self.evaluate_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key)
+            return self.evaluate_metrics_aggr_fn(
+                [RecordDict({"metrics": user_metrics(only_metrics(m))}) for m in valid],
+                self.weighted_by_key,
+            )
 
     def _attach_evaluation(self, record: RoundRecord, replies: list[Message], key: str) -> None:
         """Weighted accuracy and loss of the replies (the app's names for them: eval_acc,

@@ -23,17 +23,16 @@ from .ideal import (
 )
 from .manager import BatchSizeManager
 from .narx import NARX
+from .pooled import PooledProportional, default_tuner
 from .reports import ReportError, WorkerReport
 from .traces import Trace, competing_load_trace, prediction_rmse
 from .tuners import (
     Deadband,
     LeaderStraggler,
-    PooledProportional,
     Proportional,
     Static,
     Tuner,
     TuningInput,
-    default_tuner,
 )
 
 __all__ = [

@@ -8,9 +8,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .estimators import SpeedEstimator, default_estimator
+from .pooled import default_tuner
 from .reports import WorkerReport
 from .split import check_feasible, round_to_total, water_fill
-from .tuners import Tuner, TuningInput, default_tuner
+from .tuners import Tuner, TuningInput
 
 log = logging.getLogger("fedlb.balance")
 

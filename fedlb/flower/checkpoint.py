@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
+
+from fedlb.balance import BatchSizeManager
+
+from .membership import Membership
+from .report import record_from_dict, record_to_dict
+from .rounds import RoundLog
 
 CHECKPOINT_VERSION = 1
 CHECKPOINT_FILE = "checkpoint.npz"
@@ -123,3 +131,46 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
             "completed round"
         )
     return checkpoint
+
+
+def strategy_state(
+    manager: BatchSizeManager | None, rng: random.Random, members: Membership, rounds: RoundLog
+) -> dict[str, Any]:
+    """What a resumed run needs of the strategy's parts (JSON-serialisable): the balancer
+    with its estimators and tuner, the sampling RNG, the silos' labels, who is left out and
+    what each brought to X, and the last round's record if still unpublished."""
+    version, internal, gauss = rng.getstate()
+    pending = rounds.pending
+    return {
+        "manager": None if manager is None else manager.state_dict(),
+        "rng": [version, list(internal), gauss],
+        **members.state_dict(),
+        "pending": None if pending is None else record_to_dict(pending),
+    }
+
+
+def restore_strategy_state(
+    state: Mapping[str, Any],
+    balancer: Callable[[Mapping[str, int]], BatchSizeManager],
+    rng: random.Random,
+    members: Membership,
+    rounds: RoundLog,
+) -> BatchSizeManager | None:
+    """Put `strategy_state` back into the parts; the balancer, rebuilt with `balancer`.
+    CheckpointError if the state does not fit (another fedlb, another balancer kind)."""
+    try:
+        manager = None
+        if state["manager"] is not None:
+            manager_state = state["manager"]
+            manager = balancer({w: int(b) for w, b in manager_state["sizes"].items()})
+            manager.load_state_dict(manager_state)
+        version, internal, gauss = state["rng"]
+        rng.setstate((int(version), tuple(int(x) for x in internal), gauss))
+        members.load_state_dict(dict(state))
+        pending = state["pending"]
+        rounds.pending = None if pending is None else record_from_dict(pending)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CheckpointError(
+            f"the checkpoint's strategy state does not fit this strategy: {error!r}"
+        ) from error
+    return manager

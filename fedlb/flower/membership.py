@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 
-from fedlb.balance import BatchSizeManager
+from fedlb.balance import BatchSizeManager, WorkerReport
+
+from .protocol import SiloReport
 
 
 def say(level: int, text: str, *args: object) -> None:
@@ -146,6 +148,47 @@ class Membership:
         by_label = {self.label(int(w)): b for w, b in sizes.items()}
         say(logging.INFO, "%s; X = %d divided: %s", event, sum(sizes.values()), by_label)
         self.events.append(event)
+
+    def start_balancing(
+        self,
+        balancer: Callable[[Mapping[str, int]], BatchSizeManager],
+        initial: dict[str, int],
+        said: Mapping[int, SiloReport],
+    ) -> BatchSizeManager:
+        """The balancer, made from the silos' first reports (what each brought to X)."""
+        self.brought.update({int(n): b for n, b in initial.items()})
+        manager = balancer(initial)
+        say(
+            logging.INFO,
+            "load balancing %d silos from their first round: B0 %s, X = %d, τ %s "
+            "(the app's learning rate and steps are kept)",
+            len(said),
+            {self.label(n): r.batch_size for n, r in sorted(said.items())},
+            manager.total,
+            {self.label(n): r.local_steps for n, r in sorted(said.items())},
+        )
+        return manager
+
+    def step(
+        self,
+        manager: BatchSizeManager,
+        said: Mapping[int, SiloReport],
+        reports: dict[int, WorkerReport],
+        rejected: list[str],
+        initial_load: Callable[[SiloReport], int],
+    ) -> dict[int, int]:
+        """Feed a round's reports to the balancer, silos reporting for the first time
+        joining with their own B0 first; the next sizes by node. Reports the balancer
+        rejects leave `reports` (and go to `rejected`, with the reason)."""
+        for node, report in sorted(said.items()):
+            if str(node) not in manager.sizes:  # its first round: its own B0
+                self.join(manager, node, initial_load(report))
+        sizes = manager.step(list(reports.values()))
+        for worker, why in manager.last_rejected:
+            reports.pop(int(worker), None)  # not a time the round's figures can use either
+            rejected.append(f"{self.label(int(worker))}: {why}")
+        self.warn_too_slow(manager)
+        return {int(w): b for w, b in sizes.items()}
 
     def warn_too_slow(self, manager: BatchSizeManager) -> None:
         """Say once per silo that it cannot keep up even at the smallest batch size."""

@@ -44,6 +44,15 @@ MODEL_CLOCK = "fedlb.model-clock"  # 1: the times are the model clock's, not mea
 HE_S = "fedlb.he-s"  # of overhead-s: CKKS decryption, encryption and serialisation
 REPORT_KEYS = (BATCH_SIZE, LOCAL_STEPS, COMPUTE_S, OVERHEAD_S)  # a report needs these
 
+# server -> the app's Result, beside the app's aggregated train metrics: the round's
+# balance (key -> RoundRecord field)
+ROUND_FIGURES = {
+    "fedlb.efficiency": "efficiency",
+    "fedlb.round-s": "round_s",
+    "fedlb.ideal-s": "ideal_s",
+    "fedlb.idle-fraction": "idle_fraction",
+}
+
 # node config (SuperNode --node-config) keys fedlb reads
 NODE_PARTITION_ID = "partition-id"
 NODE_EMULATED_SPEED = "emulated-speed"

@@ -3,6 +3,7 @@ balancer can trust. A reply that fails is left out with the reason, never crashe
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -55,6 +56,17 @@ class UpdateCheck:
                 f"got {metrics.get(self.weighted_by_key)!r}"
             )
         return self._arrays_problem(msg) if train else None
+
+    def evaluations(self, replies: list[Message]) -> tuple[list[Message], list[str]]:
+        """(the usable evaluation replies, "node-N unusable: why" for the others)."""
+        usable, unusable = [], []
+        for msg in replies:
+            problem = self.problem(msg, train=False)
+            if problem is None:
+                usable.append(msg)
+            else:
+                unusable.append(f"node-{msg.metadata.src_node_id} unusable: {problem}")
+        return usable, unusable
 
     def _arrays_problem(self, msg: Message) -> str | None:
         arrays = next(iter(msg.content.array_records.values()))
@@ -115,3 +127,37 @@ class ReportCheck:
             if expected is not None and value != expected:
                 return None, f"{what} {value} is not the {expected} it was sent"
         return report, ""
+
+
+@dataclass
+class Triage:
+    """A round's replies sorted: usable updates (in node order), and what went wrong."""
+
+    valid: list[Message] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # "node-N: why", for the record
+    answered: set[int] = field(default_factory=set)
+    unreachable: list[int] = field(default_factory=list)  # the SuperLink answered for them
+
+
+def triage_replies(replies: list[Message], sent_to: dict[str, int], updates: UpdateCheck) -> Triage:
+    """Sort train replies by what can be used. `sent_to` maps the round's message ids to
+    their nodes: an error reply the SuperLink makes for a vanished node comes from the
+    SuperLink itself, so the node is named by the message it answers."""
+    triage = Triage()
+    for msg in replies:
+        node = sent_to.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
+        triage.answered.add(node)
+        if msg.has_error():
+            triage.failed.append(f"node-{node}: {msg.error.reason}")
+            if msg.metadata.src_node_id != node:
+                triage.unreachable.append(node)
+            continue
+        problem = updates.problem(msg)
+        if problem is not None:
+            triage.failed.append(f"node-{node}: update rejected: {problem}")
+            continue
+        triage.valid.append(msg)
+    # Replies arrive in any order; summing floats in a fixed one makes a run repeatable
+    # bit for bit (a resumed run ends exactly as an uninterrupted one).
+    triage.valid.sort(key=lambda m: m.metadata.src_node_id)
+    return triage

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import psutil
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
@@ -21,29 +18,26 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedlb.balance import BatchSizeManager, WorkerReport
 
-from .checkpoint import Checkpoint, CheckpointError, save_checkpoint
+from .checkpoint import Checkpoint, restore_strategy_state, save_checkpoint, strategy_state
 from .grid import PollingGrid
 from .he import EncryptedAggregation, EncryptedModel
 from .membership import Membership, say
 from .protocol import (
-    ACCURACY_NAMES,
     EVAL_EXAMPLES,
-    LOSS_NAMES,
+    ROUND_FIGURES,
     Orders,
     SiloReport,
-    first_number,
     numbers,
     user_metrics,
 )
-from .replies import ReportCheck, UpdateCheck, only_metrics
+from .replies import ReportCheck, UpdateCheck, only_metrics, triage_replies
 from .report import (
     RoundRecord,
     RoundReporter,
     balance_line,
-    record_from_dict,
-    record_to_dict,
     round_record,
 )
+from .rounds import RoundLog, attach_evaluation, audit_round
 
 # (initial sizes) -> the balancer; BatchSizeManager itself gives fedlb's default.
 Balancer = Callable[[Mapping[str, int]], BatchSizeManager]
@@ -92,8 +86,8 @@ class LoadBalancedFedAvg(FedAvg):
         seed: seed of node sampling. Default 0.
         rejoin_grace: seconds a silo that missed a round is left out while the SuperLink
             still lists it (a killed SuperNode stays listed until its heartbeats lapse,
-            Flower: 2 x 30 s). Default 60. X is re-divided among the silos present; a silo
-            that comes back starts afresh with a fair share X/n and a new speed estimate.
+            Flower: 2 x 30 s). Default 60. X = Σ B0 of the silos present: one that leaves
+            takes its B0 out, one that comes back brings it again, with a new speed estimate.
         he: CKKS aggregation (`EncryptedAggregation` over a public context): the initial
             model is encrypted, replies must be ciphertexts under the run's key, and the
             weighted average is computed on ciphertexts. `Result.arrays` is then an
@@ -156,7 +150,7 @@ class LoadBalancedFedAvg(FedAvg):
         self.evaluate_every = evaluate_every
         self.evaluate_with_train = evaluate_with_train
         self.poll_interval = poll_interval
-        self.reporter = reporter if reporter is not None else RoundReporter()
+        self.rounds = RoundLog(reporter if reporter is not None else RoundReporter())
         self.audit_dir = audit_dir
         self.he = he
         self.checkpoint_dir = checkpoint_dir
@@ -171,9 +165,11 @@ class LoadBalancedFedAvg(FedAvg):
         self._sent: dict[int, tuple[int | None, int | None]] = {}  # node -> (B, τ) ordered
         self._messages: list[Message] = []  # this round's train messages
         self._started = 0.0
-        self._eval_started: float | None = None
-        self._pending: RoundRecord | None = None  # the last round's record, unpublished
-        self._server_s = 0.0
+
+    @property
+    def reporter(self) -> RoundReporter:
+        """Where finished round records go (their console table, rounds.jsonl)."""
+        return self.rounds.reporter
 
     # ---- what Flower logs at the start -------------------------------------------------
     def summary(self) -> None:
@@ -241,8 +237,8 @@ class LoadBalancedFedAvg(FedAvg):
     ) -> Iterable[Message]:
         server_round = self._round(server_round)
         self._finish_round(server_round - 1, arrays)
-        self._server_s = 0.0
-        with self._server_time():
+        self.rounds.server_s = 0.0
+        with self.rounds.server_time():
             if self.fraction_train == 0.0:
                 return []
             present, nodes = self._sample(self.fraction_train, self.min_train_nodes, grid)
@@ -275,16 +271,15 @@ class LoadBalancedFedAvg(FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round = self._round(server_round)
-        with self._server_time():
+        with self.rounds.server_time():
             replies = list(replies)
             self._check_and_log_replies(replies, is_train=True, validate=False)
             valid, record = self._collect(server_round, replies)
-            if self.evaluate_with_train and self._pending is not None:
+            if self.evaluate_with_train and self.rounds.pending is not None:
                 # These replies carry the evaluation of the model this round started
                 # from: the previous round's result.
-                self._attach_evaluation(self._pending, valid, EVAL_EXAMPLES)
-            self._publish()
-            self._pending = record
+                attach_evaluation(self.rounds.pending, valid, EVAL_EXAMPLES)
+            self.rounds.open(record)
             say(INFO, "%s", balance_line(record))
             if not valid:
                 say(WARNING, "round %d: no usable update; the model stays as it was", server_round)
@@ -300,15 +295,22 @@ class LoadBalancedFedAvg(FedAvg):
             else:
                 arrays = aggregate_arrayrecords(contents, self.weighted_by_key)
             if self.audit_dir is not None:
-                self._audit(server_round, valid, arrays)
+                updates = {
+                    m.metadata.src_node_id: (
+                        self.updates.weight(m),
+                        next(iter(m.content.array_records.values())),
+                    )
+                    for m in valid
+                }
+                audit_round(self.audit_dir, server_round, updates, arrays)
             metrics = self.train_metrics_aggr_fn(
                 [RecordDict({"metrics": user_metrics(only_metrics(m))}) for m in valid],
                 self.weighted_by_key,
             )
-            for key in ("efficiency", "round_s", "ideal_s", "idle_fraction"):
-                value = getattr(record, key)
+            for key, field in ROUND_FIGURES.items():
+                value = getattr(record, field)
                 if value is not None:
-                    metrics["fedlb." + key.replace("_", "-")] = float(value)
+                    metrics[key] = float(value)
             return arrays, metrics
 
     def _collect(
@@ -316,36 +318,20 @@ class LoadBalancedFedAvg(FedAvg):
     ) -> tuple[list[Message], RoundRecord]:
         """Check replies, feed the balancer, and describe the round."""
         wall = time.monotonic() - self._started
-        valid: list[Message] = []
-        failed: list[str] = []
-        answered: set[int] = set()
-        # An error reply the SuperLink makes for a vanished node comes from the SuperLink
-        # itself: name the node by the message it answers.
         sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._messages}
-        for msg in replies:
-            node = sent_to.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
-            answered.add(node)
-            if msg.has_error():
-                failed.append(f"node-{node}: {msg.error.reason}")
-                if msg.metadata.src_node_id != node:  # the SuperLink answered: unreachable
-                    self.members.bench(node, server_round, "unreachable", self.manager)
-                continue
-            problem = self.updates.problem(msg)
-            if problem is not None:
-                failed.append(f"node-{node}: update rejected: {problem}")
-                continue
-            valid.append(msg)
+        triage = triage_replies(replies, sent_to, self.updates)
+        failed = triage.failed
+        for node in triage.unreachable:
+            self.members.bench(node, server_round, "unreachable", self.manager)
         for node in self._sent:
-            if node not in answered:
+            if node not in triage.answered:
                 failed.append(f"node-{node}: no reply within the round timeout")
                 self.members.bench(
                     node, server_round, "no reply within the round timeout", self.manager
                 )
+        valid = triage.valid
         for line in failed:
             say(WARNING, "round %d: %s", server_round, line)
-        # Replies arrive in any order; summing floats in a fixed one makes a run repeatable
-        # bit for bit (a resumed run ends exactly as an uninterrupted one).
-        valid.sort(key=lambda m: m.metadata.src_node_id)
         kept = self._keep(server_round, valid)
         failed += [
             f"node-{m.metadata.src_node_id}: not among the quorum" for m in valid if m not in kept
@@ -372,7 +358,14 @@ class LoadBalancedFedAvg(FedAvg):
             self.members.name(node, report.partition_id)
             said[node] = report
             reports[node] = self._load_report(node, report)
-        next_sizes = self._step_balancer(said, reports, rejected)
+        if self.manager is None and said:  # the first reports: each silo's own B0 and τ
+            initial = {str(n): self._initial_load(r) for n, r in sorted(said.items())}
+            self.manager = self.members.start_balancing(self.balancer, initial, said)
+        next_sizes = (
+            {}
+            if self.manager is None
+            else self.members.step(self.manager, said, reports, rejected, self._initial_load)
+        )
         record = round_record(
             server_round,
             reports,
@@ -389,54 +382,6 @@ class LoadBalancedFedAvg(FedAvg):
         record.events = self.members.take_events()
         return kept, record
 
-    def _step_balancer(
-        self,
-        said: dict[int, SiloReport],
-        reports: dict[int, WorkerReport],
-        rejected: list[str],
-    ) -> dict[int, int]:
-        """Feed the round's reports to the balancer (made from the first reports when the
-        silos' own B0 are used); the next sizes by node."""
-        if self.manager is None:
-            if not said:
-                return {}
-            initial = {str(n): self._initial_load(r) for n, r in sorted(said.items())}
-            self.members.brought.update({int(n): b for n, b in initial.items()})
-            self.manager = self.balancer(initial)
-            say(
-                INFO,
-                "load balancing %d silos from their first round: B0 %s, X = %d, τ %s "
-                "(the app's learning rate and steps are kept)",
-                len(said),
-                {self.members.label(n): r.batch_size for n, r in sorted(said.items())},
-                self.manager.total,
-                {self.members.label(n): r.local_steps for n, r in sorted(said.items())},
-            )
-        else:
-            for node, report in sorted(said.items()):
-                if str(node) not in self.manager.sizes:  # its first round: its own B0
-                    self.members.join(self.manager, node, self._initial_load(report))
-        sizes = self.manager.step(list(reports.values()))
-        for worker, why in self.manager.last_rejected:
-            reports.pop(int(worker), None)  # not a time the round's figures can use either
-            rejected.append(f"{self.members.label(int(worker))}: {why}")
-        self.members.warn_too_slow(self.manager)
-        return {int(w): b for w, b in sizes.items()}
-
-    def _audit(self, server_round: int, valid: list[Message], aggregate: ArrayRecord) -> None:
-        assert self.audit_dir is not None
-        self.audit_dir.mkdir(parents=True, exist_ok=True)
-        saved: dict[str, np.ndarray] = {}
-        for msg in valid:
-            node = msg.metadata.src_node_id
-            saved[f"weight/{node}"] = np.asarray(self.updates.weight(msg))
-            for key, array in next(iter(msg.content.array_records.values())).items():
-                saved[f"update/{node}/{key}"] = array.numpy()
-        for key, array in aggregate.items():
-            saved[f"aggregate/{key}"] = array.numpy()
-        with (self.audit_dir / f"round-{server_round}.npz").open("wb") as handle:
-            np.savez(handle, **saved)  # type: ignore[arg-type]
-
     # ---- evaluation --------------------------------------------------------------------
     def _evaluation_due(self, server_round: int) -> bool:
         return server_round >= 1 and (
@@ -447,7 +392,7 @@ class LoadBalancedFedAvg(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         server_round = self._round(server_round)
-        with self._server_time():
+        with self.rounds.server_time():
             due = server_round == self._num_rounds or (
                 not self.evaluate_with_train and self._evaluation_due(server_round)
             )
@@ -457,7 +402,7 @@ class LoadBalancedFedAvg(FedAvg):
             flwr_log(
                 INFO, "configure_evaluate: Sampled %s nodes (out of %s)", len(nodes), len(present)
             )
-            self._eval_started = time.monotonic()
+            self.rounds.evaluation_sent()
             eval_config = ConfigRecord(dict(config))
             eval_config["server-round"] = server_round
             record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: eval_config})
@@ -467,59 +412,18 @@ class LoadBalancedFedAvg(FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         server_round = self._round(server_round)
-        with self._server_time():
+        with self.rounds.server_time():
             answered, _ = self._check_and_log_replies(list(replies), is_train=False, validate=False)
-            valid = []
-            for msg in answered:
-                problem = self.updates.problem(msg, train=False)
-                if problem is None:
-                    valid.append(msg)
-                else:
-                    say(
-                        WARNING,
-                        "round %d: evaluation from node %d unusable: %s",
-                        server_round,
-                        msg.metadata.src_node_id,
-                        problem,
-                    )
-            record = self._pending
-            if record is not None and record.round == server_round:
-                if self._eval_started is not None:
-                    record.eval_wall_s = time.monotonic() - self._eval_started
-                self._attach_evaluation(record, valid, self.weighted_by_key)
-            self._eval_started = None
+            valid, unusable = self.updates.evaluations(answered)
+            for line in unusable:
+                say(WARNING, "round %d: evaluation from %s", server_round, line)
+            self.rounds.evaluated(server_round, valid, self.weighted_by_key)
             if not valid:
                 return None
             return self.evaluate_metrics_aggr_fn(
                 [RecordDict({"metrics": user_metrics(only_metrics(m))}) for m in valid],
                 self.weighted_by_key,
             )
-
-    def _attach_evaluation(self, record: RoundRecord, replies: list[Message], key: str) -> None:
-        """Weighted accuracy and loss of the replies (the app's names for them: eval_acc,
-        accuracy, ...; weights under `key`) into the record, per silo and overall."""
-        per_node: dict[int, tuple[float, float | None, float | None]] = {}
-        for msg in replies:
-            if msg.has_error() or len(msg.content.metric_records) != 1:
-                continue
-            values = numbers(only_metrics(msg))
-            weight = values.get(key)
-            accuracy = first_number(values, ACCURACY_NAMES)
-            loss = first_number(values, LOSS_NAMES)
-            if weight is None or weight <= 0 or (accuracy is None and loss is None):
-                continue  # not asked to evaluate, or reports neither
-            per_node[msg.metadata.src_node_id] = (weight, accuracy, loss)
-
-        def mean(index: int) -> float | None:
-            pairs = [(v[0], x) for v in per_node.values() if (x := v[index]) is not None]
-            total = sum(w for w, _ in pairs)
-            return sum(w * x for w, x in pairs) / total if pairs else None
-
-        if per_node:
-            record.accuracy, record.loss = mean(1), mean(2)
-        for silo in record.silos:
-            if silo.node in per_node:
-                _, silo.accuracy, silo.loss = per_node[silo.node]
 
     # ---- the run -----------------------------------------------------------------------
     def start(
@@ -563,7 +467,9 @@ class LoadBalancedFedAvg(FedAvg):
             inner = evaluate_fn
 
             def server_evaluate(flower_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-                return self._server_evaluate(inner, self._round(flower_round), arrays)
+                metrics = inner(self._round(flower_round), arrays)
+                self.rounds.server_evaluated(self._round(flower_round), metrics)
+                return metrics
 
         result = super().start(
             grid=grid,
@@ -593,12 +499,8 @@ class LoadBalancedFedAvg(FedAvg):
         close its record and, with `checkpoint_dir`, checkpoint it with its model."""
         if server_round < 1 or (server_round <= self._offset and not last):
             return
-        pending = self._pending
-        if pending is not None and pending.round == server_round:
-            pending.server_s = self._server_s
-            pending.server_rss_mb = psutil.Process().memory_info().rss / 2**20
-            if last or not self.evaluate_with_train:
-                self._publish()  # else the next round's replies carry its evaluation
+        # Unless the next round's replies carry its evaluation, its record is complete.
+        self.rounds.close(server_round, publish=last or not self.evaluate_with_train)
         if self.checkpoint_dir is not None and server_round > self._offset:
             save_checkpoint(
                 self.checkpoint_dir,
@@ -607,64 +509,17 @@ class LoadBalancedFedAvg(FedAvg):
                 ),
             )
 
-    def _publish(self) -> None:
-        if self._pending is not None:
-            self.reporter.publish(self._pending)
-            self._pending = None
-
-    @contextlib.contextmanager
-    def _server_time(self) -> Iterator[None]:
-        """Add the block's seconds to this round's server time (the strategy's own work:
-        selecting, sizing, checking and averaging; not waiting for silos)."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._server_s += time.perf_counter() - started
-
-    def _server_evaluate(
-        self,
-        inner: Callable[[int, ArrayRecord], MetricRecord | None],
-        server_round: int,
-        arrays: ArrayRecord,
-    ) -> MetricRecord | None:
-        metrics = inner(server_round, arrays)
-        pending = self._pending
-        if metrics is not None and pending is not None and pending.round == server_round:
-            values = numbers(metrics)
-            pending.server_accuracy = first_number(values, ACCURACY_NAMES)
-            pending.server_loss = first_number(values, LOSS_NAMES)
-        return metrics
-
     # ---- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs of this strategy (JSON-serialisable)."""
-        version, internal, gauss = self._rng.getstate()
-        return {
-            "manager": None if self.manager is None else self.manager.state_dict(),
-            "rng": [version, list(internal), gauss],
-            **self.members.state_dict(),
-            "pending": None if self._pending is None else record_to_dict(self._pending),
-        }
+        return strategy_state(self.manager, self._rng, self.members, self.rounds)
 
     def restore(self, checkpoint: Checkpoint) -> ArrayRecord:
         """Take up a checkpointed run: the balancer with its estimators and tuner, the
         sampling RNG, labels, silos left out, and the last round's record. `start` then
         runs the rounds after `checkpoint.round`; pass it the returned model."""
-        state = checkpoint.strategy
-        try:
-            if state["manager"] is not None:
-                manager_state = state["manager"]
-                self.manager = self.balancer({w: int(b) for w, b in manager_state["sizes"].items()})
-                self.manager.load_state_dict(manager_state)
-            version, internal, gauss = state["rng"]
-            self._rng.setstate((int(version), tuple(int(x) for x in internal), gauss))
-            self.members.load_state_dict(state)
-            pending = state["pending"]
-            self._pending = None if pending is None else record_from_dict(pending)
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise CheckpointError(
-                f"the checkpoint's strategy state does not fit this strategy: {error!r}"
-            ) from error
+        self.manager = restore_strategy_state(
+            checkpoint.strategy, self.balancer, self._rng, self.members, self.rounds
+        )
         self._offset = checkpoint.round
         return checkpoint.arrays

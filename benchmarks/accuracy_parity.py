@@ -179,19 +179,21 @@ def run_one(
     }
 
 
-def mean_sd(values: list[float]) -> str:
+def mean_sd(values: list[float], signed: bool = False) -> str:
+    number = "{:+.3f}" if signed else "{:.3f}"
     if len(values) < 2:
-        return f"{values[0]:.3f}" if values else "-"
-    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
+        return number.format(values[0]) if values else "-"
+    return f"{number.format(statistics.fmean(values))} ± {statistics.stdev(values):.3f}"
 
 
 def table(results: list[dict[str, Any]], rounds: int, early: int) -> str:
-    """One row per (lr, policy): accuracies mean ± sd over seeds, and how many runs
-    collapsed (final accuracy <= COLLAPSED: the model stuck at chance)."""
+    """One row per (lr, policy): accuracies mean ± sd over seeds, the final accuracy's
+    difference from stock's on the same seed (same initial model and data), and how many
+    runs collapsed (final accuracy <= COLLAPSED: the model stuck at chance)."""
     lines = [
         f"| policy | B_i | lr | E | accuracy round {early} | accuracy round {rounds} "
-        f"| collapsed | round {rounds}, runs not collapsed | seeds |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| minus stock, same seed | collapsed | round {rounds}, runs not collapsed | seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     keys = sorted(
         dict.fromkeys((r["lr"], r["policy"]) for r in results),
@@ -201,9 +203,16 @@ def table(results: list[dict[str, Any]], rounds: int, early: int) -> str:
         runs = [r for r in results if r["lr"] == lr and r["policy"] == policy]
         final = [r["accuracy"][rounds] for r in runs]
         alive = [a for a in final if a > COLLAPSED]
+        stock = {
+            r["seed"]: r["accuracy"][rounds]
+            for r in results
+            if r["lr"] == lr and r["policy"] == "stock"
+        }
+        paired = [r["accuracy"][rounds] - stock[r["seed"]] for r in runs if r["seed"] in stock]
         lines.append(
             f"| {policy} | {'/'.join(map(str, runs[0]['sizes']))} | {lr:g} | {runs[0]['E']:.3f} | "
             f"{mean_sd([r['accuracy'][early] for r in runs])} | {mean_sd(final)} | "
+            f"{mean_sd(paired, signed=True)} | "
             f"{len(final) - len(alive)}/{len(final)} | {mean_sd(alive)} | {len(runs)} |"
         )
     return "\n".join(lines)

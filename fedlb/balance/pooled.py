@@ -42,7 +42,10 @@ class PooledProportional(Proportional):
             (n: the workers present), so no silo's updates rest on a sliver of the global
             batch. X is kept; a min_share that X cannot meet raises ValueError (when the
             manager is built or a worker added; a worker leaving loosens it to X // n with
-            a warning instead, so the run goes on). Default 0.0 (no floor).
+            a warning instead, so the run goes on). Default 0.0 (no floor). 0.5 (no silo
+            below half the uniform batch) guards an app whose learning rate is near the edge
+            of stability, at a cost in E wherever a silo runs below half the mean speed:
+            docs/experiments.md, "Accuracy at the app's own learning rate".
         significance: the level at which a difference between workers counts as real.
             Default 0.16: about the Akaike break-even for one difference (z² > 2), where
             a separate estimate starts to pay for its noise. Lower pools more (equal silos

@@ -39,6 +39,8 @@ RUN_SETTING_HELP = {
     "(plain FedAvg).",
     "estimator": "change-point (fedlb's default), ema-restart, ema (α=0.2) or memoryless.",
     "min-batch": "Smallest B any silo gets.",
+    "min-share": "Accuracy guard (tuner pooled): no silo below min-share x the mean batch "
+    "(0: none; 0.5 for a learning rate near the edge of stability, see docs/experiments.md).",
     "max-batch": "Largest B any silo gets (0: no limit).",
     "evaluate-every": "Federated evaluation every k rounds and after the last.",
     "evaluate-mode": "with-train (inside the next train message) or separate (own phase).",
@@ -90,6 +92,7 @@ class RunConfig:
         change), 'ema' (α = 0.2), 'ema-restart' (EMA restarting on a lasting change), or
         'memoryless'.
     min_batch, max_batch: bounds on any silo's B (max_batch 0: none).
+    min_share: with tuner 'pooled', no silo below min_share × X/n (0: no floor).
     evaluate_every: federated evaluation every k rounds (and always after the last).
     evaluate_mode: 'with-train' (default): silos evaluate the model they receive inside the
         next round's train message, saving a whole framework round trip per evaluation;
@@ -121,6 +124,7 @@ class RunConfig:
     estimator: str = "change-point"
     min_batch: int = 1
     max_batch: int = 0
+    min_share: float = 0.0
     evaluate_every: int = 1
     evaluate_mode: str = "with-train"
     dataset: str = "digits"
@@ -163,6 +167,10 @@ class RunConfig:
             problems.append("max-batch must be 0 (no limit) or >= batch-size")
         if self.min_batch > self.batch_size:
             problems.append("min-batch must be <= batch-size")
+        if not (math.isfinite(self.min_share) and 0 <= self.min_share <= 1):
+            problems.append("min-share must be in [0, 1]")
+        elif self.min_share > 0 and self.tuner != "pooled":
+            problems.append("min-share needs tuner pooled")
         if not (math.isfinite(self.poll_interval) and self.poll_interval >= 0):
             problems.append("poll-interval must be a finite number >= 0")
         if self.keep_updates not in (0, 1):

@@ -43,7 +43,9 @@ app = ServerApp()
 def make_tuner(config: RunConfig) -> Tuner:
     max_batch = config.max_batch or None
     if config.tuner == "pooled":
-        return PooledProportional(min_batch=config.min_batch, max_batch=max_batch)
+        return PooledProportional(
+            min_batch=config.min_batch, max_batch=max_batch, min_share=config.min_share
+        )
     if config.tuner == "proportional":
         return Proportional(min_batch=config.min_batch, max_batch=max_batch)
     if config.tuner == "deadband":

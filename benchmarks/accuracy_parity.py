@@ -28,8 +28,18 @@ samples (a fresh draw per seed) to fit the compute budget; the central test set 
 A seed fixes torch's RNG (so the initial model), the subsample and every loader's order; a
 seed's runs share the initial model and data across policies (paired).
 
-    .venv/bin/python benchmarks/accuracy_parity.py [--rounds 10] [--seeds 0 1 2]
-        [--lrs 0.1 0.03] [--per-silo 6000] [--json results.json] [--from-json results.json]
+The other app, `--app flwr-new`: `tests/apps/flwr_new_pytorch`, what `flwr new` writes
+(the same Net, but Adam, its own lr 0.01, 1 local epoch, train loss divided by
+len(trainloader), `load_data(partition_id, num_partitions)` with batch 32 fixed, and no
+central test set). Its partitions come from its own `load_data`, its own `train()`/`test()`
+run unchanged, and the global model is scored with its `test()` on the quickstart's
+`load_centralized_dataset()`: both fixtures share one offline data section, so that is the
+same held-out set, disjoint from the flwr-new partitions (checked at start: it must equal
+the flwr-new task's own hold-out). Its --lrs default to its own 0.01.
+
+    .venv/bin/python benchmarks/accuracy_parity.py [--app quickstart|flwr-new]
+        [--rounds 10] [--seeds 0 1 2] [--lrs 0.1 0.03] [--per-silo 6000]
+        [--json results.json] [--from-json results.json]
 
 Prints one markdown table (accuracy at round 3 and at the last round, mean ± sd over
 seeds) and per-seed accuracies.
@@ -46,16 +56,20 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sized
+from collections.abc import Callable, Sized
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Subset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Subset
 
 from fedlb.balance import Proportional, TuningInput, balance_efficiency
 
-APP = Path(__file__).resolve().parent.parent / "tests" / "apps" / "quickstart_pytorch"
+APPS = Path(__file__).resolve().parent.parent / "tests" / "apps"
+APP = APPS / "quickstart_pytorch"
+FLWR_NEW = APPS / "flwr_new_pytorch"
+APP_LRS = {"quickstart": [0.1, 0.03], "flwr-new": [0.01]}  # --lrs default: the app's own
 POLICIES = ("stock", "uniform", "lb", "lb-f0.5", "lb-f0.75")
 B0 = 32
 COLLAPSED = 0.15  # final accuracy at or below this: stuck at chance (0.10)
@@ -67,6 +81,35 @@ def load_task(data: str) -> Any:
     os.environ.pop("FEDLB_APP_PARTITION_WEIGHTS", None)
     sys.path.insert(0, str(APP))
     return importlib.import_module("pytorchexample.task")
+
+
+@dataclass(frozen=True)
+class App:
+    """What a run uses of an app: its task module (Net, train, test), its silos' train sets
+    and the central test set that scores the global model."""
+
+    name: str
+    task: Any
+    partition: Callable[[int, int], Dataset[Any]]  # (partition_id, num_partitions) -> train
+    central: DataLoader[Any]
+
+
+def load_app(name: str, data: str) -> App:
+    """The quickstart, or the `flwr new` app scored on the quickstart's central test set."""
+    quickstart = load_task(data)
+    central = quickstart.load_centralized_dataset()
+    if name == "quickstart":
+        return App(
+            name, quickstart, lambda i, n: quickstart.load_data(i, n, B0)[0].dataset, central
+        )
+    sys.path.insert(0, str(FLWR_NEW))
+    task = importlib.import_module("flwrnewpytorch.task")
+    # The same offline data section in both fixtures: the quickstart's central set must be
+    # the flwr-new task's own hold-out (so disjoint from the partitions its load_data serves).
+    held_x, held_y = task._offline_data()[1]
+    assert torch.equal(central.dataset.images, held_x)
+    assert torch.equal(central.dataset.labels, held_y)
+    return App(name, task, lambda i, n: task.load_data(i, n)[0].dataset, central)
 
 
 def batch_sizes(policy: str, speeds: list[float]) -> list[int]:
@@ -110,26 +153,26 @@ def loader(policy: str, train: Subset[Any], size: int, tau: int, seed: int) -> D
 
 
 def run_one(
-    task: Any,
+    app: App,
     policy: str,
     lr: float,
     seed: int,
     rounds: int,
     speeds: list[float],
     per_silo: int,
-    central: DataLoader[Any],
     eval_rounds: set[int],
 ) -> dict[str, Any]:
     from flwr.app import ArrayRecord, MetricRecord, RecordDict
     from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
+    task = app.task
     n = len(speeds)
     device = torch.device("cpu")
     pick = torch.Generator().manual_seed(10_000 + seed)
     silos = []
     for i in range(n):
-        full = task.load_data(i, n, B0)[0].dataset
-        keep = torch.randperm(len(full), generator=pick)[:per_silo].tolist()
+        full = app.partition(i, n)
+        keep = torch.randperm(len(cast(Sized, full)), generator=pick)[:per_silo].tolist()
         silos.append(Subset(full, keep))
     taus = [math.ceil(len(train) / B0) for train in silos]  # len() of the app's loader at B0
     sizes = batch_sizes(policy, speeds)
@@ -163,9 +206,10 @@ def run_one(
         if server_round in eval_rounds or server_round == rounds:
             net = task.Net()
             net.load_state_dict(arrays.to_torch_state_dict())
-            loss, acc = task.test(net, central, device)
+            loss, acc = task.test(net, app.central, device)
             accuracy[server_round], losses[server_round] = float(acc), float(loss)
     return {
+        "app": app.name,
         "policy": policy,
         "lr": lr,
         "seed": seed,
@@ -248,10 +292,18 @@ def silo_table(results: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--app",
+        default="quickstart",
+        choices=sorted(APP_LRS),
+        help="quickstart: tests/apps/quickstart_pytorch; flwr-new: tests/apps/flwr_new_pytorch",
+    )
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--early", type=int, default=3, help="also report this round")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--lrs", type=float, nargs="+", default=[0.1, 0.03])
+    parser.add_argument(
+        "--lrs", type=float, nargs="+", help="default: the app's own (0.1 0.03 / 0.01)"
+    )
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     parser.add_argument("--speeds", default="1,2,4", help="relative silo speeds")
     parser.add_argument("--per-silo", type=int, default=6000, help="train samples per silo")
@@ -276,23 +328,24 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     logging.getLogger("fedlb.balance").setLevel(logging.ERROR)  # the floors' removal warnings
     speeds = [float(v) for v in args.speeds.split(",")]
-    task = load_task(args.data)
-    central = task.load_centralized_dataset()
+    lrs = args.lrs or APP_LRS[args.app]
+    app = load_app(args.app, args.data)
     eval_rounds = {k for k in range(1, args.rounds + 1) if k % args.eval_every == 0}
     eval_rounds.add(args.early)
     print(
-        f"# {args.data}, {len(speeds)} IID silos x {args.per_silo} train samples, speeds "
-        f"{args.speeds}, {args.rounds} rounds, seeds {args.seeds}, test set {len(central.dataset)}",
+        f"# {args.app} app, {args.data}, {len(speeds)} IID silos x {args.per_silo} train "
+        f"samples, speeds {args.speeds}, {args.rounds} rounds, seeds {args.seeds}, "
+        f"test set {len(cast(Sized, app.central.dataset))}",
         flush=True,
     )
     results = []
     started = time.perf_counter()
     for seed in args.seeds:
-        for lr in args.lrs:
+        for lr in lrs:
             for policy in args.policies:
                 t0 = time.perf_counter()
                 result = run_one(
-                    task, policy, lr, seed, args.rounds, speeds, args.per_silo, central, eval_rounds
+                    app, policy, lr, seed, args.rounds, speeds, args.per_silo, eval_rounds
                 )
                 result["seconds"] = time.perf_counter() - t0
                 results.append(result)

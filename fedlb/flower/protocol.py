@@ -195,6 +195,8 @@ def read_report(metrics: Mapping[str, Any]) -> SiloReport:
     for key in (BATCH_SIZE, LOCAL_STEPS):
         if not values[key].is_integer():
             raise ProtocolError(f"{key} must be a whole number, got {values[key]!r}")
+        if values[key] < 1:
+            raise ProtocolError(f"{key} must be >= 1, got {values[key]:g}")
     partition = values.get(PARTITION_ID)
     return SiloReport(
         batch_size=int(values[BATCH_SIZE]),

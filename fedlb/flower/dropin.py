@@ -23,9 +23,10 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -67,18 +68,18 @@ class RoundTiming:
     steps: int = 0
     compute_s: float = 0.0  # as the silo lived it (padded when emulated)
     real_compute_s: float = 0.0
-    first_step_s: float = 0.0  # the round's first step alone
+    step_s: list[float] = field(default_factory=list)  # each step, as lived
 
     def split(self) -> tuple[float, float]:
-        """(compute seconds, seconds of one-off cost). The first step of a round pays
-        one-off costs (a fresh process's first convolution, allocator warm-up) that do
-        not scale with B: its excess over the other steps' mean is fixed cost, not
-        compute, or a silo's speed would be misjudged from every round's start."""
-        if self.steps < 2:
+        """(compute seconds, seconds of one-off cost). Steps that take far longer than the
+        rest pay costs that do not scale with B (a fresh process's first convolutions,
+        allocator warm-up, a stall): compute is the steps' median times their count, so a
+        silo's speed is not misjudged from every round's start; the excess is fixed cost
+        (the round's total is unchanged)."""
+        if self.steps < 3:
             return self.compute_s, 0.0
-        others = (self.compute_s - self.first_step_s) / (self.steps - 1)
-        excess = max(0.0, self.first_step_s - others)
-        return self.compute_s - excess, excess
+        compute = min(self.compute_s, statistics.median(self.step_s) * self.steps)
+        return compute, self.compute_s - compute
 
 
 _CURRENT: contextvars.ContextVar[RoundTiming | None] = contextvars.ContextVar(
@@ -279,8 +280,7 @@ class BalancedLoader:
                     if target > real:
                         time.sleep(target - real)
                     elapsed = max(real, target)
-                if timing.steps == 0:
-                    timing.first_step_s = elapsed
+                timing.step_s.append(elapsed)
                 timing.steps += 1
                 timing.compute_s += elapsed
                 timing.real_compute_s += real

@@ -390,14 +390,6 @@ class TestEncryptedFedAvg:
             assert "num-examples" in metrics
             assert not [k for k in metrics if k.startswith(PREFIX)], metrics
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="product bug: he_mod adds fedlb.he-s to evaluate replies too "
-        "(fedlb/flower/he.py, add_he_seconds on every reply) and aggregate_evaluate hands "
-        "m.content to evaluate_metrics_aggr_fn without user_metrics() "
-        "(fedlb/flower/strategy.py aggregate_evaluate), so the app's evaluate "
-        "aggregation and Result.evaluate_metrics_clientapp get fedlb.he-s",
-    )
     def test_the_evaluate_metric_aggregation_sees_no_fedlb_keys_under_he(self, secret, public):
         for metrics in self.metrics_seen_by_the_aggregations(secret, public)["evaluate"]:
             assert "num-examples" in metrics

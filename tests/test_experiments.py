@@ -134,6 +134,94 @@ def test_seeds_combine_into_means_with_spread_and_reach():
     assert combined["speedup_ceiling"] == 2.0
 
 
+SPEEDS = (400.0, 200.0, 100.0)  # samples/s of silos 0, 1, 2 on the model clock
+
+
+def run_policy(policy, rounds=3):
+    """One policy of `fedlb experiment` (POLICIES: its strategy class and arguments), run
+    in-process on the model clock as the runner does, with three silos 1:2:4 slower."""
+    from flwr.app import ArrayRecord
+
+    from fedlb.experiments import POLICIES
+    from fedlb.flower import RunConfig
+    from fedlb.flower.task import federation_data, model_for
+    from tests.flower_fakes import InProcessGrid, fedlb_app, lr_config
+
+    settings = {"num-silos": 3, "local-steps": 4, "batch-size": 16}
+    config = RunConfig.from_mapping(settings)
+
+    def clock(context):
+        return EmulatedClock("model", SpeedProfile(SPEEDS[context.node_config["partition-id"]]))
+
+    nodes = {100 + i: {"partition-id": i, "num-partitions": 3} for i in range(3)}
+    grid = InProcessGrid(nodes, settings, fedlb_app(clock=clock, config=config))
+    _, strategy_class, extra = POLICIES[policy]
+    strategy = strategy_class(
+        batch_size=16, local_steps=4, min_available_nodes=3, evaluate_every=rounds, **extra()
+    )
+    pool, _ = federation_data(config)
+    strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(model_for(config, pool).state_dict()),
+        num_rounds=rounds,
+        timeout=30,
+        train_config=lr_config(0.1),
+    )
+    sent: dict[int, dict[int, dict]] = {}
+    for msg in grid.sent:
+        if msg.metadata.message_type == "train":
+            config_sent = dict(msg.content["config"])
+            sent.setdefault(config_sent["server-round"], {})[msg.metadata.dst_node_id] = config_sent
+    return strategy, [sent[k] for k in sorted(sent)]
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("policy", ["fedavg", "lb", "lb-tau", "lb-lr", "deadband", "quorum"])
+def test_each_policy_does_what_it_says(policy):
+    from fedlb.flower.protocol import BATCH_SIZE, LEARNING_RATE, LOCAL_STEPS
+
+    strategy, rounds = run_policy(policy)
+    records = strategy.reporter.records
+    assert [r.round for r in records] == [1, 2, 3]
+    last = rounds[-1]
+    sizes = {node: orders[BATCH_SIZE] for node, orders in last.items()}
+    steps = {node: orders[LOCAL_STEPS] for node, orders in last.items()}
+    rates = {node: orders[LEARNING_RATE] for node, orders in last.items()}
+    assert set(last) == {100, 101, 102}  # every policy sends every silo work
+    if policy in ("fedavg", "quorum"):
+        assert set(sizes.values()) == {16}
+        assert set(steps.values()) == {4}
+    if policy == "quorum":  # the fastest ⌈3/2⌉ = 2 updates only
+        assert all({s.node for s in r.silos} == {100, 101} for r in records)
+    if policy in ("lb", "lb-lr"):  # B follows the speeds 4:2:1, τ stays
+        assert sizes[100] > sizes[101] > sizes[102]
+        assert sum(sizes.values()) == 48
+        assert set(steps.values()) == {4}
+        assert records[-1].efficiency > 0.95
+    if policy == "deadband":  # moves toward the speeds, X kept
+        assert sizes[100] >= sizes[101] >= sizes[102]
+        assert sum(sizes.values()) == 48
+    if policy == "lb-tau":  # τ follows the speeds, B stays (Σ τ kept)
+        assert set(sizes.values()) == {16}
+        assert steps[100] > steps[101] > steps[102]
+        assert sum(steps.values()) == 12
+        assert records[-1].efficiency > 0.95
+    if policy == "lb-lr":  # η_i = η · B_i / B0
+        for node, rate in rates.items():
+            assert rate == pytest.approx(0.1 * sizes[node] / 16)
+    else:  # the app's learning rate reaches every silo untouched
+        assert set(rates.values()) == {0.1}
+
+
+def test_variants_refuse_what_they_cannot_run():
+    from fedlb.experiments.variants import QuorumFedAvg, StepsTunedFedAvg
+
+    with pytest.raises(ValueError, match="tuning τ needs batch_size and local_steps"):
+        StepsTunedFedAvg(local_steps=5)
+    with pytest.raises(ValueError, match="quorum must be a fraction"):
+        QuorumFedAvg(quorum=1.5)
+
+
 @pytest.mark.slow
 def test_a_small_comparison_end_to_end(tmp_path):
     """Flower's Simulation Engine, model clock, three policies, two seeds, digits."""

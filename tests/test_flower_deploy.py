@@ -161,9 +161,9 @@ def test_he_fedavg_on_real_processes(tmp_path):
 
 
 def test_a_silo_killed_mid_run_is_left_out_and_rejoins(tmp_path):
-    """SIGKILL one SuperNode: the round goes on without it after the timeout, X is
-    re-divided among the two left, and a restarted SuperNode for the same silo rejoins
-    with a fair share."""
+    """SIGKILL one SuperNode: the round goes on without it after the timeout, its B0
+    leaves X and the rest is re-divided among the two left, and a restarted SuperNode for
+    the same silo rejoins with its B0 (X = Σ B0 of the silos present)."""
     out = tmp_path / "out"
     with Federation(tmp_path / "procs") as federation:
         for i in range(3):
@@ -191,9 +191,9 @@ def test_a_silo_killed_mid_run_is_left_out_and_rejoins(tmp_path):
     assert any("silo-2 left" in e for e in missed.events), missed.events
     without = next(r for r in records if r.round > missed.round)
     assert {s.silo for s in without.silos} == {"silo-0", "silo-1"}
-    assert sum(s.batch_size for s in without.silos) == 48  # X re-divided among the two
+    assert sum(s.batch_size for s in without.silos) == 32  # 48 less the B0 that left
     back = next(r for r in records if any("joined" in e for e in r.events))
-    assert {s.silo: s.batch_size for s in back.silos}["silo-2"] == 16  # a fair share
+    assert {s.silo: s.batch_size for s in back.silos}["silo-2"] == 16  # its B0 again
     assert sum(s.batch_size for s in back.silos) == 48
     assert {s.silo for s in records[-1].silos} == {"silo-0", "silo-1", "silo-2"}
     assert records[-1].accuracy is not None  # the last round evaluates on all three

@@ -40,9 +40,9 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 
 # Product bugs these tests pin down (strict xfail: they fail loudly once fixed).
 REJECTED_REPORT_CRASHES = (
-    "product bug: a report the balancer rejects (compute-s <= 0, cpu or mem outside "
-    "[0, 1]) is still passed to round_record (strategy.py _collect), whose "
-    "ideal_round_time raises: one silo's bad report stops the run"
+    "product bug: a report the balancer rejects is still passed to round_record "
+    "(strategy.py _collect); with compute-s < 0 its ideal_round_time raises ValueError "
+    "(= 0: ZeroDivisionError in WorkerReport.speed): one silo's bad report stops the run"
 )
 
 BASE = 500.0  # samples/s of a factor-1 silo (well above what real compute needs)

@@ -43,6 +43,7 @@ EMULATED_SPEED = "fedlb.emulated-speed"  # samples/s it emulated (0: real hardwa
 MODEL_CLOCK = "fedlb.model-clock"  # 1: the times are the model clock's, not measured
 HE_S = "fedlb.he-s"  # of overhead-s: CKKS decryption, encryption and serialisation
 REPORT_KEYS = (BATCH_SIZE, LOCAL_STEPS, COMPUTE_S, OVERHEAD_S)  # a report needs these
+LARGEST = 2**24  # the most samples per step, or steps per round, a report may claim
 
 # server -> the app's Result, beside the app's aggregated train metrics: the round's
 # balance (key -> RoundRecord field)
@@ -195,8 +196,8 @@ def read_report(metrics: Mapping[str, Any]) -> SiloReport:
     for key in (BATCH_SIZE, LOCAL_STEPS):
         if not values[key].is_integer():
             raise ProtocolError(f"{key} must be a whole number, got {values[key]!r}")
-        if values[key] < 1:
-            raise ProtocolError(f"{key} must be >= 1, got {values[key]:g}")
+        if not 1 <= values[key] <= LARGEST:
+            raise ProtocolError(f"{key} must be in 1..{LARGEST}, got {values[key]:g}")
     partition = values.get(PARTITION_ID)
     return SiloReport(
         batch_size=int(values[BATCH_SIZE]),

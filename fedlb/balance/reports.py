@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+LONGEST_S = 1e7  # seconds (~4 months): a reported time past it is corrupt, not slow
+
 
 class ReportError(ValueError):
     """A worker report that cannot be used. The message says what was wrong with it."""
@@ -63,6 +65,8 @@ class WorkerReport:
             elif value < 0 or (value == 0 and not allow_zero):
                 bound = ">= 0" if allow_zero else "> 0"
                 found.append(f"{name} must be {bound}, got {value!r}")
+            elif value > LONGEST_S:
+                found.append(f"{name} {value:g} s is longer than any round ({LONGEST_S:g} s)")
         for name in ("cpu", "mem", "accel_mem"):
             value = getattr(self, name)
             if value is None:

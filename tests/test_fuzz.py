@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fedlb.balance import BatchSizeManager, WorkerReport
@@ -36,7 +36,6 @@ from fedlb.flower.protocol import (
     LOCAL_STEPS,
     MEM,
     MODEL_CLOCK,
-    OVERHEAD_S,
     PARTITION_ID,
     REPORT_KEYS,
     SERVER_ROUND,
@@ -162,11 +161,8 @@ GOOD_REPORT = {
 @given(st.dictionaries(st.sampled_from(REPORT_METRICS), metric_values))
 @example({"fedlb.compute-s": -1.0})  # found by this test: round_record's ideal time raised
 @example({"fedlb.compute-s": 0})
+@example({"fedlb.overhead-s": 1.8e305})  # found by this test: the estimator overflowed
 def test_a_random_report_never_stops_the_round(changes):
-    # a finite fixed cost past ~1e300 s: the known overflow (see
-    # test_a_huge_fixed_cost_is_refused_or_taken)
-    fixed = changes.get(OVERHEAD_S, 0.0)
-    assume(not (math.isfinite(fixed) and abs(fixed) > 1e300))
     strategy = strategy_in_round_two()
     good = reply(GLOBAL, MetricRecord(GOOD_REPORT), node=8)
     fuzzed = reply(GLOBAL, MetricRecord({**GOOD_REPORT, **changes}), node=7)

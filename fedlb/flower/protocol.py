@@ -111,7 +111,9 @@ class Orders:
         batch = config.get(BATCH_SIZE)
         steps = config.get(LOCAL_STEPS)
         return cls(
-            server_round=0 if server_round == 0 else _whole(server_round, SERVER_ROUND),
+            server_round=0
+            if server_round == 0 and not isinstance(server_round, bool)
+            else _whole(server_round, SERVER_ROUND),
             batch_size=None if batch is None else _whole(batch, f"the server's {BATCH_SIZE}"),
             local_steps=None if steps is None else _whole(steps, f"the server's {LOCAL_STEPS}"),
             evaluate_first=config.get(EVALUATE_FIRST) is True,

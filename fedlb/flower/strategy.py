@@ -191,7 +191,9 @@ class LoadBalancedFedAvg(FedAvg):
     def _sample(self, fraction: float, minimum: int, grid: Grid) -> tuple[list[int], list[int]]:
         """(every eligible node, those sampled: FedAvg's count, ⌊fraction·n⌋ but at
         least `minimum`, of the silos not left out)."""
-        nodes = self.members.eligible(grid, first=self.manager is None and not self._sent)
+        # Before this process's first round (a fresh run, or a resumed one whose silos are
+        # reconnecting) wait for all the silos expected; later, go on with those present.
+        nodes = self.members.eligible(grid, first=not self._sent)
         count = min(len(nodes), max(int(len(nodes) * fraction), minimum, 1))
         chosen = nodes if count >= len(nodes) else sorted(self._rng.sample(nodes, count))
         return nodes, chosen

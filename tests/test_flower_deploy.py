@@ -374,3 +374,47 @@ def test_fedlb_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path):
     assert third != {n: 16 for n in third}
     assert load_checkpoint(out).round == 3
     assert (out / "summary.json").exists()
+
+
+def test_a_server_and_silos_run_from_python_without_the_cli(tmp_path):
+    """The deployment as a library: settings from the example files with the caller's
+    values on top, silos started first (they wait for the server), `run_server` blocks
+    until the run ends and stops what it started."""
+    from pathlib import Path
+
+    from fedlb.flower import run_server, server_settings, silo_settings, start_silo
+
+    silos = []
+
+    def start_silos(ready):  # once the SuperLink is up, before round 1
+        for i in range(2):
+            settings = silo_settings(
+                Path(f"silos/silo-{i}.toml"),
+                {
+                    "server": ready.address,
+                    "num-partitions": 2,
+                    "slowdown": float(1 + 2 * i),
+                    "workdir": str(tmp_path / f"silo-{i}"),
+                },
+            )
+            silos.append(start_silo(settings))
+
+    rounds = []
+    try:
+        server, run = server_settings(
+            Path("server/server.toml"),
+            {"port": 0, "out-dir": str(tmp_path / "out"), "run-timeout": 300.0},
+            {"num-silos": 2, "num-rounds": 2, "local-steps": 5, "batch-size": 16},
+        )
+        outcome = run_server(server, run, on_ready=start_silos, on_round=rounds.append)
+    finally:
+        for silo in silos:
+            silo.stop()
+    assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
+    assert [r.round for r in rounds] == [1, 2]
+    assert {s.silo for s in rounds[-1].silos} == {"silo-0", "silo-1"}
+    last = {s.silo: s.batch_size for s in rounds[-1].silos}
+    assert last["silo-0"] > last["silo-1"] and sum(last.values()) == 32  # 3x faster: bigger B
+    assert outcome.model_path == tmp_path / "out" / "model.pt"
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["rounds"] == 2
+    assert not any(silo.alive() for silo in silos)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         read_toml,
     )
     from .deploy import DeployError, free_port, start_supernode
+    from .deployment import ServerReady, default_out_dir, resume_settings, run_server, start_silo
     from .dropin import BalancedLoader, SiloClock, balance_mod, balanced_loader
     from .grid import PollingGrid
     from .he import (
@@ -47,10 +48,10 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         RoundRecord,
         RoundReporter,
         SiloRound,
-        print_round,
         records_from_json_lines,
         render_round,
     )
+    from .settings import ServerSettings, SiloSettings, local_silos, server_settings, silo_settings
     from .silo import evaluate_reply, node_settings, train_reply
     from .strategy import LoadBalancedFedAvg
     from .task import check_partition, federation_data, model_for
@@ -84,10 +85,19 @@ _EXPORTS = {
     "read_toml": ".config",
     "dataclass_arguments": ".config",
     "render_round": ".report",
-    "print_round": ".report",
     "check_partition": ".task",
     "records_from_json_lines": ".report",
     "Federation": ".launch",
+    "run_server": ".deployment",
+    "start_silo": ".deployment",
+    "resume_settings": ".deployment",
+    "default_out_dir": ".deployment",
+    "ServerReady": ".deployment",
+    "server_settings": ".settings",
+    "silo_settings": ".settings",
+    "local_silos": ".settings",
+    "ServerSettings": ".settings",
+    "SiloSettings": ".settings",
     "RunOutcome": ".launch",
     "DeployError": ".deploy",
     "free_port": ".deploy",
@@ -122,8 +132,11 @@ __all__ = [
     "RoundReporter",
     "RunConfig",
     "RunOutcome",
+    "ServerReady",
+    "ServerSettings",
     "SiloClock",
     "SiloRound",
+    "SiloSettings",
     "TlsError",
     "TlsFiles",
     "balance_mod",
@@ -131,6 +144,7 @@ __all__ = [
     "check_partition",
     "dataclass_arguments",
     "decrypt_record",
+    "default_out_dir",
     "encrypted_record",
     "evaluate_reply",
     "federation_data",
@@ -138,16 +152,21 @@ __all__ = [
     "he_mod",
     "load_checkpoint",
     "load_encrypted",
+    "local_silos",
     "make_certificates",
     "make_silo_key",
     "model_for",
     "node_settings",
-    "print_round",
     "read_toml",
     "records_from_json_lines",
     "render_round",
+    "resume_settings",
+    "run_server",
     "save_checkpoint",
     "save_encrypted",
+    "server_settings",
+    "silo_settings",
+    "start_silo",
     "start_supernode",
     "train_reply",
 ]

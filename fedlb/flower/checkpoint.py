@@ -133,6 +133,37 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     return checkpoint
 
 
+# Settings a resumed run may change: num-rounds may grow (go on for longer), the results
+# may move; resume itself says where the run comes from.
+RESUME_MAY_CHANGE = frozenset({"num-rounds", "out-dir", "resume"})
+
+
+def check_resume(
+    checkpoint: Checkpoint, settings: Mapping[str, Any], num_rounds: int, where: Path | str
+) -> None:
+    """Refuse to go on from `checkpoint` (of the run in `where`) with other settings than
+    its run's, or with fewer rounds than it has done (CheckpointError, naming each)."""
+    differing = sorted(
+        key
+        for key in set(settings) | set(checkpoint.settings)
+        if key not in RESUME_MAY_CHANGE and settings.get(key) != checkpoint.settings.get(key)
+    )
+    if differing:
+        raise CheckpointError(
+            f"cannot resume {where} with other settings: "
+            + ", ".join(
+                f"{k} was {checkpoint.settings.get(k)!r}, now {settings.get(k)!r}"
+                for k in differing
+            )
+            + " (resume with the run's own settings; only num-rounds may grow)"
+        )
+    if num_rounds < checkpoint.round:
+        raise CheckpointError(
+            f"num-rounds {num_rounds} is below the {checkpoint.round} rounds the checkpoint "
+            f"in {where} has done"
+        )
+
+
 def strategy_state(
     manager: BatchSizeManager | None, rng: random.Random, members: Membership, rounds: RoundLog
 ) -> dict[str, Any]:

@@ -228,7 +228,9 @@ def dataclass_arguments(cls: type, values: Mapping[str, Any], what: str) -> dict
     arguments: dict[str, Any] = {}
     for key, value in values.items():
         field = known[key]
-        expected = {"int": int, "float": float, "str": str, "bool": bool}[str(field.type)]
+        # 'int | None' fields are optional ints: None is their "not given", never a value
+        kind = str(field.type).removesuffix(" | None")
+        expected = {"int": int, "float": float, "str": str, "bool": bool}[kind]
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):

@@ -20,7 +20,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
-from .protocol import add_he_seconds
+from .protocol import NODE_HE_CONTEXT, add_he_seconds
 
 # fedlb.he (and TenSEAL, ~0.5 s of imports) is loaded only where a key or a ciphertext is
 # at hand: Flower starts a fresh ClientApp process per message, and a plaintext
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("fedlb.flower")
 
 LAYOUT_KEY = "ckks/layout"
-NODE_CONTEXT_KEY = "he-context"  # node config: path of the silo's secret context
 
 
 def is_encrypted(record: ArrayRecord) -> bool:
@@ -162,7 +161,7 @@ def he_mod(context: ts.Context | None = None) -> Mod:
     )
 
     def mod(msg: Message, ctx: Context, call_next: ClientAppCallable) -> Message:
-        path = ctx.node_config.get(NODE_CONTEXT_KEY)
+        path = ctx.node_config.get(NODE_HE_CONTEXT)
         if secret_bytes is not None:
             secret = _context_from_bytes(secret_bytes)
         else:
@@ -177,7 +176,7 @@ def he_mod(context: ts.Context | None = None) -> Mod:
         if secret is None:
             raise HeKeyError(
                 "the server sends an encrypted model but this silo has no HE key: start "
-                f"it with --he-context silo.context (node config {NODE_CONTEXT_KEY})"
+                f"it with --he-context silo.context (node config {NODE_HE_CONTEXT})"
             )
         if incoming is not None and not encrypted:
             raise HeKeyError(

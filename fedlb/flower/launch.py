@@ -14,7 +14,13 @@ from types import TracebackType
 from typing import Any
 
 from . import deploy
-from .report import RoundRecord, records_from_json_lines
+from .report import (
+    ENCRYPTED_MODEL_FILE,
+    MODEL_FILE,
+    ROUNDS_FILE,
+    RoundRecord,
+    records_from_json_lines,
+)
 from .tls import TlsFiles
 
 log = logging.getLogger("fedlb.flower")
@@ -31,6 +37,16 @@ class RunOutcome:
     @property
     def ok(self) -> bool:
         return self.status == "finished:completed"
+
+    @property
+    def model_path(self) -> Path | None:
+        """The final model the run wrote (encrypted under HE), if it wrote one."""
+        if self.out_dir is None:
+            return None
+        for name in (ENCRYPTED_MODEL_FILE, MODEL_FILE):
+            if (self.out_dir / name).exists():
+                return self.out_dir / name
+        return None
 
 
 class RoundWatcher:
@@ -144,7 +160,7 @@ class Federation:
         run_id = deploy.submit_run(self.home, deploy.app_dir(), run_config)
         log_path = self.workdir / f"serverapp-{run_id}.log"
         streamer = deploy.stream_logs(self.home, run_id, log_path)
-        watcher = RoundWatcher(out_dir / "rounds.jsonl") if out_dir else None
+        watcher = RoundWatcher(out_dir / ROUNDS_FILE) if out_dir else None
         outcome = RunOutcome(run_id, "unknown", out_dir=out_dir, log_path=log_path)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:

@@ -55,8 +55,12 @@ ROUND_FIGURES = {
 }
 
 # node config (SuperNode --node-config) keys fedlb reads
-NODE_PARTITION_ID = "partition-id"
-NODE_EMULATED_SPEED = "emulated-speed"
+NODE_PARTITION_ID = "partition-id"  # its part of the federation's dataset (and its label)
+NODE_NUM_PARTITIONS = "num-partitions"
+NODE_DATA_PATH = "data-path"  # its own .npz instead of a partition
+NODE_EMULATED_SPEED = "emulated-speed"  # samples/s to emulate (0: real speed)
+NODE_THREADS = "threads"  # torch threads (0: torch's default)
+NODE_HE_CONTEXT = "he-context"  # the silos' secret CKKS context file
 
 # fedlb's own silo app: its config and metric names (an app's own, not fedlb's protocol)
 LEARNING_RATE = "learning-rate"

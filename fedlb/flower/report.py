@@ -8,13 +8,19 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
 from rich.table import Table
 
 from fedlb.balance import WorkerReport, ideal_round_time
 
 from .protocol import HE_S, TRAIN_LOSS_NAMES, SiloReport, first_number
+
+# What a run writes to its out-dir (the checkpoint: checkpoint.py's CHECKPOINT_FILE)
+ROUNDS_FILE = "rounds.jsonl"  # one JSON line per silo and round
+SUMMARY_FILE = "summary.json"
+MODEL_FILE = "model.pt"  # the final model, a torch state dict
+ENCRYPTED_MODEL_FILE = "model.ckks.npz"  # under HE: still encrypted (`fedlb decrypt`)
 
 
 @dataclass
@@ -60,6 +66,17 @@ class RoundRecord:
     server_loss: float | None = None
     server_s: float | None = None  # the strategy's own seconds (not waiting for silos)
     server_rss_mb: float | None = None  # the server process's resident memory at round end
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        """`console.print(record)`: the round's table, then why silos sent nothing usable,
+        reports dropped, and membership events (silos that left, joined, should leave)."""
+        yield render_round(self)
+        for line in self.failed:
+            yield f"  [red]no update:[/] {escape(line)}"
+        for reason in self.rejected:
+            yield f"  [yellow]report dropped:[/] {escape(reason)}"
+        for event in self.events:
+            yield f"  [cyan]{escape(event)}[/]"
 
     def json_lines(self) -> list[str]:
         """One line per silo, each with the round's fields too (easy to load as a table);
@@ -163,18 +180,6 @@ def render_round(record: RoundRecord) -> Table:
     return table
 
 
-def print_round(console: Console, record: RoundRecord) -> None:
-    """The round's table, then why silos sent nothing usable, reports dropped, and
-    membership events (silos that left, joined, or should leave)."""
-    console.print(render_round(record))
-    for line in record.failed:
-        console.print(f"  [red]no update:[/] {escape(line)}")
-    for reason in record.rejected:
-        console.print(f"  [yellow]report dropped:[/] {escape(reason)}")
-    for event in record.events:
-        console.print(f"  [cyan]{escape(event)}[/]")
-
-
 class RoundReporter:
     """Shows each finished round on a console and appends it to `out_dir/rounds.jsonl`.
 
@@ -197,7 +202,7 @@ class RoundReporter:
         self.records: list[RoundRecord] = []
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            path = self.out_dir / "rounds.jsonl"
+            path = self.out_dir / ROUNDS_FILE
             kept: list[str] = []
             if keep_before is not None and path.exists():
                 lines = [line for line in path.read_text().splitlines() if line.strip()]
@@ -209,7 +214,7 @@ class RoundReporter:
 
     @property
     def rounds_path(self) -> Path | None:
-        return None if self.out_dir is None else self.out_dir / "rounds.jsonl"
+        return None if self.out_dir is None else self.out_dir / ROUNDS_FILE
 
     def publish(self, record: RoundRecord) -> None:
         self.records.append(record)
@@ -217,7 +222,7 @@ class RoundReporter:
             with self.rounds_path.open("a") as handle:
                 handle.write("".join(line + "\n" for line in record.json_lines()))
         if self.console is not None:
-            print_round(self.console, record)
+            self.console.print(record)
 
     def summary(self) -> dict[str, Any]:
         done = self.records

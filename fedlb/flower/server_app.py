@@ -27,11 +27,11 @@ from fedlb.balance import (
 )
 from fedlb.training import evaluate, tensor_dataset
 
-from .checkpoint import Checkpoint, load_checkpoint
+from .checkpoint import Checkpoint, CheckpointError, check_resume, load_checkpoint
 from .config import ConfigError, RunConfig
 from .he import EncryptedAggregation, save_encrypted
 from .protocol import LEARNING_RATE
-from .report import RoundReporter
+from .report import ENCRYPTED_MODEL_FILE, MODEL_FILE, SUMMARY_FILE, RoundReporter
 from .strategy import LoadBalancedFedAvg
 from .task import check_partition, federation_data, model_for
 
@@ -97,27 +97,10 @@ def fresh_settings(config: RunConfig) -> dict[str, Any]:
 def checkpoint_to_resume(config: RunConfig) -> Checkpoint:
     """The checkpoint `config.resume` names, checked against this run's settings."""
     checkpoint = load_checkpoint(Path(config.resume))
-    ours = fresh_settings(config)
-    # num-rounds may grow (go on for longer); where results go may move
-    free = {"num-rounds", "out-dir"}
-    differing = sorted(
-        key
-        for key in set(ours) | set(checkpoint.settings)
-        if key not in free and ours.get(key) != checkpoint.settings.get(key)
-    )
-    if differing:
-        raise ConfigError(
-            f"cannot resume {config.resume} with other settings: "
-            + ", ".join(
-                f"{k} was {checkpoint.settings.get(k)!r}, now {ours.get(k)!r}" for k in differing
-            )
-            + " (resume with the run's own settings; only num-rounds may grow)"
-        )
-    if config.num_rounds < checkpoint.round:
-        raise ConfigError(
-            f"num-rounds {config.num_rounds} is below the {checkpoint.round} rounds the "
-            f"checkpoint in {config.resume} has done"
-        )
+    try:
+        check_resume(checkpoint, fresh_settings(config), config.num_rounds, config.resume)
+    except CheckpointError as error:
+        raise ConfigError(str(error)) from error
     return checkpoint
 
 
@@ -179,16 +162,16 @@ def main(grid: Grid, context: Context) -> None:
     )
     if out_dir is not None:
         if strategy.he is not None:  # still encrypted: `fedlb decrypt` at a silo opens it
-            save_encrypted(result.arrays, out_dir / "model.ckks.npz")
+            save_encrypted(result.arrays, out_dir / ENCRYPTED_MODEL_FILE)
         else:
             import torch
 
-            torch.save(result.arrays.to_torch_state_dict(), out_dir / "model.pt")
+            torch.save(result.arrays.to_torch_state_dict(), out_dir / MODEL_FILE)
         summary = {
             **reporter.summary(),
             "wall_s": time.monotonic() - started,
             "final_sizes": strategy.sizes_by_silo(),
             "settings": config.to_mapping(),
         }
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         log.info("results written to %s", out_dir)

@@ -25,8 +25,11 @@ from .protocol import (
     EVAL_EXAMPLES,
     EVAL_LOSS,
     LEARNING_RATE,
+    NODE_DATA_PATH,
     NODE_EMULATED_SPEED,
+    NODE_NUM_PARTITIONS,
     NODE_PARTITION_ID,
+    NODE_THREADS,
     TRAIN_LOSS,
     Orders,
     sent_config,
@@ -37,9 +40,9 @@ log = logging.getLogger("fedlb.flower")
 
 NODE_KEYS = {
     NODE_PARTITION_ID: int,
-    "num-partitions": int,
+    NODE_NUM_PARTITIONS: int,
     NODE_EMULATED_SPEED: float,
-    "threads": int,
+    NODE_THREADS: int,
 }
 
 
@@ -67,29 +70,28 @@ def node_settings(node_config: Mapping[str, Any]) -> NodeSettings:
                 raise SiloConfigError(f"node config {key} must be a number, got {value!r}")
             if kind is int and not float(value).is_integer():
                 raise SiloConfigError(f"node config {key} must be a whole number, got {value!r}")
-    data_path = node_config.get("data-path")
+    data_path = node_config.get(NODE_DATA_PATH)
     if data_path is not None and (not isinstance(data_path, str) or not data_path):
         raise SiloConfigError(f"node config data-path must be a file path, got {data_path!r}")
-    has_partition = "partition-id" in node_config and "num-partitions" in node_config
+    has_partition = NODE_PARTITION_ID in node_config and NODE_NUM_PARTITIONS in node_config
     if data_path is None and not has_partition:
         raise SiloConfigError(
             "node config needs partition-id and num-partitions (e.g. --node-config "
             "'partition-id=0 num-partitions=3') or data-path; got " + repr(dict(node_config))
         )
-    if has_partition and not 0 <= node_config["partition-id"] < node_config["num-partitions"]:
+    partition = node_config.get(NODE_PARTITION_ID)
+    count = node_config.get(NODE_NUM_PARTITIONS)
+    if partition is not None and count is not None and not 0 <= partition < count:
         raise SiloConfigError(
-            f"node config partition-id {node_config['partition-id']} is outside 0.."
-            f"{node_config['num-partitions'] - 1}: num-partitions is "
-            f"{node_config['num-partitions']} (partition ids count from 0)"
+            f"node config partition-id {partition} is outside 0..{count - 1}: num-partitions "
+            f"is {count} (partition ids count from 0)"
         )
-    speed = float(node_config.get("emulated-speed", 0.0))
+    speed = float(node_config.get(NODE_EMULATED_SPEED, 0.0))
     if not math.isfinite(speed) or speed < 0:
         raise SiloConfigError(f"node config emulated-speed must be >= 0, got {speed}")
-    threads = int(node_config.get("threads", 0))
+    threads = int(node_config.get(NODE_THREADS, 0))
     if threads < 0:
         raise SiloConfigError(f"node config threads must be >= 0, got {threads}")
-    partition = node_config.get("partition-id")
-    count = node_config.get("num-partitions")
     return NodeSettings(
         partition_id=None if partition is None else int(partition),
         num_partitions=None if count is None else int(count),

@@ -14,6 +14,11 @@ from torch.utils.data import DataLoader, TensorDataset
 # None: real time. Emulated heterogeneity (a slow silo on a fast laptop) plugs in here.
 Pace = Callable[[float, int], float]
 
+# Samples/s of an emulated machine at slowdown 1 (speed factor 1): the one default of
+# `fedlb demo`, `fedlb silo --slowdown`, scenarios and cluster runs. Sleep padding
+# dominates the digits MLP's real compute at this speed on a laptop core.
+BASE_SPEED = 200.0
+
 
 @dataclass(frozen=True)
 class EmulatedSpeed:

@@ -1,0 +1,159 @@
+"""Deployment as a library: run a fedlb server, start a silo, from Python.
+
+    from fedlb.flower import run_server, server_settings, silo_settings, start_silo
+
+    server, run = server_settings(Path("server/server.toml"), run={"num-rounds": 20})
+    outcome = run_server(server, run)          # blocks until the run ends
+    silo = start_silo(silo_settings(Path("silos/silo-0.toml")))   # returns once it is up
+    ...
+    silo.stop()
+
+`fedlb server`, `fedlb silo` and `fedlb demo` are option parsing over these. Everything
+started is stopped by PID when `run_server` returns or raises; a process that may be
+SIGTERMed should turn SIGTERM into an exception (`fedlb server` does) so that happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import CheckpointError, check_resume, load_checkpoint
+from .config import ConfigError, RunConfig
+from .deploy import FlowerProcess, free_port, start_supernode
+from .launch import Federation, RunOutcome
+from .report import RoundRecord
+from .settings import ServerSettings, SiloSettings, checked_run
+
+log = logging.getLogger("fedlb.flower")
+
+SERVER_FILE = "server.json"  # where a resumable server listened, for resume_settings
+
+
+@dataclass(frozen=True)
+class ServerReady:
+    """What `run_server` tells its caller once the SuperLink is up, before round 1."""
+
+    address: str
+    out_dir: Path
+    run: RunConfig
+    tls_ca: Path | None
+    silo_keys: int | None  # registered keys (None: authentication off)
+    local_silos: list[tuple[str, float]]  # (name, emulated samples/s) of silos started here
+
+
+def default_out_dir() -> Path:
+    return Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def run_server(
+    server: ServerSettings,
+    run: RunConfig,
+    *,
+    local_silos: Sequence[SiloSettings] = (),
+    on_ready: Callable[[ServerReady], None] | None = None,
+    on_round: Callable[[RoundRecord], None] | None = None,
+) -> RunOutcome:
+    """Start a SuperLink (and `local_silos` on this machine), run fedlb's ServerApp with
+    `run`'s settings until it ends, stop everything started; the run's outcome.
+
+    Results go to server.out_dir (default runs/<date-time>): rounds.jsonl, summary.json,
+    the final model, and a checkpoint after every round; the SuperLink's state and the
+    address it listens on are kept there too, so `resume_settings(out_dir)` can go on
+    after a stop. `run.resume` set: go on from that run's checkpoint (its silos
+    reconnect under their node ids). Raises ConfigError for settings that cannot run
+    (checked before anything starts) and DeployError when a process will not start."""
+    run = checked_run(run.to_mapping())
+    out_dir = Path(server.out_dir or run.out_dir or default_out_dir()).resolve()
+    run_config = {**run.to_mapping(), "out-dir": str(out_dir)}
+    tls, keys = server.tls(), server.registered_keys()
+    database = out_dir / "superlink.db"
+    if not run.resume:
+        database.unlink(missing_ok=True)  # a fresh run: no silos of an older one
+    with Federation(
+        out_dir / "processes",
+        server.host,
+        server.port or None,
+        tls=tls,
+        silo_keys=keys,
+        database=database,
+    ) as federation:
+        port = int(federation.address.rsplit(":", 1)[1])
+        (out_dir / SERVER_FILE).write_text(
+            json.dumps(
+                {
+                    "host": server.host,
+                    "port": port,
+                    "superlink-pid": federation.link.pid if federation.link else None,
+                }
+            )
+        )
+        for silo in local_silos:
+            federation.add_silo(silo.name, silo.node_config())
+        if on_ready is not None:
+            on_ready(
+                ServerReady(
+                    federation.address,
+                    out_dir,
+                    run,
+                    tls.ca if tls is not None else None,
+                    len(keys) if keys is not None else None,
+                    [(silo.name, silo.speed) for silo in local_silos],
+                )
+            )
+        return federation.run(run_config, on_round=on_round, timeout=server.run_timeout or None)
+
+
+def resume_settings(
+    run_dir: Path, num_rounds: int | None = None, server: Mapping[str, Any] | None = None
+) -> tuple[ServerSettings, RunConfig]:
+    """The settings to go on with the stopped run in `run_dir`: its own (from its
+    checkpoint), where its server listened (`server` values on top), and `num_rounds` to
+    extend it. ConfigError when there is no usable checkpoint or num_rounds is below the
+    rounds done."""
+    run_dir = run_dir.resolve()
+    try:
+        checkpoint = load_checkpoint(run_dir)
+        values = {**checkpoint.settings, "out-dir": str(run_dir), "resume": str(run_dir)}
+        if num_rounds is not None:
+            values["num-rounds"] = num_rounds
+        run = checked_run(values)
+        check_resume(checkpoint, run.to_mapping(), run.num_rounds, run_dir)
+    except CheckpointError as error:
+        raise ConfigError(str(error)) from error
+    listened: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        listened = dict(json.loads((run_dir / SERVER_FILE).read_text()))
+    settings = ServerSettings.from_mapping(
+        {
+            **{k: listened[k] for k in ("host", "port") if k in listened},
+            **(server or {}),
+            "out-dir": str(run_dir),
+        }
+    )
+    return settings, run
+
+
+def start_silo(settings: SiloSettings) -> FlowerProcess:
+    """Start the silo's SuperNode against its server and return once it is up (its
+    `.stop()` ends it, `.alive()` says whether it still runs, `.log_path` is its log).
+    The silo trains whenever the server's run sends it work; it stays up between runs."""
+    settings.check()
+    work = Path(settings.workdir or Path("runs") / settings.name).resolve()
+    ca = Path(settings.root_certificates).resolve() if settings.root_certificates else None
+    key = Path(settings.auth_key).resolve() if settings.auth_key else None
+    return start_supernode(
+        work,
+        settings.name,
+        settings.server,
+        settings.node_config(),
+        settings.port or free_port(),
+        root_certificates=ca,
+        extra_args=["--auth-supernode-private-key", str(key)] if key else None,
+    )

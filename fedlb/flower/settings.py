@@ -1,0 +1,272 @@
+"""Deployment settings: what `run_server` and `start_silo` take.
+
+Each comes from a TOML file (server/server.toml: [server] and [run]; silos/silo-N.toml:
+[silo]) with the caller's own values on top, and is checked whole before any process
+starts: an unknown key, a wrong type, a missing file or an impossible value is a
+ConfigError that names the key and what to do. The CLI only turns its flags into the
+`overrides` of these readers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedlb.training import BASE_SPEED
+
+from .config import ConfigError, RunConfig, dataclass_arguments, read_toml
+from .protocol import (
+    NODE_DATA_PATH,
+    NODE_EMULATED_SPEED,
+    NODE_HE_CONTEXT,
+    NODE_NUM_PARTITIONS,
+    NODE_PARTITION_ID,
+    NODE_THREADS,
+)
+from .task import check_partition
+from .tls import TlsError, TlsFiles
+
+SERVER, RUN, SILO = "server", "run", "silo"  # the settings files' sections
+
+
+def read_sections(path: Path, sections: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """A settings file's tables by section (every section present, empty where the file
+    has none); an unknown section or a section that is not a table is a ConfigError.
+    The keys inside are checked by the settings they are for (`dataclass_arguments`)."""
+    data = read_toml(path)
+    unknown = sorted(set(data) - set(sections))
+    if unknown:
+        raise ConfigError(f"{path}: unknown section(s) {unknown}; expected {sorted(sections)}")
+    tables: dict[str, dict[str, Any]] = {}
+    for section in sections:
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: [{section}] must be a table")
+        tables[section] = table
+    return tables
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Where and how the server runs (the run itself: a RunConfig). Keys in files: '-'.
+
+    host: where the SuperLink listens (a routable address for silos on other machines).
+    port: its one port for Flower's Fleet, Control and Runtime APIs (0: a free one).
+    out_dir: the results folder ('' : runs/<date-time> under the working directory).
+    run_timeout: give up on the whole run after this many seconds (0: never).
+    certs: TLS, the folder `fedlb certs` wrote (ca.crt, server.crt, server.key); '' : plain.
+    silo_keys: a folder of silos' public keys (`fedlb silo-key`'s *.pub): only those silos
+        may join (needs certs); '' : any silo that reaches the server.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    out_dir: str = ""
+    run_timeout: float = 0.0
+    certs: str = ""
+    silo_keys: str = ""
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ServerSettings:
+        settings = cls(**dataclass_arguments(cls, values, "[server] key"))
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"[server] port must be in 0..65535, got {self.port}")
+        if not (math.isfinite(self.run_timeout) and self.run_timeout >= 0):
+            raise ConfigError(
+                f"[server] run-timeout must be >= 0 (0: none), got {self.run_timeout}"
+            )
+        self.tls()
+        self.registered_keys()
+
+    def tls(self) -> TlsFiles | None:
+        if not self.certs:
+            return None
+        try:
+            return TlsFiles.from_folder(Path(self.certs).resolve())
+        except TlsError as error:
+            raise ConfigError(str(error)) from error
+
+    def registered_keys(self) -> list[Path] | None:
+        if not self.silo_keys:
+            return None
+        keys = sorted(Path(self.silo_keys).resolve().glob("*.pub"))
+        if not keys:
+            raise ConfigError(f"silo-keys {self.silo_keys}: no *.pub files (fedlb silo-key)")
+        if not self.certs:
+            raise ConfigError("silo-keys needs certs: keys are only worth it over TLS")
+        return keys
+
+
+def server_settings(
+    path: Path | None = None,
+    server: Mapping[str, Any] | None = None,
+    run: Mapping[str, Any] | None = None,
+) -> tuple[ServerSettings, RunConfig]:
+    """The settings of `path` ([server] and [run] tables; None: none) with `server` and
+    `run` values on top, checked, the run's data split and HE key file included."""
+    tables = read_sections(path, (SERVER, RUN)) if path is not None else {SERVER: {}, RUN: {}}
+    settings = ServerSettings.from_mapping({**tables[SERVER], **(server or {})})
+    return settings, checked_run({**tables[RUN], **(run or {})})
+
+
+def checked_run(values: Mapping[str, Any]) -> RunConfig:
+    """A RunConfig whose dataset split and HE context file are checked too (the run's
+    ServerApp loads the context again in its own process: its path is made absolute)."""
+    config = RunConfig.from_mapping(values)
+    check_partition(config)
+    if config.he_context:
+        path = Path(config.he_context).resolve()
+        he_key_fingerprint(path, "server")
+        config = dataclasses.replace(config, he_context=str(path))
+    return config
+
+
+def he_key_fingerprint(path: Path, role: str) -> str:
+    """The key file's fingerprint, or a ConfigError naming the file and the fix."""
+    from fedlb.he import HeKeyError, fingerprint, load_context
+
+    try:
+        return fingerprint(load_context(path, "server" if role == "server" else "silo"))
+    except HeKeyError as error:
+        raise ConfigError(str(error)) from error
+
+
+@dataclass(frozen=True)
+class SiloSettings:
+    """One silo's SuperNode. Keys in files: '-'.
+
+    server: the server's host:port.
+    partition_id, num_partitions: this silo's part of the federation's dataset; or
+    data_path: its own data (an .npz with x and y) instead.
+    emulated_speed: samples/s this silo emulates by padding its steps with sleep (0: its
+        real speed); or slowdown: emulate a machine this many times slower than base_speed.
+    threads: torch threads (0: torch's default; 1 when silos share a machine).
+    port: the SuperNode's local API port (0: a free one).
+    workdir: its logs and Flower home ('' : runs/<silo name>).
+    he_context: the silos' secret CKKS context (`fedlb keygen`'s silo.context).
+    root_certificates: TLS, the federation's CA certificate (`fedlb certs`' ca.crt).
+    auth_key: this silo's private key (`fedlb silo-key`) when the server checks keys.
+    """
+
+    server: str = "127.0.0.1:8000"
+    partition_id: int | None = None
+    num_partitions: int | None = None
+    data_path: str = ""
+    emulated_speed: float = 0.0
+    slowdown: float | None = None
+    base_speed: float = BASE_SPEED
+    threads: int = 0
+    port: int = 0
+    workdir: str = ""
+    he_context: str = ""
+    root_certificates: str = ""
+    auth_key: str = ""
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> SiloSettings:
+        settings = cls(**dataclass_arguments(cls, values, "[silo] key"))
+        settings.check()
+        return settings
+
+    @property
+    def name(self) -> str:
+        """Its label: silo-<partition id>, or silo-<its data file's name>."""
+        if self.partition_id is not None:
+            return f"silo-{self.partition_id}"
+        return f"silo-{Path(self.data_path).stem}"
+
+    @property
+    def speed(self) -> float:
+        """Samples/s it emulates (0: real speed)."""
+        if self.emulated_speed == 0.0 and self.slowdown is not None:
+            return self.base_speed / self.slowdown
+        return self.emulated_speed
+
+    def check(self) -> None:
+        if self.data_path:
+            if not Path(self.data_path).is_file():
+                raise ConfigError(f"data-path {self.data_path} is not a file")
+        elif self.partition_id is None or self.num_partitions is None:
+            raise ConfigError(
+                "a silo needs partition-id and num-partitions, or data-path (or a config file)"
+            )
+        if self.num_partitions is not None and not (
+            0 <= (self.partition_id or 0) < self.num_partitions
+        ):
+            raise ConfigError(
+                f"partition-id {self.partition_id} is outside 0..{self.num_partitions - 1}"
+            )
+        if self.slowdown is not None and not self.slowdown >= 1:
+            raise ConfigError(f"slowdown must be >= 1, got {self.slowdown}")
+        if not (math.isfinite(self.base_speed) and self.base_speed > 0):
+            raise ConfigError(f"base-speed must be > 0, got {self.base_speed}")
+        if not (math.isfinite(self.emulated_speed) and self.emulated_speed >= 0):
+            raise ConfigError(f"emulated-speed must be >= 0, got {self.emulated_speed}")
+        if self.threads < 0:
+            raise ConfigError(f"threads must be >= 0, got {self.threads}")
+        if self.root_certificates and not Path(self.root_certificates).is_file():
+            raise ConfigError(
+                f"root-certificates {self.root_certificates} is not a file: fedlb certs makes "
+                "ca.crt"
+            )
+        if self.auth_key and not Path(self.auth_key).is_file():
+            raise ConfigError(f"auth-key {self.auth_key} is not a file: fedlb silo-key makes it")
+        if self.he_context:
+            he_key_fingerprint(Path(self.he_context), "silo")
+
+    def he_fingerprint(self) -> str | None:
+        """The fingerprint of its HE key (to compare with the server's), None without HE."""
+        return he_key_fingerprint(Path(self.he_context), "silo") if self.he_context else None
+
+    def node_config(self) -> dict[str, Any]:
+        """Its SuperNode's --node-config: what the silo's ClientApp reads (silo.py)."""
+        config: dict[str, Any] = {NODE_EMULATED_SPEED: self.speed, NODE_THREADS: self.threads}
+        if self.partition_id is not None:
+            config[NODE_PARTITION_ID] = self.partition_id
+        if self.num_partitions is not None:
+            config[NODE_NUM_PARTITIONS] = self.num_partitions
+        if self.data_path:
+            config[NODE_DATA_PATH] = str(Path(self.data_path).resolve())
+        if self.he_context:
+            config[NODE_HE_CONTEXT] = str(Path(self.he_context).resolve())
+        return config
+
+
+def silo_settings(
+    path: Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> SiloSettings:
+    """The [silo] settings of `path` (None: none) with `overrides` on top, checked."""
+    table = read_sections(path, (SILO,))[SILO] if path is not None else {}
+    return SiloSettings.from_mapping({**table, **(overrides or {})})
+
+
+def local_silos(
+    slowdowns: list[float],
+    base_speed: float = BASE_SPEED,
+    he_context: Path | None = None,
+    server: str = "",
+) -> list[SiloSettings]:
+    """One silo per slowdown on this machine (a demo): partition i of len(slowdowns), one
+    torch thread each, emulated speed base_speed / slowdown."""
+    return [
+        SiloSettings.from_mapping(
+            {
+                "server": server,
+                "partition-id": i,
+                "num-partitions": len(slowdowns),
+                "slowdown": float(slowdown),
+                "base-speed": float(base_speed),
+                "threads": 1,
+                **({"he-context": str(he_context)} if he_context is not None else {}),
+            }
+        )
+        for i, slowdown in enumerate(slowdowns)
+    ]

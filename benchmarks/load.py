@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fedlb.experiments import Scenario, markdown_table, quiet_flower, run_benchmark, run_policy
+from fedlb.experiments import Scenario, markdown_table, run_benchmark, run_policy
 
 SILOS = (5, 10, 20)
 
@@ -45,8 +45,8 @@ def run(silos: int, rounds: int) -> dict[str, Any]:
             "policies": "lb",
         }
     )
-    with tempfile.TemporaryDirectory() as folder, quiet_flower():
-        records = run_policy(scenario, "lb", Path(folder), checkpoint=True).records
+    with tempfile.TemporaryDirectory() as folder:  # a checkpoint every round, as a server
+        records = run_policy(scenario, "lb", Path(folder)).records
     server_s = [r.server_s for r in records[1:] if r.server_s is not None]  # 1: start-up
     rss = {r.round: r.server_rss_mb for r in records if r.server_rss_mb is not None}
     later = [k for k in sorted(rss) if k >= 10]

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 from fedlb.cli import app
 from fedlb.experiments import (
@@ -144,6 +151,7 @@ def run_policy(policy, rounds=3):
 
     from fedlb.experiments import POLICIES
     from fedlb.flower import RunConfig
+    from fedlb.flower.server_app import make_balancer
     from fedlb.flower.task import federation_data, model_for
     from tests.flower_fakes import InProcessGrid, fedlb_app, lr_config
 
@@ -155,9 +163,15 @@ def run_policy(policy, rounds=3):
 
     nodes = {100 + i: {"partition-id": i, "num-partitions": 3} for i in range(3)}
     grid = InProcessGrid(nodes, settings, fedlb_app(clock=clock, config=config))
-    _, strategy_class, extra = POLICIES[policy]
-    strategy = strategy_class(
-        batch_size=16, local_steps=4, min_available_nodes=3, evaluate_every=rounds, **extra()
+    chosen = POLICIES[policy]
+    balancer = make_balancer(RunConfig.from_mapping({**settings, "tuner": chosen.tuner}))
+    strategy = chosen.strategy_class(
+        batch_size=16,
+        local_steps=4,
+        min_available_nodes=3,
+        evaluate_every=rounds,
+        balancer=balancer,
+        **chosen.strategy_args(),
     )
     pool, _ = federation_data(config)
     strategy.start(
@@ -224,7 +238,7 @@ def test_variants_refuse_what_they_cannot_run():
 
 @pytest.mark.slow
 def test_a_small_comparison_end_to_end(tmp_path):
-    """Flower's Simulation Engine, model clock, two policies, two seeds, digits (each
+    """`flwr run` on a simulation SuperLink, model clock, two policies, two seeds, digits (each
     policy's own behaviour: test_each_policy_does_what_it_says, in-process)."""
     result = CliRunner().invoke(
         app,
@@ -343,3 +357,14 @@ def test_experiments_run_under_he(tmp_path):
     assert rows[-1]["accuracy"] is not None  # federated evaluation: the server cannot
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["scenario"]["he"] is True
+
+
+def test_the_experiment_app_declares_every_run_config_key():
+    """Flower drops --run-config keys its app does not declare: the experiment app's
+    defaults must be exactly the keys simulation.run_config sends."""
+    from fedlb.experiments.simulation import app_defaults, app_dir, run_config
+
+    shipped = tomllib.loads((app_dir() / "pyproject.toml").read_text())
+    declared = shipped["tool"]["flwr"]["app"]["config"]
+    assert declared == app_defaults()
+    assert set(run_config(Scenario(), "lb", Path("/x"))) == set(declared)

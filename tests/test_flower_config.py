@@ -148,7 +148,7 @@ def test_the_silo_module_imports_only_what_a_message_needs():
 
     code = (
         "import sys, fedlb.flower.client_app as c; assert c.app is not None; "
-        "print(sorted(m for m in ['fedlb.balance', 'fedlb.flower.strategy', "
+        "print(sorted(m for m in ['fedlb.flower.strategy', "
         "'fedlb.flower.report', 'fedlb.experiments', 'fedlb.cli', 'matplotlib', 'tenseal'] "
         "if m in sys.modules))"
     )

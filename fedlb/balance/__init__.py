@@ -22,6 +22,7 @@ from .ideal import (
     modelled_round_time,
 )
 from .manager import BatchSizeManager
+from .names import ESTIMATORS, TUNERS, make_estimator, make_tuner
 from .narx import NARX
 from .pooled import PooledProportional, default_tuner
 from .reports import ReportError, WorkerReport
@@ -37,7 +38,9 @@ from .tuners import (
 
 __all__ = [
     "EMA",
+    "ESTIMATORS",
     "NARX",
+    "TUNERS",
     "BatchSizeManager",
     "ChangePointMean",
     "Deadband",
@@ -62,6 +65,8 @@ __all__ = [
     "ideal_round_time",
     "ideal_sizes",
     "idle_fraction",
+    "make_estimator",
+    "make_tuner",
     "modelled_round_time",
     "prediction_rmse",
 ]

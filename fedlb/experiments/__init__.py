@@ -5,8 +5,9 @@ from .clocks import GpuLikeTime, LinearTime, TimeModel, ideal_split, round_time
 from .cluster_run import CLUSTER_POLICIES, ClusterScenario, ClusterScenarioError, launch
 from .load import CompetingLoad, MachineProbe
 from .profiles import CLOCKS, EC2_5, EmulatedClock, SpeedProfile, preset
-from .runner import PolicyResult, quiet_flower, run_experiment, run_policy, summarise_results
-from .scenario import POLICIES, Scenario, ScenarioError
+from .results import PolicyResult, summarise_results
+from .runner import run_experiment, run_policy
+from .scenario import POLICIES, Policy, Scenario, ScenarioError
 from .whatif import CLOCK as WHATIF_CLOCK
 from .whatif import WhatIfRound, what_if
 
@@ -23,6 +24,7 @@ __all__ = [
     "GpuLikeTime",
     "LinearTime",
     "MachineProbe",
+    "Policy",
     "PolicyResult",
     "Scenario",
     "ScenarioError",
@@ -34,7 +36,6 @@ __all__ = [
     "launch",
     "markdown_table",
     "preset",
-    "quiet_flower",
     "round_time",
     "run_benchmark",
     "run_experiment",

@@ -6,8 +6,10 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedlb.flower import accuracy_of
+
 if TYPE_CHECKING:
-    from .runner import PolicyResult
+    from .results import PolicyResult
     from .scenario import Scenario
 
 
@@ -35,7 +37,7 @@ def plot_results(scenario: Scenario, results: dict[str, PolicyResult], out: Path
     for name, result in results.items():
         points: list[tuple[float, float]] = []
         for t, record in zip(result.clock_s, result.records, strict=True):
-            accuracy = result.accuracy(record)
+            accuracy = accuracy_of(record)
             if accuracy is not None:
                 points.append((t, accuracy))
         axis.plot([t for t, _ in points], [a for _, a in points], marker="o", ms=3, label=name)
@@ -75,14 +77,14 @@ def plot_results(scenario: Scenario, results: dict[str, PolicyResult], out: Path
     for name, result in results.items():
         line = axis.plot(
             [r.round for r in result.records],
-            [r.round_s for r in result.records],
+            [math.nan if r.round_s is None else r.round_s for r in result.records],
             marker="o",
             ms=3,
             label=name,
         )
         axis.plot(
             [r.round for r in result.records],
-            [r.ideal_s for r in result.records],
+            [math.nan if r.ideal_s is None else r.ideal_s for r in result.records],
             ls=":",
             color=line[0].get_color(),
         )
@@ -133,7 +135,7 @@ def plot_seeds(
         rounds = min(len(r.records) for r in results)
         accuracy = np.array(
             [
-                [math.nan if (a := r.accuracy(r.records[k])) is None else a for k in range(rounds)]
+                [math.nan if (a := accuracy_of(r.records[k])) is None else a for k in range(rounds)]
                 for r in results
             ]
         )

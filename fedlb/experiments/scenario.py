@@ -7,46 +7,45 @@ before any policy starts.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlb.balance import BatchSizeManager, Deadband, Proportional, Static, Tuner
 from fedlb.flower import LoadBalancedFedAvg
 
 from .profiles import CLOCKS, SpeedProfile, preset
 from .variants import QuorumFedAvg, ScaledLrFedAvg, StepsTunedFedAvg
 
 
-def _with_tuner(tuner: Callable[[], Tuner]) -> Callable[[Mapping[str, int]], BatchSizeManager]:
-    """A balancer with fedlb's default estimator and another tuner."""
-    return lambda initial: BatchSizeManager(initial, tuner())
+@dataclass(frozen=True)
+class Policy:
+    """A way to run the federation that experiments compare: a LoadBalancedFedAvg (or a
+    variant) with a tuner from fedlb.balance's table and its own extra arguments."""
+
+    description: str
+    strategy_class: type[LoadBalancedFedAvg] = LoadBalancedFedAvg
+    tuner: str = "pooled"  # the run setting `tuner`: fedlb's default balancer's
+    extra: tuple[tuple[str, Any], ...] = ()  # the strategy's other arguments
+
+    def strategy_args(self) -> dict[str, Any]:
+        return dict(self.extra)
 
 
-# name -> (what it is, strategy class, its extra arguments)
-POLICIES: dict[str, tuple[str, type[LoadBalancedFedAvg], Callable[[], dict[str, Any]]]] = {
-    "fedavg": (
-        "FedAvg: every silo at B0",
-        LoadBalancedFedAvg,
-        lambda: {"balancer": _with_tuner(Static)},
-    ),
-    "lb": ("fedlb: B tuned, τ and η fixed (the default balancer)", LoadBalancedFedAvg, dict),
-    "lb-tau": (
+POLICIES: dict[str, Policy] = {
+    "fedavg": Policy("FedAvg: every silo at B0", tuner="static"),
+    "lb": Policy("fedlb: B tuned, τ and η fixed (the default balancer)"),
+    "lb-tau": Policy(
         "τ tuned per silo, B fixed (Orchestra/FedCompass family)",
         StepsTunedFedAvg,
-        lambda: {"balancer": _with_tuner(Proportional)},
+        tuner="proportional",
     ),
-    "lb-lr": ("B tuned and η scaled with B", ScaledLrFedAvg, dict),
-    "deadband": (
-        "dynamic-batching controller on B",
-        LoadBalancedFedAvg,
-        lambda: {"balancer": _with_tuner(Deadband)},
-    ),
-    "quorum": (
+    "lb-lr": Policy("B tuned and η scaled with B", ScaledLrFedAvg),
+    "deadband": Policy("dynamic-batching controller on B", tuner="deadband"),
+    "quorum": Policy(
         "aggregate the fastest ⌈n/2⌉ updates, drop the rest",
         QuorumFedAvg,
-        lambda: {"balancer": _with_tuner(Static), "quorum": 0.5},
+        tuner="static",
+        extra=(("quorum", 0.5),),
     ),
 }
 
@@ -217,7 +216,8 @@ class Scenario:
         except ValueError as error:
             raise ScenarioError(str(error)) from error
 
-    def run_config(self, out_dir: str = "") -> Any:
+    def run_config(self, out_dir: str = "", policy: str = "lb") -> Any:
+        """The run settings of one policy's run (a RunConfig)."""
         from fedlb.flower import RunConfig
 
         return RunConfig.from_mapping(
@@ -227,12 +227,19 @@ class Scenario:
                 "local-steps": self.local_steps,
                 "batch-size": self.batch_size,
                 "learning-rate": self.learning_rate,
+                "tuner": POLICIES[policy].tuner,
                 "dataset": self.dataset,
+                "data-dir": self.data_dir,
                 "partition": self.partition,
                 "model": self.model,
                 "seed": self.seed,
                 "evaluate-every": 1,
                 "evaluate-mode": "with-train",
+                "round-timeout": 3600.0,
                 "out-dir": out_dir,
             }
         )
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Its keys as in a scenario file ('-' for '_')."""
+        return {k.replace("_", "-"): v for k, v in asdict(self).items()}

@@ -48,9 +48,12 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         RoundRecord,
         RoundReporter,
         SiloRound,
+        accuracy_of,
         records_from_json_lines,
         render_round,
+        summarise_rounds,
     )
+    from .server_app import run_app
     from .settings import ServerSettings, SiloSettings, local_silos, server_settings, silo_settings
     from .silo import evaluate_reply, node_settings, train_reply
     from .strategy import LoadBalancedFedAvg
@@ -87,8 +90,11 @@ _EXPORTS = {
     "render_round": ".report",
     "check_partition": ".task",
     "records_from_json_lines": ".report",
+    "accuracy_of": ".report",
+    "summarise_rounds": ".report",
     "Federation": ".launch",
     "run_server": ".deployment",
+    "run_app": ".server_app",
     "start_silo": ".deployment",
     "resume_settings": ".deployment",
     "default_out_dir": ".deployment",
@@ -139,6 +145,7 @@ __all__ = [
     "SiloSettings",
     "TlsError",
     "TlsFiles",
+    "accuracy_of",
     "balance_mod",
     "balanced_loader",
     "check_partition",
@@ -161,6 +168,7 @@ __all__ = [
     "records_from_json_lines",
     "render_round",
     "resume_settings",
+    "run_app",
     "run_server",
     "save_checkpoint",
     "save_encrypted",
@@ -168,6 +176,7 @@ __all__ = [
     "silo_settings",
     "start_silo",
     "start_supernode",
+    "summarise_rounds",
     "train_reply",
 ]
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from fedlb.balance import ESTIMATORS, TUNERS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-TUNERS = ("pooled", "proportional", "deadband", "static")
-ESTIMATORS = ("change-point", "ema", "ema-restart", "memoryless")
 DATASETS = ("digits", "fashion-mnist", "mnist-5k", "cifar10", "heart-disease", "shakespeare")
 NATURAL_DATASETS = ("heart-disease", "shakespeare")  # datasets whose samples carry a silo
 EVALUATE_MODES = ("with-train", "separate")

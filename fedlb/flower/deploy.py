@@ -292,10 +292,19 @@ def register_supernode(home: Path, public_key: Path) -> None:
     _flwr(home, ["supernode", "register", str(public_key), CONNECTION])
 
 
-def submit_run(home: Path, app: Path, run_config: Mapping[str, Any]) -> str:
-    """Submit the app with these run settings; returns the run id (no waiting)."""
-    # --run-config has the same syntax as --node-config
-    reply = _flwr(home, ["run", str(app), CONNECTION, "--run-config", node_config_text(run_config)])
+def submit_run(
+    home: Path,
+    app: Path,
+    run_config: Mapping[str, Any],
+    federation_config: Mapping[str, Any] | None = None,
+) -> str:
+    """Submit the app with these run settings; returns the run id (no waiting).
+    `federation_config`: a simulation SuperLink's (num-supernodes, client resources)."""
+    # --run-config and --federation-config have the same syntax as --node-config
+    args = ["run", str(app), CONNECTION, "--run-config", node_config_text(run_config)]
+    if federation_config:
+        args += ["--federation-config", node_config_text(federation_config)]
+    reply = _flwr(home, args)
     return str(reply["run-id"])
 
 

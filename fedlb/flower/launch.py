@@ -25,6 +25,8 @@ from .tls import TlsFiles
 
 log = logging.getLogger("fedlb.flower")
 
+STATUS_EVERY_S = 15.0  # how often a run's status is asked while its log still streams
+
 
 @dataclass
 class RunOutcome:
@@ -87,6 +89,8 @@ class Federation:
         database: the SuperLink's state file (SQLite). A SuperLink restarted on the same
             file knows the silos' node ids, so running SuperNodes carry on under the ids a
             checkpoint's balancer state is keyed by. None: state in memory.
+        simulation: a simulation SuperLink: runs bring their own virtual SuperNodes
+            (`run(federation_config=...)`), on Flower's Simulation Engine (Ray).
     """
 
     def __init__(
@@ -97,8 +101,10 @@ class Federation:
         tls: TlsFiles | None = None,
         silo_keys: list[Path] | None = None,
         database: Path | None = None,
+        simulation: bool = False,
     ) -> None:
         self.workdir = workdir
+        self.simulation = simulation
         self.database = database
         self.host = host
         self.port = port
@@ -118,8 +124,14 @@ class Federation:
         extra = ["--enable-supernode-auth"] if self.silo_keys is not None else []
         if self.database is not None:
             extra += ["--database", str(self.database)]
+        env = None
+        if self.simulation:
+            extra.append("--simulation")
+            # Ray warns that it will stop overriding CUDA_VISIBLE_DEVICES for CPU-only
+            # actors; opting in to that behaviour now silences it and changes nothing here.
+            env = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
         self.link = deploy.start_superlink(
-            self.workdir, self.host, self.port, extra_args=extra, tls=self.tls
+            self.workdir, self.host, self.port, env=env, extra_args=extra, tls=self.tls
         )
         ca = self.tls.ca if self.tls is not None else None
         deploy.write_connection(self.home, self.address, root_certificates=ca)
@@ -151,22 +163,34 @@ class Federation:
         run_config: Mapping[str, Any],
         on_round: Callable[[RoundRecord], None] | None = None,
         timeout: float | None = None,
+        app: Path | None = None,
+        federation_config: Mapping[str, Any] | None = None,
     ) -> RunOutcome:
-        """Submit fedlb's app, follow its rounds, and return how it ended."""
+        """Submit fedlb's app (or `app`), follow its rounds, and return how it ended.
+        `federation_config`: a simulation's virtual SuperNodes and their resources."""
         out_dir = Path(str(run_config["out-dir"])) if run_config.get("out-dir") else None
         if self.database is not None:
             for old in deploy.stop_unfinished_runs(self.home):
                 log.warning("stopped run %s, left unfinished by an earlier server", old)
-        run_id = deploy.submit_run(self.home, deploy.app_dir(), run_config)
+        run_id = deploy.submit_run(
+            self.home, app or deploy.app_dir(), run_config, federation_config
+        )
         log_path = self.workdir / f"serverapp-{run_id}.log"
         streamer = deploy.stream_logs(self.home, run_id, log_path)
         watcher = RoundWatcher(out_dir / ROUNDS_FILE) if out_dir else None
         outcome = RunOutcome(run_id, "unknown", out_dir=out_dir, log_path=log_path)
         deadline = None if timeout is None else time.monotonic() + timeout
+        # `flwr log --stream` ends when the run has ended: asking `flwr ls` (a fresh
+        # Python process each time) is needed only then, or now and again in case the
+        # log stream broke off.
+        asked = time.monotonic()
         try:
             while True:
-                outcome.status = deploy.run_status(self.home, run_id)
-                finished = outcome.status.startswith("finished")
+                finished = False
+                if streamer.poll() is not None or time.monotonic() - asked > STATUS_EVERY_S:
+                    outcome.status = deploy.run_status(self.home, run_id)
+                    finished = outcome.status.startswith("finished")
+                    asked = time.monotonic()
                 if watcher is not None:
                     for record in watcher.poll():
                         outcome.records.append(record)
@@ -180,7 +204,7 @@ class Federation:
                 if deadline is not None and time.monotonic() > deadline:
                     outcome.status = "timed-out"
                     return outcome
-                time.sleep(1.0)
+                time.sleep(0.5 if streamer.poll() is None else 1.0)
         finally:
             streamer.terminate()
             streamer.wait(10)

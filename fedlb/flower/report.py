@@ -225,23 +225,38 @@ class RoundReporter:
             self.console.print(record)
 
     def summary(self) -> dict[str, Any]:
-        done = self.records
-        accs = [r.accuracy for r in done if r.accuracy is not None]
-        return {
-            "clock": done[0].clock if done else None,
-            "rounds": len(done),
-            "mean_balance_efficiency": _mean([r.efficiency for r in done]),
-            "mean_balance_efficiency_from_round_3": _mean(
-                [r.efficiency for r in done if r.round >= 3]
-            ),
-            "idle_fraction": _mean([r.idle_fraction for r in done]),
-            "final_accuracy": accs[-1] if accs else None,
-            "best_accuracy": max(accs) if accs else None,
-            "final_server_accuracy": next(
-                (r.server_accuracy for r in reversed(done) if r.server_accuracy is not None),
-                None,
-            ),
-        }
+        return summarise_rounds(self.records)
+
+
+# Round 1 is uniform (nothing measured yet) and round 2 the first balanced one: the
+# balance a run settles at is judged from round 3 on.
+STEADY_FROM_ROUND = 3
+
+
+def accuracy_of(record: RoundRecord) -> float | None:
+    """A round's accuracy: the server's on its test set where it has one, else the silos'
+    federated evaluation."""
+    value = record.server_accuracy if record.server_accuracy is not None else record.accuracy
+    return None if value is None else float(value)
+
+
+def summarise_rounds(records: list[RoundRecord]) -> dict[str, Any]:
+    """What a run's rounds add up to: the figures of every summary.json (a server's run,
+    an experiment's policies)."""
+    accuracies = [a for a in map(accuracy_of, records) if a is not None]
+    federated = [r.accuracy for r in records if r.accuracy is not None]
+    return {
+        "clock": records[0].clock if records else None,
+        "rounds": len(records),
+        "mean_balance_efficiency": _mean([r.efficiency for r in records]),
+        "steady_balance_efficiency": _mean(
+            [r.efficiency for r in records if r.round >= STEADY_FROM_ROUND]
+        ),
+        "idle_fraction": _mean([r.idle_fraction for r in records]),
+        "final_accuracy": accuracies[-1] if accuracies else None,
+        "best_accuracy": max(accuracies) if accuracies else None,
+        "final_federated_accuracy": federated[-1] if federated else None,
+    }
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -13,18 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from rich.console import Console
 
-from fedlb.balance import (
-    EMA,
-    BatchSizeManager,
-    Deadband,
-    Memoryless,
-    PooledProportional,
-    Proportional,
-    SpeedEstimator,
-    Static,
-    Tuner,
-    default_estimator,
-)
+from fedlb.balance import BatchSizeManager, make_estimator, make_tuner
 from fedlb.training import evaluate, tensor_dataset
 
 from .checkpoint import Checkpoint, CheckpointError, check_resume, load_checkpoint
@@ -40,36 +29,26 @@ log = logging.getLogger("fedlb.flower")
 app = ServerApp()
 
 
-def make_tuner(config: RunConfig) -> Tuner:
-    max_batch = config.max_batch or None
-    if config.tuner == "pooled":
-        return PooledProportional(
-            min_batch=config.min_batch, max_batch=max_batch, min_share=config.min_share
-        )
-    if config.tuner == "proportional":
-        return Proportional(min_batch=config.min_batch, max_batch=max_batch)
-    if config.tuner == "deadband":
-        return Deadband(min_batch=config.min_batch, max_batch=max_batch)
-    return Static()
-
-
-def make_estimator(config: RunConfig) -> Callable[[], SpeedEstimator]:
-    if config.estimator == "ema-restart":
-        return lambda: EMA(alpha=0.2, restart_threshold=0.25, restart_after=2)
-    return {"change-point": default_estimator, "ema": EMA, "memoryless": Memoryless}[
-        config.estimator
-    ]
-
-
 def make_balancer(config: RunConfig) -> Callable[[Mapping[str, int]], BatchSizeManager]:
     """The run's balancer, from its tuner and estimator settings (with the defaults,
     exactly `BatchSizeManager(initial)`: what LoadBalancedFedAvg uses by default)."""
-    return lambda initial: BatchSizeManager(initial, make_tuner(config), make_estimator(config))
+    return lambda initial: BatchSizeManager(
+        initial,
+        make_tuner(config.tuner, config.min_batch, config.max_batch or None, config.min_share),
+        make_estimator(config.estimator),
+    )
 
 
-def build_strategy(config: RunConfig, reporter: RoundReporter) -> LoadBalancedFedAvg:
+def build_strategy(
+    config: RunConfig,
+    reporter: RoundReporter,
+    strategy_class: type[LoadBalancedFedAvg] = LoadBalancedFedAvg,
+    **extra: Any,
+) -> LoadBalancedFedAvg:
+    """The run's strategy from its settings; `strategy_class` and `extra` arguments: an
+    experiment's variant of LoadBalancedFedAvg (fedlb.experiments' policies)."""
     out_dir = Path(config.out_dir) if config.out_dir else None
-    return LoadBalancedFedAvg(
+    return strategy_class(
         checkpoint_dir=out_dir,
         run_settings=fresh_settings(config),
         he=EncryptedAggregation.from_file(config.he_context) if config.he_context else None,
@@ -86,6 +65,7 @@ def build_strategy(config: RunConfig, reporter: RoundReporter) -> LoadBalancedFe
         min_available_nodes=config.num_silos,
         min_train_nodes=1,
         min_evaluate_nodes=1,
+        **extra,
     )
 
 
@@ -117,7 +97,17 @@ def _log_fedlb() -> None:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     _log_fedlb()
-    config = RunConfig.from_mapping(context.run_config)
+    run_app(grid, RunConfig.from_mapping(context.run_config))
+
+
+def run_app(
+    grid: Grid,
+    config: RunConfig,
+    strategy_class: type[LoadBalancedFedAvg] = LoadBalancedFedAvg,
+    strategy_args: Mapping[str, Any] | None = None,
+) -> None:
+    """fedlb's ServerApp body: the run `config` describes, results to its out-dir. An
+    experiment's ServerApp calls it with its policy's strategy class and arguments."""
     check_partition(config)
     checkpoint = checkpoint_to_resume(config) if config.resume else None
     out_dir = Path(config.out_dir) if config.out_dir else None
@@ -135,7 +125,7 @@ def main(grid: Grid, context: Context) -> None:
         loss, accuracy = evaluate(model, test_set)
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 
-    strategy = build_strategy(config, reporter)
+    strategy = build_strategy(config, reporter, strategy_class, **(strategy_args or {}))
     if strategy.he is not None:
         log.info(
             "HE on: updates are averaged as CKKS ciphertexts (key %s); the server holds no "

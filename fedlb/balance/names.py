@@ -1,0 +1,65 @@
+"""Tuners and speed estimators by name: the one table every entry point uses (run
+settings, `fedlb tune`, cluster runs, the manager service)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .estimators import EMA, Memoryless, SpeedEstimator, default_estimator
+from .narx import NARX
+from .pooled import PooledProportional
+from .tuners import Deadband, LeaderStraggler, Proportional, Static, Tuner
+
+# name -> what it is (for help texts and errors)
+TUNERS = {
+    "pooled": "fedlb's default: LB-BSP Algorithm 1 on speeds pooled across workers the "
+    "reports cannot tell apart",
+    "proportional": "LB-BSP Algorithm 1 as is: B_i ∝ v_i in one step",
+    "deadband": "the dynamic-batching controller: B_i ← B_i·t̄/t_i beyond a 5% dead-band",
+    "leader-straggler": "LB-BSP Algorithm 2 (GPUs): move Δ samples from straggler to leader",
+    "static": "no tuning: every worker keeps B0 (plain FedAvg / BSP)",
+}
+ESTIMATORS = {
+    "change-point": "fedlb's default: the mean speed since the last significant change",
+    "ema": "exponential moving average, α = 0.2 (the LB-BSP paper's)",
+    "ema-restart": "EMA (α = 0.2) restarting on a lasting change",
+    "memoryless": "the last measured speed",
+    "narx": "NARX network on speeds and CPU/memory use (EMA during its 500-step warm-up)",
+}
+
+
+def unknown(kind: str, name: str, table: dict[str, str]) -> ValueError:
+    return ValueError(f"unknown {kind} {name!r}; choose from {', '.join(table)}")
+
+
+def make_tuner(
+    name: str, min_batch: int = 1, max_batch: int | None = None, min_share: float = 0.0
+) -> Tuner:
+    """A fresh tuner by name; the bounds apply to the tuners that take them."""
+    if name == "pooled":
+        return PooledProportional(min_batch=min_batch, max_batch=max_batch, min_share=min_share)
+    if name == "proportional":
+        return Proportional(min_batch=min_batch, max_batch=max_batch)
+    if name == "deadband":
+        return Deadband(min_batch=min_batch, max_batch=max_batch)
+    if name == "leader-straggler":
+        return LeaderStraggler()
+    if name == "static":
+        return Static()
+    raise unknown("tuner", name, TUNERS)
+
+
+def make_estimator(name: str, warmup: int | None = None) -> Callable[[], SpeedEstimator]:
+    """A factory of fresh estimators (one per worker) by name; `warmup`: NARX's (None:
+    its default)."""
+    if name == "change-point":
+        return default_estimator
+    if name == "ema":
+        return EMA
+    if name == "ema-restart":
+        return lambda: EMA(alpha=0.2, restart_threshold=0.25, restart_after=2)
+    if name == "memoryless":
+        return Memoryless
+    if name == "narx":
+        return NARX if warmup is None else lambda: NARX(warmup=warmup)
+    raise unknown("estimator", name, ESTIMATORS)

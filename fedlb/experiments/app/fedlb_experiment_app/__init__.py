@@ -1,0 +1,1 @@
+"""The Flower app `fedlb experiment` submits: thin modules pointing at its simulation."""

@@ -1,0 +1,148 @@
+"""An experiment's results: each policy's records and clock, the summary (one builder for
+a run, for several seeds, and for a rebuild at another target), and the files."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from fedlb.data import describe, partition
+from fedlb.flower import RoundRecord, accuracy_of, records_from_json_lines, summarise_rounds
+from fedlb.flower.task import federation_data
+
+from .scenario import Scenario, ScenarioError
+
+ROUNDS_FILE = "rounds.jsonl"
+SUMMARY_FILE = "summary.json"
+PARTITION_FILE = "partition.json"
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    records: list[RoundRecord] = field(default_factory=list)
+    clock_s: list[float] = field(default_factory=list)  # clock time at the end of each round
+
+    def summary(self, target: float) -> dict[str, Any]:
+        """The run's figures (fedlb.flower's summarise_rounds) and when it reached
+        `target` accuracy on its clock."""
+        reached = [
+            t
+            for t, record in zip(self.clock_s, self.records, strict=True)
+            if (accuracy := accuracy_of(record)) is not None and accuracy >= target
+        ]
+        return {
+            **summarise_rounds(self.records),
+            "time_to_target_s": reached[0] if reached else None,
+            "total_clock_s": self.clock_s[-1] if self.clock_s else None,
+        }
+
+
+def experiment_summary(
+    scenario: Scenario, policies: dict[str, dict[str, Any]], **more: Any
+) -> dict[str, Any]:
+    """summary.json of a comparison: the scenario, its clock and target, what any policy
+    could gain at most, and each policy's figures (`more`: e.g. the seeds combined)."""
+    return {
+        "scenario": asdict(scenario),
+        "clock": scenario.clock,
+        "target_accuracy": scenario.target_accuracy,
+        "speedup_ceiling": more.pop("speedup_ceiling", None) or scenario.speedup_ceiling(),
+        **more,
+        "policies": policies,
+    }
+
+
+def write_results(
+    scenario: Scenario, results: dict[str, PolicyResult], out: Path
+) -> dict[str, Any]:
+    """rounds.jsonl, summary.json and partition.json in `out`; returns the summary."""
+    with (out / ROUNDS_FILE).open("w") as handle:
+        for name, result in results.items():
+            for record, clock_s in zip(result.records, result.clock_s, strict=True):
+                for line in record.json_lines():
+                    row = json.loads(line)
+                    row.update(
+                        {
+                            "policy": name,
+                            "seed": scenario.seed,
+                            "clock_time_s": clock_s,
+                            "clock": scenario.clock,
+                        }
+                    )
+                    handle.write(json.dumps(row) + "\n")
+    summary = experiment_summary(
+        scenario, {n: r.summary(scenario.target_accuracy) for n, r in results.items()}
+    )
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    config = scenario.run_config()
+    pool, _ = federation_data(config)
+    parts = partition(pool.y, scenario.silos, scenario.partition, scenario.seed, pool.groups)
+    (out / PARTITION_FILE).write_text(
+        json.dumps(describe(pool.y, parts, pool.num_classes), indent=1)
+    )
+    return summary
+
+
+def combine_seeds(scenario: Scenario, summaries: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One summary over several seeds: each policy's figures are means over the seeds
+    (time_to_target_s only when every seed reached the target, else null), with their
+    standard deviations (`*_std`), `reached_target` ('k/n') and every seed's own summary."""
+    policies: dict[str, Any] = {}
+    for name in scenario.policy_names():
+        runs = {seed: summary["policies"][name] for seed, summary in summaries.items()}
+        combined: dict[str, Any] = {}
+        for key in next(iter(runs.values())):
+            values = [run[key] for run in runs.values()]
+            if any(isinstance(v, str) for v in values):  # the clock: the same for all
+                combined[key] = values[0]
+                continue
+            known = [v for v in values if v is not None]
+            combined[key] = statistics.fmean(known) if len(known) == len(values) else None
+            if key in ("time_to_target_s", "final_accuracy", "best_accuracy") and len(known) > 1:
+                combined[f"{key}_std"] = statistics.stdev(known)
+        reached = sum(run["time_to_target_s"] is not None for run in runs.values())
+        combined["reached_target"] = f"{reached}/{len(runs)}"
+        combined["per_seed"] = {str(seed): run for seed, run in runs.items()}
+        policies[name] = combined
+    return experiment_summary(
+        scenario,
+        policies,
+        seeds=list(summaries),
+        speedup_ceiling=statistics.fmean(s["speedup_ceiling"] for s in summaries.values()),
+    )
+
+
+def summarise_results(out: Path, target: float) -> tuple[Scenario, dict[str, Any]]:
+    """The summary of a finished experiment in `out` at another target accuracy, rebuilt
+    from its rounds.jsonl and summary.json: nothing reruns. Returns (the scenario with
+    that target, the summary)."""
+    try:
+        saved = json.loads((out / SUMMARY_FILE).read_text())
+        lines = (out / ROUNDS_FILE).read_text().splitlines()
+    except (OSError, ValueError) as error:
+        raise ScenarioError(f"{out}: no finished experiment there ({error})") from error
+    values = {k.replace("_", "-"): v for k, v in saved["scenario"].items()}
+    scenario = Scenario.from_mapping({**values, "target-accuracy": target})
+    grouped: dict[tuple[int, str], list[str]] = {}
+    clock: dict[tuple[int, str, int], float] = {}  # (seed, policy, round) -> clock time
+    for line in lines:
+        row = json.loads(line)
+        seed, policy = row.get("seed", scenario.seed), row["policy"]
+        grouped.setdefault((seed, policy), []).append(line)
+        clock[(seed, policy, row["round"])] = row["clock_time_s"]
+    summaries: dict[int, dict[str, Any]] = {}
+    for seed in scenario.seeds():
+        one = replace(scenario, seed=seed, repeats=1)
+        policies = {}
+        for name in one.policy_names():
+            result = PolicyResult(name, records_from_json_lines(grouped.get((seed, name), [])))
+            result.clock_s = [clock[(seed, name, record.round)] for record in result.records]
+            policies[name] = result.summary(target)
+        summaries[seed] = experiment_summary(one, policies)
+    if scenario.repeats == 1:
+        return scenario, summaries[scenario.seed]
+    return scenario, combine_seeds(scenario, summaries)

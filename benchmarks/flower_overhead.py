@@ -12,17 +12,24 @@ All three evaluate the global model every round. Framework time of a round = wal
 its train and evaluate phases − the slowest silo's own busy time (compute + fixed costs,
 as it reported). Rounds 2 .. R-1 are averaged: the first also pays for process start-up and
 the wait for silos, the last for the final model's own evaluate phase. The cost of one
-fresh `flwr-clientapp`-like process (what every message pays) is measured apart.
+fresh `flwr-clientapp`-like process (what every message pays) is measured apart, and so is
+its data cost: a fresh process getting one silo's Fashion-MNIST partition without the
+partition cache (what every message paid before it), with it cold (the first message) and
+warm (every later one).
 
     .venv/bin/python benchmarks/flower_overhead.py [--rounds 6] [--silos 3,5] [--json out.json]
+    .venv/bin/python benchmarks/flower_overhead.py --only data-cache   # ~2 minutes
 
-Clock: wall (time.monotonic in the ServerApp). Takes ~15 minutes on 2 cores.
+Clock: wall (time.monotonic in the ServerApp, time.perf_counter for the data cost). Takes
+~20 minutes on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -89,15 +96,100 @@ def clientapp_start_s(repeats: int = 3) -> float:
     return statistics.median(times)
 
 
+# One silo's message, in a fresh process: import what the ClientApp imports for its data,
+# then time silo_data alone (printed) while the caller times the whole process.
+DATA_MESSAGE = """
+import sys, time
+from fedlb.flower import RunConfig
+from fedlb.flower.task import silo_data
+start = time.perf_counter()
+config = RunConfig(dataset="fashion-mnist", num_silos=int(sys.argv[1]), partition=sys.argv[2])
+data = silo_data(config, 0, int(sys.argv[1]))
+print(time.perf_counter() - start, len(data.train))
+"""
+DATA_MODES = ("before: no cache", "cold: build + store", "warm: read")
+
+
+def data_cache_costs(silos: int = 5, scheme: str = "iid", repeats: int = 9) -> dict[str, Any]:
+    """Median wall seconds of one silo message's data step (silo_data) and of the whole
+    fresh process, on Fashion-MNIST (the Debian package's files), per cache mode. Modes are
+    interleaved within each repetition, in rotating order, so that drift and other load on
+    the shared cores hit all alike."""
+    samples: dict[str, dict[str, list[float]]] = {
+        m: {"data": [], "process": []} for m in DATA_MODES
+    }
+    train_samples = 0
+    with tempfile.TemporaryDirectory(prefix="fedlb-cache-bench-") as tmp:
+        cold, warm = Path(tmp) / "cold", Path(tmp) / "warm"
+        folders = dict(zip(DATA_MODES, ["off", str(cold), str(warm)], strict=True))
+        for repeat in range(-1, repeats):  # repeat -1 fills the warm cache, and is dropped
+            shift = repeat % len(DATA_MODES)  # each mode first, second, third in turn
+            for mode in [*DATA_MODES[shift:], *DATA_MODES[:shift]]:
+                shutil.rmtree(cold, ignore_errors=True)  # cold: an empty cache every time
+                env = {**os.environ, "FEDLB_CACHE_DIR": folders[mode]}
+                start = time.perf_counter()
+                done = subprocess.run(
+                    [sys.executable, "-c", DATA_MESSAGE, str(silos), scheme],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                )
+                process_s = time.perf_counter() - start
+                data_s, count = done.stdout.split()[-2:]
+                train_samples = int(count)
+                if repeat >= 0:
+                    samples[mode]["data"].append(float(data_s))
+                    samples[mode]["process"].append(process_s)
+    return {
+        "silos": silos,
+        "partition": scheme,
+        "repeats": repeats,
+        "train_samples": train_samples,
+        **{
+            mode: {kind: statistics.median(values) for kind, values in times.items()}
+            for mode, times in samples.items()
+        },
+    }
+
+
+def print_data_cache(costs: dict[str, Any]) -> None:
+    before = costs[DATA_MODES[0]]
+    print(
+        f"# One silo message's data cost: Fashion-MNIST, silo 0 of {costs['silos']} "
+        f"({costs['partition']}, {costs['train_samples']} training samples), fresh process, "
+        f"median of {costs['repeats']} (clock: wall)\n"
+    )
+    print("| partition cache | silo_data s | × before | whole process s | × before |")
+    print("|---|---|---|---|---|")
+    for mode in DATA_MODES:
+        m = costs[mode]
+        print(
+            f"| {mode} | {m['data']:.3f} | {m['data'] / before['data']:.3f} | "
+            f"{m['process']:.2f} | {m['process'] / before['process']:.2f} |",
+            flush=True,
+        )
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--silos", default="3,5")
     parser.add_argument("--json")
+    parser.add_argument(
+        "--only", choices=["data-cache"], help="run only this part (data-cache: ~2 minutes)"
+    )
     args = parser.parse_args()
     _stop_on_sigterm()
     sizes = [int(x) for x in args.silos.split(",")]
-    results: dict[str, Any] = {"clientapp_start_s": clientapp_start_s()}
+    results: dict[str, Any] = {"data_cache": data_cache_costs()}
+    print_data_cache(results["data_cache"])
+    if args.only == "data-cache":
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+        return
+    results["clientapp_start_s"] = clientapp_start_s()
     print("# Flower framework time per round (clock: wall)\n")
     print(
         f"A fresh flwr-clientapp-like process importing flwr, torch and fedlb's ClientApp: "

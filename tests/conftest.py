@@ -5,6 +5,15 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _partition_cache(tmp_path_factory):
+    """Silo partitions cached in the session's temp folder, not the user's ~/.cache (set in
+    os.environ, so the SuperNodes and ClientApps the tests start inherit it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FEDLB_CACHE_DIR", str(tmp_path_factory.mktemp("partition-cache")))
+        yield
+
+
 @pytest.fixture
 def task_identity():
     """Flower refuses to build a Message outside a run unless the task identity is set."""

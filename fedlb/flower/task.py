@@ -10,6 +10,8 @@ from torch import nn
 
 from fedlb.data import (
     LabelledData,
+    cached_partition,
+    dataset_fingerprint,
     load_cifar10,
     load_digits,
     load_fashion_mnist,
@@ -86,15 +88,33 @@ def check_partition(config: RunConfig) -> None:
 
 
 def silo_data(config: RunConfig, partition_id: int, num_partitions: int) -> SiloData:
-    pool, _ = federation_data(config)
-    train, test = silo_split(
-        pool,
-        partition_id,
-        num_partitions,
-        config.partition,
-        config.seed,
-        config.silo_test_fraction,
-    )
+    """One silo's part, from the on-disk partition cache when an earlier process built it
+    (every Flower message runs in a fresh process; see fedlb.data.cache)."""
+    key = {
+        "what": "silo-split",
+        "dataset": config.dataset,
+        "source": dataset_fingerprint(config.dataset, config.data_dir),
+        "num-silos": config.num_silos,  # Shakespeare takes that many roles
+        "server-test-fraction": config.server_test_fraction,
+        "partition": config.partition,
+        "num-partitions": num_partitions,
+        "partition-id": partition_id,
+        "seed": config.seed,
+        "silo-test-fraction": config.silo_test_fraction,
+    }
+
+    def build() -> tuple[LabelledData, LabelledData]:
+        pool, _ = federation_data(config)
+        return silo_split(
+            pool,
+            partition_id,
+            num_partitions,
+            config.partition,
+            config.seed,
+            config.silo_test_fraction,
+        )
+
+    train, test = cached_partition(key, build)
     if len(train) == 0:
         raise ValueError(
             f"silo {partition_id} of {num_partitions} got no training samples with partition "

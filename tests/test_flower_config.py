@@ -43,7 +43,7 @@ def test_the_shipped_app_defaults_are_runconfig_defaults():
         ({"batch-size": -4}, "batch-size must be >= 1"),
         ({"learning-rate": 0.0}, "learning-rate must be a finite number > 0"),
         ({"tuner": "magic"}, "tuner must be one of"),
-        ({"partition": "shards"}, "partition must be 'iid', 'classes:K'"),
+        ({"partition": "shards"}, "unknown partition 'shards': use 'iid', 'classes:K'"),
         ({"max-batch": 4, "batch-size": 8}, "max-batch must be 0"),
         ({"server-test-fraction": 1.0}, "server-test-fraction must be in [0, 1)"),
         ({"poll-interval": -1.0}, "poll-interval must be a finite number >= 0"),

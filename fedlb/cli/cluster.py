@@ -12,7 +12,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fedlb.experiments import CLUSTER_POLICIES, ClusterScenario, ClusterScenarioError, launch
+from fedlb.cluster import CLUSTER_POLICIES
+from fedlb.experiments import ClusterScenario, ClusterScenarioError, launch
 
 from .common import UsageError, app, console
 

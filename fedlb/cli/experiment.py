@@ -17,7 +17,8 @@ from fedlb.experiments import (
     run_experiment,
     summarise_results,
 )
-from fedlb.flower import DATASETS, MODELS
+from fedlb.flower import DATASETS
+from fedlb.models import MODELS
 
 from .common import UsageError, app, console
 

@@ -9,13 +9,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from fedlb.balance import EMA, Deadband, LeaderStraggler, Memoryless, Proportional, Tuner
+from fedlb.balance import ESTIMATORS, TUNERS, make_estimator, make_tuner
 from fedlb.experiments import WHATIF_CLOCK, GpuLikeTime, LinearTime, TimeModel, what_if
 
 from .common import UsageError, app, console
-
-TUNERS = ("proportional", "deadband", "leader-straggler")
-ESTIMATORS = {"ema": EMA, "memoryless": Memoryless}
 
 
 def _floats(text: str | None, name: str, count: int | None = None) -> list[float] | None:
@@ -33,16 +30,6 @@ def _floats(text: str | None, name: str, count: int | None = None) -> list[float
     if count is not None and len(values) != count:
         raise UsageError(f"{name} has {len(values)} values but there are {count} workers")
     return values
-
-
-def _make_tuner(name: str, min_batch: int, max_batch: int | None) -> Tuner:
-    if name == "proportional":
-        return Proportional(min_batch=min_batch, max_batch=max_batch)
-    if name == "deadband":
-        return Deadband(min_batch=min_batch, max_batch=max_batch)
-    if name == "leader-straggler":
-        return LeaderStraggler()
-    raise UsageError(f"unknown tuner {name!r}; choose from {', '.join(TUNERS)}")
 
 
 @app.command()
@@ -68,7 +55,9 @@ def tune(
     tuners: Annotated[str, typer.Option(help="Comma-separated: " + ", ".join(TUNERS))] = (
         "proportional,deadband"
     ),
-    estimator: Annotated[str, typer.Option(help="Speed estimator: ema or memoryless.")] = "ema",
+    estimator: Annotated[
+        str, typer.Option(help="Speed estimator: " + ", ".join(ESTIMATORS) + ".")
+    ] = "ema",
     rounds: Annotated[int, typer.Option(help="Rounds to model.")] = 10,
     noise: Annotated[float, typer.Option(help="Relative jitter of measured times.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of the jitter.")] = 0,
@@ -121,11 +110,11 @@ def tune(
         runs = {
             name: what_if(
                 models,
-                _make_tuner(name, min_batch, max_batch),
+                make_tuner(name, min_batch, max_batch),
                 dict.fromkeys(names, batch),
                 iterations=iterations,
                 rounds=rounds,
-                estimator=ESTIMATORS[estimator],
+                estimator=make_estimator(estimator),
                 noise=noise,
                 seed=seed,
             )

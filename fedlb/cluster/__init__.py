@@ -9,11 +9,14 @@ gRPC service (`serve`, `ManagerClient`) for workers of any framework.
 from .balancer import LoadBalancer
 from .coordinator import ClusterError, Coordinator, Exchange
 from .hook import WeightedState, weighted_allreduce_hook
-from .service import SERVICE_POLICIES, ManagerClient, ManagerService, RequestError, serve
+from .policies import CLUSTER_POLICIES, DEFAULT_CLUSTER_POLICY, ClusterPolicy
+from .service import ManagerClient, ManagerService, RequestError, serve
 
 __all__ = [
-    "SERVICE_POLICIES",
+    "CLUSTER_POLICIES",
+    "DEFAULT_CLUSTER_POLICY",
     "ClusterError",
+    "ClusterPolicy",
     "Coordinator",
     "Exchange",
     "LoadBalancer",

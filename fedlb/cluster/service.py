@@ -32,25 +32,15 @@ from typing import Any
 import grpc
 
 from fedlb.balance import (
-    EMA,
     BatchSizeManager,
-    Deadband,
-    LeaderStraggler,
-    Proportional,
-    Static,
-    Tuner,
     WorkerReport,
 )
+
+from .policies import CLUSTER_POLICIES, DEFAULT_CLUSTER_POLICY
 
 log = logging.getLogger("fedlb.cluster")
 
 SERVICE = "fedlb.BatchSizeManager"
-SERVICE_POLICIES: dict[str, Callable[[], Tuner]] = {
-    "bsp": Static,
-    "lb-ema": Proportional,
-    "deadband": Deadband,
-    "lb-gpu": LeaderStraggler,
-}
 
 
 class RequestError(ValueError):
@@ -108,15 +98,16 @@ class ManagerService:
         batch = _number(request, "batch_size", int, 0)
         if batch < 1:
             raise RequestError(f"batch_size must be >= 1, got {batch}")
-        policy = str(request.get("policy", "lb-ema"))
-        if policy not in SERVICE_POLICIES:
-            raise RequestError(f"policy must be one of {', '.join(SERVICE_POLICIES)}")
+        policy = str(request.get("policy", DEFAULT_CLUSTER_POLICY))
+        if policy not in CLUSTER_POLICIES:
+            raise RequestError(f"policy must be one of {', '.join(CLUSTER_POLICIES)}")
+        chosen = CLUSTER_POLICIES[policy]
         names = [str(w) for w in workers]
         with self._lock:
             job = self.jobs.get(job_name)
             if job is None:
                 manager = BatchSizeManager(
-                    dict.fromkeys(names, batch), SERVICE_POLICIES[policy](), EMA
+                    dict.fromkeys(names, batch), chosen.make_tuner(), chosen.make_estimator()
                 )
                 job = self.jobs[job_name] = _Job(manager, names)
                 log.info("job %s: %d workers, B0 = %d, %s", job_name, len(names), batch, policy)
@@ -255,7 +246,7 @@ class ManagerClient:
         )
 
     def register(
-        self, job: str, workers: list[str], batch_size: int, policy: str = "lb-ema"
+        self, job: str, workers: list[str], batch_size: int, policy: str = DEFAULT_CLUSTER_POLICY
     ) -> dict[str, int]:
         answer = self._register(
             {"job": job, "workers": workers, "batch_size": batch_size, "policy": policy},

@@ -110,6 +110,40 @@ def describe(
     ]
 
 
+# Partition specs by name: those of flwr-datasets' partitioners are accepted too.
+PARTITIONERS = {
+    "iid": "uniformly at random, equal shares (flwr-datasets: IidPartitioner)",
+    "classes:K": "K classes per silo, the LB-BSP paper's split",
+    "pathological:K": "the same as classes:K under flwr-datasets' name (PathologicalPartitioner)",
+    "dirichlet:α": "each class spread over the silos by Dirichlet(α) (DirichletPartitioner)",
+    "natural": "one silo per natural group: hospital, speaker (NaturalIdPartitioner)",
+}
+ALIASES = {"pathological": "classes"}
+
+
+def parse_partition(spec: str) -> tuple[str, float | None]:
+    """('iid' | 'classes' | 'dirichlet' | 'natural', its parameter) of a partition spec,
+    or a ValueError that lists the accepted ones."""
+    kind, _, argument = spec.partition(":")
+    kind = ALIASES.get(kind, kind)
+    if kind in ("iid", "natural") and not argument:
+        return kind, None
+    if kind == "classes" and argument:
+        try:
+            return kind, int(argument)
+        except ValueError as error:
+            raise ValueError(f"partition {spec!r}: K in 'classes:K' must be an integer") from error
+    if kind == "dirichlet" and argument:
+        try:
+            return kind, float(argument)
+        except ValueError as error:
+            raise ValueError(f"partition {spec!r}: α must be a number") from error
+    raise ValueError(
+        f"unknown partition {spec!r}: use 'iid', 'classes:K' (e.g. classes:2, also "
+        "pathological:K), 'dirichlet:α' (e.g. dirichlet:0.5) or 'natural'"
+    )
+
+
 def partition(
     labels: np.ndarray,
     num_silos: int,
@@ -117,9 +151,10 @@ def partition(
     seed: int,
     groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
-    """By name: 'iid', 'classes:K' (K classes per silo), 'dirichlet:α', or 'natural' (one
-    silo per group — hospital, speaker — in sorted order; needs `groups`)."""
-    if scheme == "natural":
+    """By name (PARTITIONERS): 'iid', 'classes:K' (K classes per silo), 'dirichlet:α', or
+    'natural' (one silo per group — hospital, speaker — in sorted order; needs `groups`)."""
+    kind, argument = parse_partition(scheme)
+    if kind == "natural":
         if groups is None:
             raise ValueError("partition 'natural' needs a dataset with natural groups")
         parts = partition_by_id(groups)
@@ -129,26 +164,13 @@ def partition(
                 f"not {num_silos}"
             )
         return [parts[key] for key in sorted(parts)]
-    if scheme == "iid":
-        return partition_iid(labels, num_silos, seed)
-    if scheme.startswith("dirichlet:"):
-        try:
-            alpha = float(scheme.split(":", 1)[1])
-        except ValueError as error:
-            raise ValueError(f"partition {scheme!r}: α must be a number") from error
-        return partition_dirichlet(labels, num_silos, alpha, seed)
-    if scheme.startswith("classes:"):
-        try:
-            k = int(scheme.split(":", 1)[1])
-        except ValueError as error:
-            raise ValueError(
-                f"partition {scheme!r}: K in 'classes:K' must be an integer"
-            ) from error
-        return partition_by_classes(labels, num_silos, k, seed)
-    raise ValueError(
-        f"unknown partition {scheme!r}: use 'iid', 'classes:K' (e.g. classes:2) or "
-        "'dirichlet:α' (e.g. dirichlet:0.5)"
-    )
+    if kind == "dirichlet":
+        assert argument is not None
+        return partition_dirichlet(labels, num_silos, argument, seed)
+    if kind == "classes":
+        assert argument is not None
+        return partition_by_classes(labels, num_silos, int(argument), seed)
+    return partition_iid(labels, num_silos, seed)
 
 
 def server_holdout(

@@ -2,7 +2,7 @@
 
 from .benchmarking import Section, markdown_table, run_benchmark
 from .clocks import GpuLikeTime, LinearTime, TimeModel, ideal_split, round_time
-from .cluster_run import CLUSTER_POLICIES, ClusterScenario, ClusterScenarioError, launch
+from .cluster_run import ClusterScenario, ClusterScenarioError, launch
 from .load import CompetingLoad, MachineProbe
 from .profiles import CLOCKS, EC2_5, EmulatedClock, SpeedProfile, preset
 from .results import PolicyResult, summarise_results
@@ -13,7 +13,6 @@ from .whatif import WhatIfRound, what_if
 
 __all__ = [
     "CLOCKS",
-    "CLUSTER_POLICIES",
     "EC2_5",
     "POLICIES",
     "WHATIF_CLOCK",

@@ -19,21 +19,14 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlb.balance import (
-    EMA,
-    NARX,
-    Deadband,
-    LeaderStraggler,
-    Proportional,
-    SpeedEstimator,
-    Static,
-    Tuner,
-    ideal_round_time,
-)
+from fedlb.balance import SpeedEstimator, Tuner, ideal_round_time
+from fedlb.cluster import CLUSTER_POLICIES, DEFAULT_CLUSTER_POLICY
+from fedlb.training import BASE_SPEED
 
 from .clocks import GpuLikeTime, ideal_split
 from .load import CompetingLoad, MachineProbe
@@ -41,14 +34,6 @@ from .profiles import SpeedProfile, preset
 from .scenario import scenario_arguments
 
 log = logging.getLogger("fedlb.cluster")
-
-CLUSTER_POLICIES = {
-    "bsp": "uniform batches: plain BSP",
-    "lb-ema": "LB-BSP on CPUs with EMA speeds, blocking exchange",
-    "lb-narx": "LB-BSP on CPUs with NARX speeds (EMA until its warm-up ends)",
-    "lb-gpu": "leader/straggler tuning on a GPU-like time curve, sizes one iteration late",
-    "deadband": "the dynamic-batching controller",
-}
 
 
 class ClusterScenarioError(ValueError):
@@ -72,9 +57,9 @@ class ClusterScenario:
     batch_size: int = 32
     learning_rate: float = 0.05
     speeds: str = "1,1,2,4"
-    base_speed: float = 400.0
+    base_speed: float = BASE_SPEED
     traces: str = "static"
-    policy: str = "lb-ema"
+    policy: str = DEFAULT_CLUSTER_POLICY
     narx_warmup: int = 500
     launch: float = 0.005
     saturation: int = 8
@@ -123,20 +108,17 @@ class ClusterScenario:
         except ValueError as error:
             raise ClusterScenarioError(str(error)) from error
 
-    def tuner(self) -> Tuner:
-        if self.policy == "bsp":
-            return Static()
-        if self.policy == "deadband":
-            return Deadband()
-        if self.policy == "lb-gpu":
-            return LeaderStraggler()
-        return Proportional()
+    @property
+    def gpu_like(self) -> bool:
+        """The GPU policy (sizes one iteration late) runs on GPU-like time curves."""
+        return CLUSTER_POLICIES[self.policy].asynchronous
 
-    def estimator(self) -> type[SpeedEstimator] | Any:
-        if self.policy == "lb-narx":
-            warmup = self.narx_warmup
-            return lambda: NARX(warmup=warmup)
-        return EMA
+    def tuner(self) -> Tuner:
+        return CLUSTER_POLICIES[self.policy].make_tuner()
+
+    def estimator(self) -> Callable[[], SpeedEstimator]:
+        policy = CLUSTER_POLICIES[self.policy]
+        return policy.make_estimator(self.narx_warmup if policy.estimator == "narx" else None)
 
     def ceiling(self) -> float:
         """BSP's mean iteration time over the ideal's, from the profiles (compute only)."""
@@ -156,7 +138,7 @@ def _pace(scenario: ClusterScenario, rank: int, iteration: list[int], machine: l
 
     def pace(real_s: float, batch: int) -> float:
         speed = profile.speed_at(iteration[0]) * machine[0]
-        if scenario.policy == "lb-gpu":
+        if scenario.gpu_like:
             gpu = GpuLikeTime(speed, launch=scenario.launch, saturation=scenario.saturation)
             return max(real_s, gpu.compute_s(batch))
         return max(real_s, batch / speed)
@@ -197,7 +179,7 @@ def worker(scenario: ClusterScenario) -> None:
         speeds = {r.worker: r.speed for r in exchange.reports}
         slowest = max(r.compute_s for r in exchange.reports)
         total = sum(r.batch_size for r in exchange.reports)
-        if scenario.policy == "lb-gpu":  # t(B) is not linear: T* of the GPU-like curves
+        if scenario.gpu_like:  # t(B) is not linear: T* of the GPU-like curves
             models = {
                 str(k): GpuLikeTime(
                     p.speed_at(exchange.iteration),
@@ -238,7 +220,7 @@ def worker(scenario: ClusterScenario) -> None:
         scenario.batch_size,
         scenario.tuner(),
         scenario.estimator(),
-        asynchronous=scenario.policy == "lb-gpu",
+        asynchronous=CLUSTER_POLICIES[scenario.policy].asynchronous,
         pace=_pace(scenario, rank, iteration, machine),
         seed=scenario.seed,
         on_exchange=record if rank == 0 else None,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedlb.training import EmulatedSpeed, Pace
+from fedlb.training import BASE_SPEED, EmulatedSpeed, Pace
 
 CLOCKS = ("model", "measured")
 
@@ -111,7 +111,7 @@ class EmulatedClock:
 EC2_5 = (16.0, 10.1, 10.4, 5.0, 5.2)
 
 
-def preset(name: str, base_speed: float = 100.0) -> list[float]:
+def preset(name: str, base_speed: float = BASE_SPEED) -> list[float]:
     """Relative speeds × base_speed: 'ec2-5' (the paper's 5 silos), 'hetero-K:N' (N silos
     spaced geometrically with max/min = K, as the dynamic-batching paper's levels 2, 4, 8),
     or a comma list '1,2,4'."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlb.flower import LoadBalancedFedAvg
+from fedlb.training import BASE_SPEED
 
 from .profiles import CLOCKS, SpeedProfile, preset
 from .variants import QuorumFedAvg, ScaledLrFedAvg, StepsTunedFedAvg
@@ -97,7 +98,7 @@ class Scenario:
     data_dir: str = ""
     silos: int = 4
     speeds: str = "1,2,3,6"
-    base_speed: float = 100.0
+    base_speed: float = BASE_SPEED
     overheads: str = "0"
     traces: str = "static"
     partition: str = "iid"

@@ -23,7 +23,6 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
     from .config import (
         DATASETS,
-        MODELS,
         RUN_SETTING_HELP,
         ConfigError,
         RunConfig,
@@ -84,7 +83,6 @@ _EXPORTS = {
     "ConfigError": ".config",
     "RUN_SETTING_HELP": ".config",
     "DATASETS": ".config",
-    "MODELS": ".config",
     "read_toml": ".config",
     "dataclass_arguments": ".config",
     "render_round": ".report",
@@ -122,7 +120,6 @@ _EXPORTS = {
 
 __all__ = [
     "DATASETS",
-    "MODELS",
     "RUN_SETTING_HELP",
     "BalancedLoader",
     "Checkpoint",

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from fedlb.balance import ESTIMATORS, TUNERS
+from fedlb.data import parse_partition
+from fedlb.models import MODELS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,7 +27,6 @@ else:  # pragma: no cover
 DATASETS = ("digits", "fashion-mnist", "mnist-5k", "cifar10", "heart-disease", "shakespeare")
 NATURAL_DATASETS = ("heart-disease", "shakespeare")  # datasets whose samples carry a silo
 EVALUATE_MODES = ("with-train", "separate")
-MODELS = ("mlp", "cnn", "lenet5", "lstm")
 
 
 RUN_SETTING_HELP = {
@@ -47,7 +48,8 @@ RUN_SETTING_HELP = {
     "dataset": "digits (embedded), fashion-mnist, mnist-5k, cifar10, heart-disease, "
     "shakespeare (the num-silos roles with the most lines).",
     "data-dir": "Where the dataset's files are ('' : its default place; see datasets/).",
-    "partition": "iid, classes:K (K classes per silo), dirichlet:α, natural (hospitals, roles).",
+    "partition": "iid, classes:K (K classes per silo; also pathological:K), dirichlet:α, "
+    "natural (hospitals, roles): flwr-datasets' partitioners' names are accepted.",
     "model": "mlp, cnn, lenet5 (28x28 or 32x32 images), or lstm (shakespeare).",
     "seed": "Seed of the partition, the model and the batch order.",
     "server-test-fraction": "Share held out for server-side evaluation (0: none).",
@@ -201,17 +203,16 @@ class RunConfig:
             problems.append(f"model cnn needs images; {self.dataset} is not images")
         if (self.model == "lstm") != (self.dataset == "shakespeare"):
             problems.append("model lstm and dataset shakespeare go together (character sequences)")
-        if self.partition == "natural" and self.dataset not in NATURAL_DATASETS:
-            problems.append(
-                "partition natural needs a dataset with natural silos: "
-                + ", ".join(NATURAL_DATASETS)
-            )
-        if self.partition not in ("iid", "natural") and not self.partition.startswith(
-            ("classes:", "dirichlet:")
-        ):
-            problems.append(
-                "partition must be 'iid', 'classes:K' (e.g. classes:2) or 'dirichlet:α'"
-            )
+        try:
+            kind, _ = parse_partition(self.partition)
+        except ValueError as error:
+            problems.append(str(error))
+        else:
+            if kind == "natural" and self.dataset not in NATURAL_DATASETS:
+                problems.append(
+                    "partition natural needs a dataset with natural silos: "
+                    + ", ".join(NATURAL_DATASETS)
+                )
         if problems:
             raise ConfigError("invalid run settings: " + "; ".join(problems))
 

@@ -34,7 +34,8 @@ from flwr.app import ArrayRecord
 
 from fedlb.experiments import markdown_table as table
 from fedlb.experiments import run_benchmark
-from fedlb.flower import EncryptedAggregation, encrypted_record
+from fedlb.flower import EncryptedAggregation
+from fedlb.flower.he import encrypted_record
 from fedlb.he import context_info, decrypt_arrays, encrypt_arrays, generate_keys, public_context
 from fedlb.models import build_model
 

@@ -197,8 +197,8 @@ def test_shakespeare_roles_become_groups_of_next_character_samples(tmp_path):
 
 def test_shakespeare_is_a_run_dataset_with_one_role_per_silo(tmp_path):
     """dataset shakespeare + partition natural: silo i trains on role i's lines only."""
-    from fedlb.flower import RunConfig, federation_data, model_for
-    from fedlb.flower.task import silo_data
+    from fedlb.flower import RunConfig
+    from fedlb.flower.task import federation_data, model_for, silo_data
 
     speech = "Now is the winter of our discontent made glorious summer by this sun. " * 4
     play = "".join(f"{name}.\n{speech}{name.lower()}\n\n" * 6 for name in ("ANNE", "RICHARD"))

@@ -75,7 +75,7 @@ def test_presets():
         ({"silos": 3, "speeds": "1,2"}, "give 2 silos, not 3"),
         ({"overheads": "1,2"}, "overheads has 2 values for 4 silos"),
         ({"traces": "jump"}, "unknown speed trace"),
-        ({"partition": "shards"}, "partition must be"),
+        ({"partition": "shards"}, "unknown partition"),
         ({"target-accuracy": 1.5}, "target-accuracy must be in"),
         ({"speeds": "1,0,3,6"}, "speeds must all be > 0"),
         ({"speeds": "1,-2,3,6"}, "speeds must all be > 0"),
@@ -103,7 +103,8 @@ def test_the_speedup_ceiling_is_uniform_over_ideal_round_time():
     # speeds 100 and 300 samples/s, τ = 10, B0 = 16: FedAvg's round 10·16/100 = 1.6 s; the
     # best split of 32 is 8 : 24, 0.8 s each: the ceiling is 2x. With 0.4 s fixed cost each:
     # (0.4 + 1.6) / (0.4 + 0.8) = 1.67x.
-    values = {"silos": 2, "speeds": "1,3", "local-steps": 10, "batch-size": 16, "rounds": 3}
+    values = {"silos": 2, "speeds": "1,3", "base-speed": 100.0, "local-steps": 10, "batch-size": 16}
+    values["rounds"] = 3
     assert Scenario.from_mapping(values).speedup_ceiling() == pytest.approx(2.0)
     fixed = Scenario.from_mapping({**values, "overheads": "0.4"})
     assert fixed.speedup_ceiling() == pytest.approx(2.0 / 1.2)
@@ -113,7 +114,7 @@ def test_the_speedup_ceiling_is_uniform_over_ideal_round_time():
 
 
 def test_seeds_combine_into_means_with_spread_and_reach():
-    from fedlb.experiments.runner import combine_seeds
+    from fedlb.experiments.results import combine_seeds
 
     scenario = Scenario.from_mapping({"policies": "fedavg,lb", "repeats": 2, "seed": 5})
     assert scenario.seeds() == [5, 6]

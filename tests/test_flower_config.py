@@ -10,8 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from fedlb.cli import app
-from fedlb.flower import ConfigError, RunConfig, node_settings, server_settings, silo_settings
+from fedlb.flower import ConfigError, RunConfig, server_settings, silo_settings
 from fedlb.flower.deploy import app_dir, node_config_text
+from fedlb.flower.silo import node_settings
 
 if sys.version_info >= (3, 11):
     import tomllib

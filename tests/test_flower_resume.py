@@ -149,7 +149,7 @@ def test_the_checkpoint_is_replaced_atomically_and_holds_the_state(tmp_path):
 
 
 def test_an_encrypted_model_checkpoints_as_its_ciphertexts(tmp_path):
-    from fedlb.flower import encrypted_record
+    from fedlb.flower.he import encrypted_record
     from fedlb.he import encrypt_arrays, load_context, write_keys
 
     context = load_context(write_keys(tmp_path / "keys").secret, "silo")

@@ -26,7 +26,6 @@ from fedlb.flower import (
     ConfigError,
     LoadBalancedFedAvg,
     RunConfig,
-    node_settings,
 )
 from fedlb.flower.protocol import (
     BATCH_SIZE,
@@ -45,7 +44,7 @@ from fedlb.flower.protocol import (
     read_report,
 )
 from fedlb.flower.replies import ReportCheck, UpdateCheck
-from fedlb.flower.silo import SiloConfigError
+from fedlb.flower.silo import SiloConfigError, node_settings
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from fedlb.data import DATASETS
 from fedlb.experiments import (
     POLICIES,
     PolicyResult,
@@ -17,7 +18,6 @@ from fedlb.experiments import (
     run_experiment,
     summarise_results,
 )
-from fedlb.flower import DATASETS
 from fedlb.models import MODELS
 
 from .common import UsageError, app, console

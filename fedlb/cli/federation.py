@@ -16,7 +16,6 @@ import typer
 from rich.markup import escape
 
 from fedlb.flower import (
-    RUN_SETTING_HELP,
     ConfigError,
     DeployError,
     RunConfig,
@@ -56,7 +55,7 @@ def _run_options() -> list[inspect.Parameter]:
                     kind | None,
                     typer.Option(
                         flag,
-                        help=f"{RUN_SETTING_HELP[flag[2:]]} [default: {f.default}]",
+                        help=f"{RunConfig.HELP[flag[2:]]} [default: {f.default}]",
                         rich_help_panel="Run settings",
                     ),
                 ],

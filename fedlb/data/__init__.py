@@ -23,17 +23,23 @@ from .partition import (
     silo_split,
     split_holdout,
 )
+from .registry import DATASETS, NATURAL_DATASETS, Dataset, federation_pool, load_dataset
 from .tabular import load_heart_disease
 from .text import load_shakespeare
 from .types import LabelledData
 
 __all__ = [
+    "DATASETS",
+    "NATURAL_DATASETS",
     "PARTITIONERS",
+    "Dataset",
     "LabelledData",
     "cached_partition",
     "dataset_fingerprint",
     "describe",
+    "federation_pool",
     "load_cifar10",
+    "load_dataset",
     "load_digits",
     "load_fashion_mnist",
     "load_heart_disease",

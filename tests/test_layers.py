@@ -1,0 +1,112 @@
+"""The house rules of DESIGN.md, checked on the source: imports point down the layers
+(the parts of one layer do not import each other) and no modules import each other round
+a cycle at import time."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fedlb"
+LAYERS = {
+    "balance": 1,
+    "he": 1,
+    "data": 1,
+    "models": 1,
+    "training": 2,
+    "flower": 3,
+    "cluster": 3,
+    "experiments": 4,
+    "cli": 5,
+}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def imports(name: str, path: Path, top_level_only: bool) -> set[str]:
+    """The fedlb modules `name` imports (relative imports resolved); with top_level_only,
+    only those run at import time (not inside functions, not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    nodes = _top_level(tree.body) if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("fedlb")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module.startswith("fedlb"):
+                found.add(module)
+                found |= {f"{module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    nodes: list[ast.stmt] = []
+    for node in body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, (ast.If, ast.Try)):
+            nodes += _top_level(node.body) + _top_level(getattr(node, "orelse", []))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            nodes.append(node)
+    return nodes
+
+
+def part(module: str) -> str | None:
+    pieces = module.split(".")
+    return pieces[1] if len(pieces) > 1 and pieces[1] in LAYERS else None
+
+
+def test_imports_point_down_the_layers():
+    wrong = []
+    for name, path in modules().items():
+        here = part(name)
+        if here is None:
+            continue
+        for target in imports(name, path, top_level_only=False):
+            there = part(target)
+            if there is None or there == here:
+                continue
+            if LAYERS[there] >= LAYERS[here]:
+                wrong.append(
+                    f"{name} imports {target} ({here} is layer {LAYERS[here]}, "
+                    f"{there} layer {LAYERS[there]})"
+                )
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_cycle():
+    known = modules()
+    graph = {
+        name: {t for t in imports(name, path, top_level_only=True) if t in known and t != name}
+        for name, path in known.items()
+    }
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return [*path, node, target]
+            if target not in state and (cycle := visit(target, [*path, node])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in state:
+            cycle = visit(name, [])
+            assert cycle is None, " -> ".join(cycle[cycle.index(cycle[-1]) :])

@@ -24,9 +24,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
 from fedlb.balance import SpeedEstimator, Tuner, ideal_round_time
-from fedlb.cluster import CLUSTER_POLICIES, DEFAULT_CLUSTER_POLICY
-from fedlb.training import BASE_SPEED
+from fedlb.cluster import (
+    CLUSTER_POLICIES,
+    DEFAULT_CLUSTER_POLICY,
+    ClusterError,
+    Exchange,
+    LoadBalancer,
+)
+from fedlb.data import load_digits
+from fedlb.models import build_model
+from fedlb.training import BASE_SPEED, tensor_dataset
 
 from .clocks import GpuLikeTime, ideal_split
 from .load import CompetingLoad, MachineProbe
@@ -148,15 +160,6 @@ def _pace(scenario: ClusterScenario, rank: int, iteration: list[int], machine: l
 
 def worker(scenario: ClusterScenario) -> None:
     """One rank of the job (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    from fedlb.cluster import ClusterError, Exchange, LoadBalancer
-    from fedlb.data import load_digits
-    from fedlb.models import build_model
-    from fedlb.training import tensor_dataset
-
     torch.set_num_threads(1)  # N ranks share this machine's cores
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -1,4 +1,7 @@
-"""PNG plots of a policy comparison (matplotlib, no display needed)."""
+"""PNG plots of a policy comparison (matplotlib, no display needed).
+
+matplotlib is imported when a plot is drawn: it adds about a second to every `fedlb`
+command's start otherwise."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def run_policy(
 
 def fresh_keys(folder: Path) -> tuple[Path, Path]:
     """A new CKKS key pair in `folder`: (the server's public context, the silos' secret)."""
-    from fedlb.he import write_keys
+    from fedlb.he import write_keys  # TenSEAL only where HE is on: it is slow to import
 
     keys = write_keys(folder, overwrite=True)
     return keys.public.resolve(), keys.secret.resolve()

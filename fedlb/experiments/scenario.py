@@ -11,9 +11,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlb.flower import LoadBalancedFedAvg
+from fedlb.flower import (
+    ConfigError,
+    LoadBalancedFedAvg,
+    RunConfig,
+    check_partition,
+    dataclass_arguments,
+    read_toml,
+)
 from fedlb.training import BASE_SPEED
 
+from .clocks import LinearTime, ideal_split, round_time
 from .profiles import CLOCKS, SpeedProfile, preset
 from .variants import QuorumFedAvg, ScaledLrFedAvg, StepsTunedFedAvg
 
@@ -57,8 +65,6 @@ def scenario_arguments(
     """A scenario dataclass's keyword arguments from file or flag values ('-' keys); TOML
     lists are taken for the comma-separated keys (speeds, policies, ...). A bad key or
     type raises `error` naming it."""
-    from fedlb.flower import ConfigError, dataclass_arguments
-
     flat = {
         k: ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else v
         for k, v in values.items()
@@ -123,8 +129,6 @@ class Scenario:
 
     @classmethod
     def from_file(cls, path: Path, overrides: dict[str, Any] | None = None) -> Scenario:
-        from fedlb.flower import ConfigError, read_toml
-
         try:
             values = read_toml(path, "scenario file")
         except ConfigError as error:
@@ -139,8 +143,6 @@ class Scenario:
         """The most any policy can shorten the run against FedAvg's uniform split: the sum
         over rounds of the uniform round time over the sum of the ideal T* (the best split
         of X = n·B0 for each round's speeds and fixed costs)."""
-        from .clocks import LinearTime, ideal_split, round_time
-
         uniform = ideal = 0.0
         profiles = self.profiles()
         for server_round in range(1, self.rounds + 1):
@@ -210,17 +212,13 @@ class Scenario:
     def check_data(self) -> None:
         """Load the dataset and make the split, refusing what cannot be run (missing
         files, more silos than the split allows) before any policy starts."""
-        from fedlb.flower import check_partition
-
         try:
             check_partition(self.run_config())
         except ValueError as error:
             raise ScenarioError(str(error)) from error
 
-    def run_config(self, out_dir: str = "", policy: str = "lb") -> Any:
+    def run_config(self, out_dir: str = "", policy: str = "lb") -> RunConfig:
         """The run settings of one policy's run (a RunConfig)."""
-        from fedlb.flower import RunConfig
-
         return RunConfig.from_mapping(
             {
                 "num-silos": self.silos,

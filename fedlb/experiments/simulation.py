@@ -106,7 +106,7 @@ def run_config_he(msg: Message, context: Context, call_next: ClientAppCallable) 
 
 @functools.lru_cache(maxsize=1)
 def _he_mod(path: str) -> Any:
-    from fedlb.he import load_context
+    from fedlb.he import load_context  # TenSEAL only where HE is on: it is slow to import
 
     return he_mod(load_context(Path(path), "silo"))
 

@@ -4,7 +4,7 @@
 #   EXTRAS            pip extras to install, default "dev,simulation" (tests + experiments);
 #                     "" for a silo or server that only runs deployments.
 #   FEDLB_VENV        where the environment goes, default .venv in the repository.
-#   PYTHON            the interpreter to build it from, default python3 (>= 3.10).
+#   PYTHON            the interpreter to build it from, default python3 (>= 3.11).
 #   FEDLB_TORCH       the torch requirement used on machines without an NVIDIA GPU,
 #                     default torch==2.13.0 (the CPU build where a CPU wheel is offered).
 #   FEDLB_TORCH_INDEX optional index URL for that torch install (e.g. PyTorch's CPU wheel
@@ -20,9 +20,9 @@ venv="${FEDLB_VENV:-.venv}"
 extras="${1-dev,simulation}"
 python="${PYTHON:-python3}"
 
-if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
-  echo "setup: fedlb needs Python >= 3.10; '$python' is $("$python" --version 2>&1 || echo missing)." >&2
-  echo "setup: set PYTHON=/path/to/python3.10+ and run again." >&2
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "setup: fedlb needs Python >= 3.11 (as Flower does); '$python' is $("$python" --version 2>&1 || echo missing)." >&2
+  echo "setup: set PYTHON=/path/to/python3.11+ and run again." >&2
   exit 1
 fi
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
@@ -53,4 +53,6 @@ echo "setup: installing fedlb$([ -n "$extras" ] && echo "[$extras]") into $venv"
 quiet "${pip[@]}" install -q -e "$target"
 rm -f "$venv"/.fedlb-setup-*
 touch "$stamp"
+# pip took the newest Flower in pyproject's range that this index can satisfy
+echo "setup: Flower $("$venv/bin/python" -c 'from importlib.metadata import version; print(version("flwr"))')"
 echo "setup: done; the command is $venv/bin/fedlb"

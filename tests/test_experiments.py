@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
 
 from fedlb.cli import app
 from fedlb.experiments import (

@@ -4,6 +4,7 @@ refused with the key named."""
 from __future__ import annotations
 
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,6 @@ from fedlb.cli import app
 from fedlb.flower import ConfigError, RunConfig, server_settings, silo_settings
 from fedlb.flower.deploy import app_dir, node_config_text
 from fedlb.flower.silo import node_settings
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
 
 runner = CliRunner()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -18,11 +18,6 @@ from typing import Any, ClassVar
 from fedlb.balance import ESTIMATORS, TUNERS
 from fedlb.data import DATASETS, NATURAL_DATASETS, parse_partition
 from fedlb.models import MODELS
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 EVALUATE_MODES = ("with-train", "separate")
 

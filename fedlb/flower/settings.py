@@ -27,6 +27,7 @@ from .protocol import (
     NODE_PARTITION_ID,
     NODE_THREADS,
 )
+from .silo import SiloConfigError, node_settings
 from .task import check_partition
 from .tls import TlsError, TlsFiles
 
@@ -198,12 +199,6 @@ class SiloSettings:
             raise ConfigError(
                 "a silo needs partition-id and num-partitions, or data-path (or a config file)"
             )
-        if self.num_partitions is not None and not (
-            0 <= (self.partition_id or 0) < self.num_partitions
-        ):
-            raise ConfigError(
-                f"partition-id {self.partition_id} is outside 0..{self.num_partitions - 1}"
-            )
         if self.slowdown is not None and not self.slowdown >= 1:
             raise ConfigError(f"slowdown must be >= 1, got {self.slowdown}")
         if not (math.isfinite(self.base_speed) and self.base_speed > 0):
@@ -221,6 +216,10 @@ class SiloSettings:
             raise ConfigError(f"auth-key {self.auth_key} is not a file: fedlb silo-key makes it")
         if self.he_context:
             he_key_fingerprint(Path(self.he_context), "silo")
+        try:  # what the silo's ClientApp will check of its node config, checked now
+            node_settings(self.node_config())
+        except SiloConfigError as error:
+            raise ConfigError(str(error)) from error
 
     def he_fingerprint(self) -> str | None:
         """The fingerprint of its HE key (to compare with the server's), None without HE."""

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedlb.data import DATASETS
@@ -18,6 +20,7 @@ from fedlb.experiments import (
     run_experiment,
     summarise_results,
 )
+from fedlb.flower import RoundRecord
 from fedlb.models import MODELS
 
 from .common import UsageError, app, console
@@ -167,17 +170,38 @@ def experiment(
         + ("; HE: CKKS (measured HE seconds join each silo's fixed cost)" if chosen.he else "")
     )
 
-    def done(name: str, result: PolicyResult) -> None:
-        summary = result.summary(chosen.target_accuracy)
-        console.print(
-            f"  {name}: {summary['rounds']} rounds in {summary['total_clock_s']:.1f} s "
-            f"(clock: {chosen.clock}), final accuracy {_fmt(summary['final_accuracy'], '.3f')}"
-        )
+    runs = len(chosen.policy_names()) * chosen.repeats
+    with Progress(
+        TextColumn("  {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        rounds = progress.add_task("starting Flower's simulation", total=runs * chosen.rounds)
 
-    try:  # its data checks (files, the split for every seed) come before any policy runs
-        summary = run_experiment(chosen, folder, on_policy=done)
-    except ScenarioError as error:
-        raise UsageError(str(error)) from error
+        def round_done(record: RoundRecord) -> None:
+            efficiency = "–" if record.efficiency is None else f"{record.efficiency:.2f}"
+            progress.update(
+                rounds, advance=1, description=f"round {record.round}: E = {efficiency}"
+            )
+
+        def done(name: str, result: PolicyResult) -> None:
+            summary = result.summary(chosen.target_accuracy)
+            progress.console.print(
+                f"  {name}: {summary['rounds']} rounds in {summary['total_clock_s']:.1f} s "
+                f"(clock: {chosen.clock}), final accuracy "
+                f"{_fmt(summary['final_accuracy'], '.3f')}"
+            )
+
+        try:  # its data checks (files, the split for every seed) come before any policy runs
+            summary = run_experiment(chosen, folder, on_policy=done, on_round=round_done)
+        except ScenarioError as error:
+            raise UsageError(str(error)) from error
+        except RuntimeError as error:  # a policy's run failed: its message names the log
+            console.print(f"[red]experiment stopped:[/] {escape(str(error))}")
+            raise typer.Exit(1) from error
     print_summary(chosen, summary)
     if chosen.repeats == 1:
         console.print(

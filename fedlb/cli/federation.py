@@ -23,6 +23,7 @@ from fedlb.flower import (
     ServerReady,
     ServerSettings,
     SiloSettings,
+    load_checkpoint,
     local_silos,
     resume_settings,
     run_server,
@@ -205,7 +206,8 @@ def server(
             settings, run = resume_settings(
                 resume, run_flags.get("num-rounds"), {**tables[SERVER], **flags}
             )
-            console.print(f"resuming {settings.out_dir} for {run.num_rounds} rounds in all")
+            done = load_checkpoint(Path(settings.out_dir)).round
+            console.print(f"resuming {settings.out_dir} after round {done} of {run.num_rounds}")
         else:
             settings, run = server_settings(config, flags, run_flags)
     except ConfigError as error:

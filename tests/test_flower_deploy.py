@@ -42,14 +42,47 @@ def run_settings(out_dir, **changes):
 
 
 def test_three_silos_with_speed_factors_1_2_4(tmp_path):
+    """From Python, without the CLI (the deployment as a library): the server's and the
+    silos' settings from the example files with the caller's values on top, the silos
+    started once the SuperLink is up, `run_server` blocking until the run ends and
+    stopping what it started."""
+    from pathlib import Path
+
+    from fedlb.flower import run_server, server_settings, silo_settings, start_silo
+
     out = tmp_path / "out"
-    with Federation(tmp_path / "procs") as federation:
+    silos = []
+
+    def start_silos(ready):  # once the SuperLink is up, before round 1
         for i, factor in enumerate((1, 2, 4)):
-            federation.add_silo(f"silo-{i}", silo_config(i, 3, factor))
-        outcome = federation.run(run_settings(out, **{"keep-updates": 1}), timeout=400)
-        pids = [federation.link.pid] + [s.pid for s in federation.silos.values()]
+            settings = silo_settings(
+                Path(f"silos/silo-{i}.toml"),
+                {
+                    "server": ready.address,
+                    "slowdown": float(factor),
+                    "base-speed": BASE_SPEED,
+                    "workdir": str(tmp_path / f"silo-{i}"),
+                },
+            )
+            silos.append(start_silo(settings))
+
+    rounds = []
+    server, run = server_settings(
+        Path("server/server.toml"),
+        {"port": 0, "out-dir": str(out), "run-timeout": 400.0},
+        {k: v for k, v in run_settings(out, **{"keep-updates": 1}).items() if k != "out-dir"},
+    )
+    try:
+        outcome = run_server(server, run, on_ready=start_silos, on_round=rounds.append)
+    finally:
+        for silo in silos:
+            silo.stop()
     assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
     assert len(outcome.records) == 3
+    assert [r.round for r in rounds] == [1, 2, 3]
+    assert outcome.model_path == out / "model.pt"
+    pids = [json.loads((out / "server.json").read_text())["superlink-pid"]]
+    pids += [silo.pid for silo in silos]
 
     sizes = {r.round: {s.silo: s.batch_size for s in r.silos} for r in outcome.records}
     assert sizes[1] == {"silo-0": 16, "silo-1": 16, "silo-2": 16}  # uniform start
@@ -374,48 +407,3 @@ def test_fedlb_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path):
     assert third != {n: 16 for n in third}
     assert load_checkpoint(out).round == 3
     assert (out / "summary.json").exists()
-
-
-def test_a_server_and_silos_run_from_python_without_the_cli(tmp_path):
-    """The deployment as a library: settings from the example files with the caller's
-    values on top, silos started first (they wait for the server), `run_server` blocks
-    until the run ends and stops what it started."""
-    from pathlib import Path
-
-    from fedlb.flower import run_server, server_settings, silo_settings, start_silo
-
-    silos = []
-
-    def start_silos(ready):  # once the SuperLink is up, before round 1
-        for i in range(2):
-            settings = silo_settings(
-                Path(f"silos/silo-{i}.toml"),
-                {
-                    "server": ready.address,
-                    "num-partitions": 2,
-                    "slowdown": float(1 + 2 * i),
-                    "workdir": str(tmp_path / f"silo-{i}"),
-                },
-            )
-            silos.append(start_silo(settings))
-
-    rounds = []
-    try:
-        server, run = server_settings(
-            Path("server/server.toml"),
-            {"port": 0, "out-dir": str(tmp_path / "out"), "run-timeout": 300.0},
-            {"num-silos": 2, "num-rounds": 2, "local-steps": 5, "batch-size": 16},
-        )
-        outcome = run_server(server, run, on_ready=start_silos, on_round=rounds.append)
-    finally:
-        for silo in silos:
-            silo.stop()
-    assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
-    assert [r.round for r in rounds] == [1, 2]
-    assert {s.silo for s in rounds[-1].silos} == {"silo-0", "silo-1"}
-    last = {s.silo: s.batch_size for s in rounds[-1].silos}
-    assert last["silo-0"] > last["silo-1"]  # 3x faster: bigger B
-    assert sum(last.values()) == 32
-    assert outcome.model_path == tmp_path / "out" / "model.pt"
-    assert json.loads((tmp_path / "out" / "summary.json").read_text())["rounds"] == 2
-    assert not any(silo.alive() for silo in silos)

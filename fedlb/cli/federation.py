@@ -29,8 +29,6 @@ from fedlb.flower import (
     run_server,
     server_settings,
 )
-from fedlb.flower.deployment import default_out_dir
-from fedlb.flower.settings import RUN, SERVER, read_sections
 from fedlb.training import BASE_SPEED
 
 from .common import UsageError, app, console
@@ -195,17 +193,14 @@ def server(
     )
     try:
         if resume is not None:
-            tables = read_sections(config, (SERVER, RUN)) if config else {SERVER: {}, RUN: {}}
-            others = sorted(set(run_flags) - {"num-rounds"}) + sorted(tables[RUN])
+            others = sorted(set(run_flags) - {"num-rounds"})
             if others:
                 raise UsageError(
                     "--resume takes the run's settings from its checkpoint; drop "
                     + ", ".join(others)
                     + " (only --num-rounds may be given, to extend the run)"
                 )
-            settings, run = resume_settings(
-                resume, run_flags.get("num-rounds"), {**tables[SERVER], **flags}
-            )
+            settings, run = resume_settings(resume, run_flags.get("num-rounds"), flags, config)
             done = load_checkpoint(Path(settings.out_dir)).round
             console.print(f"resuming {settings.out_dir} after round {done} of {run.num_rounds}")
         else:
@@ -246,7 +241,7 @@ def demo(
         raise UsageError(f"--slowdowns must be numbers like 1,2,4, got {slowdowns!r}") from error
     if not factors:
         raise UsageError(f"--slowdowns must be numbers >= 1, got {slowdowns!r}")
-    folder = out_dir or default_out_dir()
+    folder = out_dir or ServerSettings().results_dir()
     silo_context = None
     if he:
         if run_flags.get("he-context"):

@@ -20,7 +20,6 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from .config import ConfigError, RunConfig
 from .deploy import FlowerProcess, free_port, start_supernode
 from .launch import Federation, RunOutcome
 from .report import RoundRecord
-from .settings import ServerSettings, SiloSettings, checked_run
+from .settings import RUN, SERVER, ServerSettings, SiloSettings, checked_run, read_sections
 
 log = logging.getLogger("fedlb.flower")
 
@@ -46,10 +45,6 @@ class ServerReady:
     tls_ca: Path | None
     silo_keys: int | None  # registered keys (None: authentication off)
     local_silos: list[tuple[str, float]]  # (name, emulated samples/s) of silos started here
-
-
-def default_out_dir() -> Path:
-    return Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
 def run_server(
@@ -70,7 +65,8 @@ def run_server(
     reconnect under their node ids). Raises ConfigError for settings that cannot run
     (checked before anything starts) and DeployError when a process will not start."""
     run = checked_run(run.to_mapping())
-    out_dir = Path(server.out_dir or run.out_dir or default_out_dir()).resolve()
+    out_dir = Path(run.out_dir) if run.out_dir and not server.out_dir else server.results_dir()
+    out_dir = out_dir.resolve()
     run_config = {**run.to_mapping(), "out-dir": str(out_dir)}
     tls, keys = server.tls(), server.registered_keys()
     database = out_dir / "superlink.db"
@@ -111,12 +107,24 @@ def run_server(
 
 
 def resume_settings(
-    run_dir: Path, num_rounds: int | None = None, server: Mapping[str, Any] | None = None
+    run_dir: Path,
+    num_rounds: int | None = None,
+    server: Mapping[str, Any] | None = None,
+    path: Path | None = None,
 ) -> tuple[ServerSettings, RunConfig]:
     """The settings to go on with the stopped run in `run_dir`: its own (from its
-    checkpoint), where its server listened (`server` values on top), and `num_rounds` to
-    extend it. ConfigError when there is no usable checkpoint or num_rounds is below the
-    rounds done."""
+    checkpoint), where its server listened (a settings file's [server] table at `path`,
+    then `server` values, on top), and `num_rounds` to extend it. ConfigError when there
+    is no usable checkpoint, num_rounds is below the rounds done, or the file has [run]
+    settings (a resumed run keeps its own)."""
+    tables = read_sections(path, (SERVER, RUN)) if path is not None else {SERVER: {}, RUN: {}}
+    if tables[RUN]:
+        raise ConfigError(
+            f"{path}: a resumed run takes its settings from its checkpoint; drop "
+            + ", ".join(sorted(tables[RUN]))
+            + " from [run] (only num-rounds may be given, to extend the run)"
+        )
+    server = {**tables[SERVER], **(server or {})}
     run_dir = run_dir.resolve()
     try:
         checkpoint = load_checkpoint(run_dir)

@@ -13,6 +13,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,10 @@ class ServerSettings:
             )
         self.tls()
         self.registered_keys()
+
+    def results_dir(self) -> Path:
+        """out_dir, or a new runs/<date-time> when it is ''."""
+        return Path(self.out_dir or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S"))
 
     def tls(self) -> TlsFiles | None:
         if not self.certs:

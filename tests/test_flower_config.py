@@ -229,9 +229,7 @@ def test_resume_is_checked_before_anything_starts(tmp_path):
     config.write_text("[server]\nport = 9001\n[run]\ntuner = 'static'\n")
     result = runner.invoke(app, ["server", "--resume", str(tmp_path), "--config", str(config)])
     assert result.exit_code == 2
-    assert "a resumed run takes its settings from its checkpoint; drop tuner" in flat(
-        result.output
-    )
+    assert "a resumed run takes its settings from its checkpoint; drop tuner" in flat(result.output)
     result = runner.invoke(app, ["server", "--resume", str(tmp_path), "--num-rounds", "2"])
     assert result.exit_code != 0
     assert "num-rounds 2 is below the 3 rounds" in flat(result.output)

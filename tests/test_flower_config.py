@@ -247,3 +247,12 @@ def test_the_server_app_refuses_to_resume_with_other_settings(tmp_path):
         checkpoint_to_resume(changed)
     longer = RunConfig.from_mapping({"resume": str(tmp_path), "num-rounds": 20})
     assert checkpoint_to_resume(longer).round == 3  # num-rounds may grow
+
+
+def test_a_bad_key_in_a_settings_file_names_the_file(tmp_path):
+    silo = tmp_path / "silo.toml"
+    silo.write_text("[silo]\npartition-id = 0\nnum-partitons = 3\n")
+    result = runner.invoke(app, ["silo", "--config", str(silo)])
+    assert result.exit_code == 2, result.output
+    said = flat(result.output).replace(" ", "")
+    assert f"{silo}:unknown[silo]key(s)num-partitons" in said

@@ -119,8 +119,19 @@ def server_settings(
     """The settings of `path` ([server] and [run] tables; None: none) with `server` and
     `run` values on top, checked, the run's data split and HE key file included."""
     tables = read_sections(path, (SERVER, RUN)) if path is not None else {SERVER: {}, RUN: {}}
+    in_file(path, ServerSettings, tables[SERVER], "[server] key")
+    in_file(path, RunConfig, tables[RUN], "setting")
     settings = ServerSettings.from_mapping({**tables[SERVER], **(server or {})})
     return settings, checked_run({**tables[RUN], **(run or {})})
+
+
+def in_file(path: Path | None, cls: type, table: Mapping[str, Any], what: str) -> None:
+    """A file's keys checked on their own first, so that an error names the file."""
+    if path is not None:
+        try:
+            dataclass_arguments(cls, table, what)
+        except ConfigError as error:
+            raise ConfigError(f"{path}: {error}") from error
 
 
 def checked_run(values: Mapping[str, Any]) -> RunConfig:
@@ -249,6 +260,7 @@ def silo_settings(
 ) -> SiloSettings:
     """The [silo] settings of `path` (None: none) with `overrides` on top, checked."""
     table = read_sections(path, (SILO,))[SILO] if path is not None else {}
+    in_file(path, SiloSettings, table, "[silo] key")
     return SiloSettings.from_mapping({**table, **(overrides or {})})
 
 

@@ -90,7 +90,7 @@ def serve(
 ) -> None:
     """Run the server (and local silos), show every round, exit non-zero unless it
     completed. SIGTERM stops everything it started."""
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     try:
         outcome = run_server(
             settings,
@@ -99,11 +99,13 @@ def serve(
             on_ready=announce,
             on_round=console.print,
         )
-    except ConfigError as error:
+    except ConfigError as error:  # checked before anything started
         raise UsageError(str(error)) from error
     except DeployError as error:
         console.print(f"[red]could not run the federation:[/] {escape(str(error))}")
         raise typer.Exit(1) from error
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     finish(outcome)
 
 

@@ -131,7 +131,7 @@ def resume_settings(
         values = {**checkpoint.settings, "out-dir": str(run_dir), "resume": str(run_dir)}
         if num_rounds is not None:
             values["num-rounds"] = num_rounds
-        run = checked_run(values)
+        run = RunConfig.from_mapping(values)  # run_server checks its data and keys
         check_resume(checkpoint, run.to_mapping(), run.num_rounds, run_dir)
     except CheckpointError as error:
         raise ConfigError(str(error)) from error

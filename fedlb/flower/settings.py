@@ -10,12 +10,13 @@ ConfigError that names the key and what to do. The CLI only turns its flags into
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fedlb.training import BASE_SPEED
 
@@ -117,12 +118,13 @@ def server_settings(
     run: Mapping[str, Any] | None = None,
 ) -> tuple[ServerSettings, RunConfig]:
     """The settings of `path` ([server] and [run] tables; None: none) with `server` and
-    `run` values on top, checked, the run's data split and HE key file included."""
+    `run` values on top, every key checked (the run's data split and HE key file are
+    checked by `run_server`, before it starts anything)."""
     tables = read_sections(path, (SERVER, RUN)) if path is not None else {SERVER: {}, RUN: {}}
     in_file(path, ServerSettings, tables[SERVER], "[server] key")
     in_file(path, RunConfig, tables[RUN], "setting")
     settings = ServerSettings.from_mapping({**tables[SERVER], **(server or {})})
-    return settings, checked_run({**tables[RUN], **(run or {})})
+    return settings, RunConfig.from_mapping({**tables[RUN], **(run or {})})
 
 
 def in_file(path: Path | None, cls: type, table: Mapping[str, Any], what: str) -> None:
@@ -147,11 +149,23 @@ def checked_run(values: Mapping[str, Any]) -> RunConfig:
 
 
 def he_key_fingerprint(path: Path, role: str) -> str:
-    """The key file's fingerprint, or a ConfigError naming the file and the fix."""
+    """The key file's fingerprint, or a ConfigError naming the file and the fix. A file
+    is loaded once while unchanged: contexts are megabytes, and a silo's settings are
+    checked, fingerprinted and checked again before its SuperNode starts."""
+    path = path.resolve()
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        stamp = -1  # load_context says what is wrong with it
+    return _fingerprint(str(path), "server" if role == "server" else "silo", stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint(path: str, role: Literal["server", "silo"], stamp: int) -> str:
     from fedlb.he import HeKeyError, fingerprint, load_context
 
     try:
-        return fingerprint(load_context(path, "server" if role == "server" else "silo"))
+        return fingerprint(load_context(Path(path), role))
     except HeKeyError as error:
         raise ConfigError(str(error)) from error
 

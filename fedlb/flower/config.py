@@ -62,10 +62,21 @@ class ConfigError(ValueError):
 
 def read_toml(path: Path, what: str = "config file") -> dict[str, Any]:
     """A TOML file's tables, or a ConfigError that names the file and what is wrong."""
+    if path.is_dir():
+        raise ConfigError(f"{what} {path} is a directory: give the TOML file itself")
     try:
-        return tomllib.loads(path.read_text())
+        text = path.read_bytes().decode("utf-8")  # TOML is UTF-8 (tomllib's own reading)
     except FileNotFoundError as error:
         raise ConfigError(f"{what} {path} does not exist") from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{what} {path} is not a UTF-8 TOML file: byte {error.start} cannot be read "
+            "as text; give a TOML settings file"
+        ) from error
+    except OSError as error:
+        raise ConfigError(f"{what} {path} cannot be read: {error.strerror or error}") from error
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{what} {path} is not valid TOML: {error}") from error
 
@@ -172,6 +183,14 @@ class RunConfig:
             problems.append("poll-interval must be a finite number >= 0")
         if self.keep_updates not in (0, 1):
             problems.append("keep-updates must be 0 or 1")
+        # numpy refuses a negative seed; the silos seed torch with seed x 1_000_003 + ...,
+        # which must stay within 64 bits
+        if not 0 <= self.seed < 2**32:
+            problems.append(f"seed must be in 0..{2**32 - 1}")
+        for field in fields(self):  # Flower carries the run config's ints as 64-bit ones
+            value = getattr(self, field.name)
+            if field.name != "seed" and isinstance(value, int) and not -(2**63) <= value < 2**63:
+                problems.append(f"{field.name.replace('_', '-')} must fit in 64 bits")
         for key in ("learning-rate", "round-timeout"):
             value = getattr(self, key.replace("-", "_"))
             if not (math.isfinite(value) and value > 0):

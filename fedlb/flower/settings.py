@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -58,7 +59,9 @@ class ServerSettings:
     """Where and how the server runs (the run itself: a RunConfig). Keys in files: '-'.
 
     host: where the SuperLink listens (a routable address for silos on other machines).
-    port: its one port for Flower's Fleet, Control and Runtime APIs (0: a free one).
+    port: its one port for Flower's Fleet, Control and Runtime APIs (0: a free one, chosen
+        by the OS when the SuperLink starts: `run_server` reports it in ServerReady.address
+        and keeps it in out_dir/server.json, where `resume_settings` finds it).
     out_dir: the results folder ('' : runs/<date-time> under the working directory).
     run_timeout: give up on the whole run after this many seconds (0: never).
     certs: TLS, the folder `fedlb certs` wrote (ca.crt, server.crt, server.key); '' : plain.
@@ -86,6 +89,7 @@ class ServerSettings:
             raise ConfigError(
                 f"[server] run-timeout must be >= 0 (0: none), got {self.run_timeout}"
             )
+        check_out_dir(Path(self.out_dir or "runs"), "out-dir")  # '' : runs/<date-time>
         self.tls()
         self.registered_keys()
 
@@ -112,6 +116,26 @@ class ServerSettings:
         return keys
 
 
+def check_out_dir(path: Path, what: str = "out-dir") -> None:
+    """Refuse, before anything starts, a folder that results cannot be written to: a file,
+    a path through a file, or a place without write permission (ConfigError naming `what`
+    and the fix). Nothing is created: the run makes the folder when it starts."""
+    try:
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{what} {path} is a file, not a folder: give a folder")
+        there = path.absolute()
+        while not there.exists():  # the folder it would be made in
+            there = there.parent
+        if not there.is_dir():
+            raise ConfigError(f"{what} {path}: {there} is a file, not a folder: give a folder")
+        if not os.access(there, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"{what} {path}: no permission to write in {there}; give a folder you can write to"
+            )
+    except OSError as error:  # e.g. a parent folder it may not look into
+        raise ConfigError(f"{what} {path} cannot be used: {error.strerror or error}") from error
+
+
 def server_settings(
     path: Path | None = None,
     server: Mapping[str, Any] | None = None,
@@ -124,7 +148,10 @@ def server_settings(
     in_file(path, ServerSettings, tables[SERVER], "[server] key")
     in_file(path, RunConfig, tables[RUN], "setting")
     settings = ServerSettings.from_mapping({**tables[SERVER], **(server or {})})
-    return settings, RunConfig.from_mapping({**tables[RUN], **(run or {})})
+    config = RunConfig.from_mapping({**tables[RUN], **(run or {})})
+    if config.out_dir and not settings.out_dir:  # a file's [run] out-dir is the results'
+        check_out_dir(Path(config.out_dir), "out-dir")
+    return settings, config
 
 
 def in_file(path: Path | None, cls: type, table: Mapping[str, Any], what: str) -> None:
@@ -229,14 +256,41 @@ class SiloSettings:
             raise ConfigError(
                 "a silo needs partition-id and num-partitions, or data-path (or a config file)"
             )
-        if self.slowdown is not None and not self.slowdown >= 1:
-            raise ConfigError(f"slowdown must be >= 1, got {self.slowdown}")
+        if self.num_partitions is not None and self.num_partitions < 1:
+            raise ConfigError(
+                f"num-partitions must be >= 1 (the server's num-silos), got {self.num_partitions}"
+            )
+        if self.partition_id is not None and self.partition_id < 0:
+            raise ConfigError(
+                f"partition-id must be >= 0 (ids count from 0), got {self.partition_id}"
+            )
+        if (
+            self.partition_id is not None
+            and self.num_partitions is not None
+            and self.partition_id >= self.num_partitions
+        ):
+            raise ConfigError(
+                f"partition-id {self.partition_id} is outside 0..{self.num_partitions - 1} "
+                f"(num-partitions {self.num_partitions}; ids count from 0): give a "
+                "partition-id below num-partitions, or the server's num-silos as num-partitions"
+            )
+        host, colon, port = self.server.rpartition(":")
+        if not (host and colon and port.isdigit() and 1 <= int(port) <= 65535):
+            raise ConfigError(
+                f"server must be the fedlb server's host:port (e.g. 10.0.0.5:8000), got "
+                f"{self.server!r}"
+            )
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535 (0: a free one), got {self.port}")
+        if self.slowdown is not None and not (math.isfinite(self.slowdown) and self.slowdown >= 1):
+            raise ConfigError(f"slowdown must be >= 1 and finite, got {self.slowdown}")
         if not (math.isfinite(self.base_speed) and self.base_speed > 0):
             raise ConfigError(f"base-speed must be > 0, got {self.base_speed}")
         if not (math.isfinite(self.emulated_speed) and self.emulated_speed >= 0):
             raise ConfigError(f"emulated-speed must be >= 0, got {self.emulated_speed}")
         if self.threads < 0:
             raise ConfigError(f"threads must be >= 0, got {self.threads}")
+        check_out_dir(Path(self.workdir or "runs"), "workdir")  # '' : runs/<silo name>
         if self.root_certificates and not Path(self.root_certificates).is_file():
             raise ConfigError(
                 f"root-certificates {self.root_certificates} is not a file: fedlb certs makes "
@@ -285,11 +339,12 @@ def local_silos(
     server: str = "",
 ) -> list[SiloSettings]:
     """One silo per slowdown on this machine (a demo): partition i of len(slowdowns), one
-    torch thread each, emulated speed base_speed / slowdown."""
+    torch thread each, emulated speed base_speed / slowdown. `server` '': the default
+    (local silos join the federation that starts them, wherever it listens)."""
     return [
         SiloSettings.from_mapping(
             {
-                "server": server,
+                **({"server": server} if server else {}),
                 "partition-id": i,
                 "num-partitions": len(slowdowns),
                 "slowdown": float(slowdown),

@@ -167,60 +167,6 @@ def test_the_adoption_example_runs_under_torchrun(tmp_path):
     assert final == ["final sizes [48, 16] (X = 64)"], result.stdout
 
 
-def test_the_manager_service_balances_workers_of_any_framework():
-    """gRPC on loopback: four plain-Python workers at speeds 1 : 1 : 2 : 4 report each
-    iteration and wait for their next size (BSP); bad requests get clear statuses."""
-    import threading
-
-    import grpc
-
-    from fedlb.cluster import ManagerClient, serve
-
-    server, port, _ = serve(0, wait_timeout=5.0)
-    try:
-        address = f"127.0.0.1:{port}"
-        names = ["a", "b", "c", "d"]
-        speeds = dict(zip(names, (100.0, 100.0, 200.0, 400.0), strict=True))
-        ManagerClient(address).register("job-1", names, 32)
-        final: dict[str, int] = {}
-
-        def work(name: str) -> None:
-            client = ManagerClient(address)
-            size = 32
-            for iteration in range(1, 6):
-                size = client.report("job-1", name, iteration, size, size / speeds[name])
-            final[name] = size
-            client.close()
-
-        threads = [threading.Thread(target=work, args=(n,)) for n in names]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
-        assert final == {"a": 16, "b": 16, "c": 32, "d": 64}
-
-        client = ManagerClient(address)
-        with pytest.raises(grpc.RpcError) as caught:
-            client.report("job-1", "a", 7, 16, float("nan"))
-        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "compute_s must be a finite number" in caught.value.details()
-        with pytest.raises(grpc.RpcError) as caught:
-            client.report("nope", "a", 1, 16, 0.1)
-        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-        with pytest.raises(grpc.RpcError) as caught:  # the others never report iteration 9
-            client.report("job-1", "a", 9, 16, 0.1)
-        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert "no report from ['b', 'c', 'd']" in caught.value.details()
-        assert client.report("job-1", "b", 10, 16, 0.1, wait=False) == 16  # no waiting
-        raw = client.channel.unary_unary("/fedlb.BatchSizeManager/Report")
-        with pytest.raises(grpc.RpcError) as caught:
-            raw(b"\xff not json")
-        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        client.close()
-    finally:
-        server.stop(0)
-
-
 def test_the_competing_load_runs_and_sleeps_and_is_measured():
     import time
 

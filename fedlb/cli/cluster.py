@@ -123,30 +123,82 @@ def cluster(
 
 @app.command()
 def manager(
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 50071,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on; 0: a free one (printed).")] = 50071,
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (no token or TLS: loopback only).")
+    ] = "127.0.0.1",
     max_workers: Annotated[
-        int, typer.Option(help="Threads; more than the workers of all jobs together.")
+        int,
+        typer.Option(help="Threads; waiting reports may hold all but an eighth of them."),
     ] = 64,
     wait_timeout: Annotated[
         float, typer.Option(help="Seconds a waiting report waits for the other workers.")
     ] = 60.0,
+    max_jobs: Annotated[int, typer.Option(help="Jobs held at once.")] = 64,
+    max_job_workers: Annotated[int, typer.Option(help="Workers of one job.")] = 1024,
+    job_idle_timeout: Annotated[
+        float, typer.Option(help="Seconds without a call after which a job is forgotten.")
+    ] = 3600.0,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(help="A file holding the token calls must carry (else $FEDLB_MANAGER_TOKEN)."),
+    ] = None,
+    certs: Annotated[
+        Path | None, typer.Option(help="TLS: the folder of `fedlb certs` (server.crt, server.key).")
+    ] = None,
 ) -> None:
     """Serve the BatchSizeManager over gRPC for workers of any framework (see
     docs/cluster.md): each worker reports its iteration and gets its next batch size."""
+    import math
     import signal
     import threading
 
-    from fedlb.cluster import serve
+    from fedlb.cluster.service import ManagerSetupError, PortInUseError, ServiceLimits, serve
+    from fedlb.cluster.service_auth import read_token
 
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be in 0..65535 (0: a free port), got {port}")
+    for flag, count in (
+        ("--max-workers", max_workers),
+        ("--max-jobs", max_jobs),
+        ("--max-job-workers", max_job_workers),
+    ):
+        if count < 1:
+            raise UsageError(f"{flag} must be >= 1, got {count}")
+    for flag, seconds in (
+        ("--wait-timeout", wait_timeout),
+        ("--job-idle-timeout", job_idle_timeout),
+    ):
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise UsageError(f"{flag} must be a number of seconds > 0, got {seconds}")
+    limits = ServiceLimits(max_jobs, max_job_workers, job_idle_timeout)
     try:
-        server, bound, _ = serve(port, host, max_workers, wait_timeout)
-    except (OSError, RuntimeError) as error:
-        raise UsageError(f"cannot serve on {host}:{port}: {error}") from error
-    console.print(f"[bold]fedlb manager[/] on {host}:{bound} (gRPC, fedlb.BatchSizeManager)")
+        token = read_token(token_file)
+        server, bound, service = serve(
+            port, host, max_workers, wait_timeout, limits=limits, token=token, certs=certs
+        )
+    except PortInUseError as error:
+        raise UsageError(
+            f"port {port} is already in use by another process; pick another --port"
+        ) from error
+    except (OSError, ManagerSetupError) as error:
+        raise UsageError(str(error)) from error
+    shown = escape(host)  # an IPv6 address in brackets is no markup
+    console.print(f"[bold]fedlb manager[/] on {shown}:{bound} (gRPC, fedlb.BatchSizeManager)")
+    guards = [f"token {'on' if token else 'off'}", f"TLS {'on' if certs else 'off'}"]
+    console.print(
+        f"  {', '.join(guards)}; at most {max_jobs} jobs of {max_job_workers} workers, "
+        f"{service.limits.max_waiting} waiting reports"
+    )
+    if token is None and host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            f"[yellow]warning[/]: no token on {shown}: anyone who reaches this port can "
+            "register jobs and report (see --token-file)"
+        )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     with contextlib.suppress(KeyboardInterrupt):
         stop.wait()
+    service.close()  # waiting reports end now, not at their timeout
     server.stop(grace=1.0).wait()
     console.print("fedlb manager stopped")

@@ -359,6 +359,35 @@ def test_a_silo_that_vanishes_is_left_out_and_rejoins_with_its_b0(caplog):
     assert [m for m in said if m.startswith("fedlb: silo-2 joined with its B0 = 16")]
 
 
+def test_one_partition_one_vote():
+    """Two silos claiming one partition (started twice, or restarted while the old
+    SuperNode is still listed): only the node that holds it counts; the other is refused
+    and not sampled while the holder takes part, and takes the partition over once the
+    holder is gone."""
+    grid = make_grid()
+    grid.nodes[103] = dict(grid.nodes[102])  # silo-2 started a second time
+    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=4)
+
+    def holder_killed(g):  # SIGKILL: it stops answering, still listed for a while
+        g.drop = {102}
+
+    records, grid = run_rounds(strategy, grid, {4: holder_killed}, 6)
+    sizes = sent_sizes(grid)
+    assert set(sizes[0]) == {100, 101, 102, 103}  # round 1: nobody holds silo-2 yet
+    assert [s.node for s in records[0].silos if s.silo == "silo-2"] == [102]
+    assert any("node-103: claims partition 2" in f for f in records[0].failed)
+    assert any("refused (one partition, one vote)" in e for e in records[0].events)
+    assert set(sizes[1]) == set(sizes[2]) == {100, 101, 102}  # the duplicate is not sampled
+    assert sum(sizes[1].values()) == 48  # X: the three partitions' B0
+    assert all(len([s for s in r.silos if s.silo == "silo-2"]) == 1 for r in records[:3])
+    # round 4: the holder misses the round and is left out; the newcomer takes over
+    assert 103 not in sizes[3]
+    assert set(sizes[4]) == {100, 101, 103}
+    assert [s.node for s in records[4].silos if s.silo == "silo-2"] == [103]
+    assert any("silo-2 is now node-103" in e for e in records[4].events)
+    assert not any("claims partition" in f for r in records[1:] for f in r.failed)
+
+
 def test_a_silo_that_missed_a_round_but_stays_connected_is_tried_again():
     grid = make_grid()
     strategy = LoadBalancedFedAvg(

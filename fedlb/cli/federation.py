@@ -23,6 +23,7 @@ from fedlb.flower import (
     ServerReady,
     ServerSettings,
     SiloSettings,
+    check_run_folder,
     load_checkpoint,
     local_silos,
     resume_settings,
@@ -86,10 +87,13 @@ def with_run_options(
 
 
 def serve(
-    settings: ServerSettings, run: RunConfig, silos: list[SiloSettings] | None = None
+    settings: ServerSettings,
+    run: RunConfig,
+    silos: list[SiloSettings] | None = None,
+    overwrite: bool = False,
 ) -> None:
     """Run the server (and local silos), show every round, exit non-zero unless it
-    completed. SIGTERM stops everything it started."""
+    completed every round. SIGTERM stops everything it started."""
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     try:
         outcome = run_server(
@@ -98,6 +102,7 @@ def serve(
             local_silos=silos or [],
             on_ready=announce,
             on_round=console.print,
+            overwrite=overwrite,
         )
     except ConfigError as error:  # checked before anything started
         raise UsageError(str(error)) from error
@@ -130,17 +135,24 @@ def announce(ready: ServerReady) -> None:
 
 
 def finish(outcome: RunOutcome) -> None:
-    if outcome.ok:
+    first, last = (
+        (outcome.records[0].round, outcome.records[-1].round) if outcome.records else (0, 0)
+    )
+    rounds = (
+        "no rounds" if not last else f"round {last}" if first == last else f"rounds {first}-{last}"
+    )
+    problem = outcome.problem
+    if problem is None:
         model = outcome.model_path.name if outcome.model_path else "no model"
         console.print(
-            f"[green]run {outcome.run_id} completed[/]: {len(outcome.records)} rounds. Results: "
+            f"[green]run {outcome.run_id} completed[/]: {rounds}. Results: "
             f"{outcome.out_dir}/rounds.jsonl, summary.json, {model}; ServerApp log: "
             f"{outcome.log_path}"
         )
         return
     console.print(
-        f"[red]run {outcome.run_id} ended as {outcome.status}[/]; see the ServerApp log "
-        f"{outcome.log_path}"
+        f"[red]run {outcome.run_id} failed[/] ({rounds} on record): {escape(problem)}. "
+        f"The ServerApp log: {outcome.log_path}"
     )
     raise typer.Exit(1)
 
@@ -152,7 +164,10 @@ def server(
         Path | None, typer.Option("--config", help="TOML file ([server] and [run] tables).")
     ] = None,
     host: Annotated[str | None, typer.Option(help="Address the SuperLink listens on.")] = None,
-    port: Annotated[int | None, typer.Option(help="Its port (default 8000).")] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(help="Its port (default 8000; 0: a free one, printed once it is up)."),
+    ] = None,
     out_dir: Annotated[
         Path | None, typer.Option("--out-dir", help="Results folder (default runs/<time>).")
     ] = None,
@@ -174,6 +189,12 @@ def server(
             "settings, on its port (--num-rounds may extend it)."
         ),
     ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Replace the results of an earlier run in --out-dir (deleted)."
+        ),
+    ] = False,
     *,
     run_flags: dict[str, Any],
 ) -> None:
@@ -202,6 +223,8 @@ def server(
                     + ", ".join(others)
                     + " (only --num-rounds may be given, to extend the run)"
                 )
+            if overwrite:
+                raise UsageError("--overwrite starts a fresh run; --resume goes on with one")
             settings, run = resume_settings(resume, run_flags.get("num-rounds"), flags, config)
             done = load_checkpoint(Path(settings.out_dir)).round
             console.print(f"resuming {settings.out_dir} after round {done} of {run.num_rounds}")
@@ -209,7 +232,7 @@ def server(
             settings, run = server_settings(config, flags, run_flags)
     except ConfigError as error:
         raise UsageError(str(error)) from error
-    serve(settings, run)
+    serve(settings, run, overwrite=overwrite)
 
 
 def given(flags: dict[str, Any]) -> dict[str, Any]:
@@ -232,6 +255,12 @@ def demo(
     he: Annotated[
         bool, typer.Option("--he", help="Encrypt updates (CKKS; fresh keys in out-dir/keys).")
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Replace the results of an earlier run in --out-dir (deleted)."
+        ),
+    ] = False,
     *,
     run_flags: dict[str, Any],
 ) -> None:
@@ -243,7 +272,12 @@ def demo(
         raise UsageError(f"--slowdowns must be numbers like 1,2,4, got {slowdowns!r}") from error
     if not factors:
         raise UsageError(f"--slowdowns must be numbers >= 1, got {slowdowns!r}")
-    folder = out_dir or ServerSettings().results_dir()
+    folder = (out_dir or ServerSettings().results_dir()).resolve()
+    try:  # before fresh keys would replace those an earlier run's model needs
+        settings = ServerSettings.from_mapping({"port": 0, "out-dir": str(folder)})
+        check_run_folder(folder, overwrite)
+    except ConfigError as error:
+        raise UsageError(str(error)) from error
     silo_context = None
     if he:
         if run_flags.get("he-context"):
@@ -261,4 +295,4 @@ def demo(
         raise UsageError(str(error)) from error
     if run.num_silos != len(factors):
         raise UsageError(f"--num-silos {run.num_silos} but {len(factors)} --slowdowns")
-    serve(ServerSettings(port=0, out_dir=str(folder)), run, silos)
+    serve(settings, run, silos, overwrite)

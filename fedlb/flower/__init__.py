@@ -10,7 +10,7 @@ Making a Flower app load-balanced (docs/flower.md):
 Running fedlb (what `fedlb server`, `fedlb silo` and `fedlb demo` parse options for):
 - `server_settings`, `silo_settings` (`ServerSettings`, `SiloSettings`, `RunConfig`):
   settings from TOML with the caller's values on top, checked (`ConfigError`).
-- `run_server`, `start_silo`, `resume_settings`, `local_silos`: run them
+- `run_server`, `start_silo`, `resume_settings`, `local_silos`, `check_run_folder`: run them
   (`RunOutcome`, `ServerReady`, `DeployError`); `Federation`: Flower's processes on this
   machine (a simulation SuperLink included); `check_partition`.
 - `make_certificates`, `make_silo_key` (`TlsFiles`, `TlsError`): TLS and silo keys.
@@ -34,7 +34,13 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
     from .config import ConfigError, RunConfig, dataclass_arguments, read_toml
     from .deploy import DeployError
-    from .deployment import ServerReady, resume_settings, run_server, start_silo
+    from .deployment import (
+        ServerReady,
+        check_run_folder,
+        resume_settings,
+        run_server,
+        start_silo,
+    )
     from .dropin import BalancedLoader, SiloClock, balance_mod, balanced_loader
     from .grid import PollingGrid
     from .he import (
@@ -95,6 +101,7 @@ _EXPORTS = {
     "ServerReady": ".deployment",
     "resume_settings": ".deployment",
     "run_server": ".deployment",
+    "check_run_folder": ".deployment",
     "start_silo": ".deployment",
     "DeployError": ".deploy",
     "Federation": ".launch",
@@ -142,6 +149,7 @@ __all__ = [
     "balance_mod",
     "balanced_loader",
     "check_partition",
+    "check_run_folder",
     "dataclass_arguments",
     "decrypt_record",
     "evaluate_reply",

@@ -6,16 +6,25 @@ strategy's state (the BatchSizeManager with every estimator and the tuner, the n
 RNG, silo labels, the round's record not yet published), the round number, and the run's
 settings. Results so far are in the run's rounds.jsonl; resuming keeps the rounds the
 checkpoint covers and drops any written after it.
+
+A checkpoint belongs to one run: fedlb's server writes the run's id and its settings'
+digest to run.json in the run folder when the run starts, every checkpoint carries both,
+and a checkpoint whose id or settings are not its folder's run's is refused (one copied
+in from another run would otherwise write that run's rounds into this one's results).
+A digest of the whole content is stored inside it and checked on load (a damaged file).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +37,9 @@ from .membership import Membership
 from .report import record_from_dict, record_to_dict
 from .rounds import RoundLog
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: run id, settings digest, content digest
 CHECKPOINT_FILE = "checkpoint.npz"
+RUN_FILE = "run.json"  # the run a folder holds: {"run-id", "settings-digest", "started"}
 
 
 class CheckpointError(ValueError):
@@ -64,6 +74,7 @@ def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> Path:
     whole, never a mix."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(run_dir)
+    identity = run_identity(run_dir)
     meta = {
         "version": CHECKPOINT_VERSION,
         "round": checkpoint.round,
@@ -71,9 +82,12 @@ def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> Path:
         "keys": list(checkpoint.arrays.keys()),
         "strategy": checkpoint.strategy,
         "settings": checkpoint.settings,
+        "run-id": identity.get("run-id") if identity else None,
+        "settings-digest": settings_digest(checkpoint.settings),
     }
     entries = {f"array-{i}": a.numpy() for i, a in enumerate(checkpoint.arrays.values())}
     entries["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    entries["digest"] = np.frombuffer(_content_digest(entries).encode(), dtype=np.uint8)
     temporary = path.with_name(f".{CHECKPOINT_FILE}.{os.getpid()}.tmp")
     try:
         with temporary.open("wb") as handle:
@@ -101,12 +115,23 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         )
     try:
         with np.load(path, allow_pickle=False) as data:
-            meta = json.loads(bytes(data["meta"]).decode())
-            if not isinstance(meta, dict) or meta.get("version") != CHECKPOINT_VERSION:
-                version = meta.get("version") if isinstance(meta, dict) else None
+            stored = {name: np.array(data[name]) for name in data.files}
+            digest = stored.pop("digest", None)
+            intact = digest is not None and bytes(digest).decode() == _content_digest(stored)
+            try:
+                meta = json.loads(bytes(stored["meta"]).decode())
+            except (KeyError, ValueError):
+                meta = None
+            version = meta.get("version") if isinstance(meta, dict) else None
+            if isinstance(version, int) and version != CHECKPOINT_VERSION:
                 raise CheckpointError(
                     f"{path} is checkpoint version {version!r}, this fedlb reads "
                     f"{CHECKPOINT_VERSION}"
+                )
+            if not intact or not isinstance(meta, dict):
+                raise CheckpointError(
+                    f"{path} is damaged: its content does not match the digest stored in it "
+                    "(changed after fedlb wrote it); resume from a copy, or start a new run"
                 )
             keys = meta["keys"]
             arrays = ArrayRecord(
@@ -119,6 +144,7 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
                 strategy=dict(meta["strategy"]),
                 settings=dict(meta["settings"]),
             )
+            run_id = meta.get("run-id")
     except CheckpointError:
         raise
     except Exception as error:  # zip, JSON, key and type errors alike: a damaged file
@@ -130,7 +156,75 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
             f"{path} says round {checkpoint.round} of {checkpoint.num_rounds}: not a "
             "completed round"
         )
+    _check_belongs(path, run_id, checkpoint.settings, run_identity(run_dir))
     return checkpoint
+
+
+def _content_digest(entries: Mapping[str, np.ndarray]) -> str:
+    """sha256 over every entry's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(entries):
+        array = np.ascontiguousarray(entries[name])
+        digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def settings_digest(settings: Mapping[str, Any]) -> str:
+    """A digest of the settings a run must keep when resumed (all but RESUME_MAY_CHANGE)."""
+    kept = {k: v for k, v in settings.items() if k not in RESUME_MAY_CHANGE}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def start_run_identity(run_dir: Path, settings: Mapping[str, Any]) -> str:
+    """Give the run folder a new run: a fresh id and its settings' digest in run.json
+    (checkpoints written there carry both); the id."""
+    run_id = uuid.uuid4().hex
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_FILE).write_text(
+        json.dumps(
+            {
+                "run-id": run_id,
+                "settings-digest": settings_digest(settings),
+                "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            },
+            indent=2,
+        )
+    )
+    return run_id
+
+
+def run_identity(run_dir: Path) -> dict[str, Any] | None:
+    """The folder's run.json (None: none, a run started outside fedlb's server)."""
+    try:
+        identity = json.loads((run_dir / RUN_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{run_dir / RUN_FILE} is unreadable: {error}") from error
+    if not isinstance(identity, dict):
+        raise CheckpointError(f"{run_dir / RUN_FILE} is not a fedlb run file")
+    return identity
+
+
+def _check_belongs(
+    path: Path, run_id: str | None, settings: Mapping[str, Any], folder: dict[str, Any] | None
+) -> None:
+    """Refuse a checkpoint that is not of the run its folder holds."""
+    folder_id = folder.get("run-id") if folder else None
+    if run_id != folder_id:
+        theirs = f"run {run_id}" if run_id else "a run without an id"
+        ours = f"run {folder_id} (its {RUN_FILE})" if folder_id else "no run.json, so no run"
+        raise CheckpointError(
+            f"{path} belongs to {theirs}, but {path.parent} holds {ours}: the checkpoint was "
+            "copied from another run's folder. Resume that run from its own folder, or "
+            "start a new run"
+        )
+    if folder and folder.get("settings-digest") != settings_digest(settings):
+        raise CheckpointError(
+            f"{path}: its settings are not those the run in {path.parent} started with "
+            f"({RUN_FILE}'s settings-digest differs); resume from the run's own checkpoint"
+        )
 
 
 # Settings a resumed run may change: num-rounds may grow (go on for longer), the results

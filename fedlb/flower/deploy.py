@@ -24,8 +24,11 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from .tls import TlsFiles
 
+GUARD = Path(__file__).with_name("guard.py")
 CONNECTION = "fedlb"  # the name of the SuperLink connection in FLWR_HOME/config.toml
 
 
@@ -83,9 +86,11 @@ class FlowerProcess:
     ) -> FlowerProcess:
         home.mkdir(parents=True, exist_ok=True)
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        # Through the guard, which stops the group if this process dies without doing so.
+        guarded = [sys.executable, str(GUARD), str(os.getpid()), *command]
         with log_path.open("ab") as log:
             process = subprocess.Popen(
-                command,
+                guarded,
                 env=flower_env(home, env),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -96,7 +101,13 @@ class FlowerProcess:
 
     @property
     def pid(self) -> int:
+        """The guard's PID: the leader of the process group (the process itself is its child)."""
         return self.process.pid
+
+    def identity(self) -> dict[str, Any]:
+        """What finds this process group again after the process that started it died
+        (`stop_leftover`): its leader's PID and start time (a reused PID has another)."""
+        return {"name": self.name, "pid": self.pid, "started": process_start_time(self.pid)}
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -154,6 +165,29 @@ class FlowerProcess:
     def _signal(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, sig)
+
+
+def process_start_time(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def stop_leftover(identity: Mapping[str, Any], grace: float = 10.0) -> bool:
+    """Stop the process group `FlowerProcess.identity()` described, if its leader still
+    runs (same PID, same start time); whether there was one to stop."""
+    pid, started = int(identity["pid"]), identity.get("started")
+    if started is None or process_start_time(pid) != started:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and process_start_time(pid) == started:
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    return True
 
 
 def start_superlink(

@@ -18,21 +18,44 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import CheckpointError, check_resume, load_checkpoint
+from .checkpoint import (
+    CHECKPOINT_FILE,
+    RUN_FILE,
+    CheckpointError,
+    check_resume,
+    load_checkpoint,
+    start_run_identity,
+)
 from .config import ConfigError, RunConfig
-from .deploy import FlowerProcess, free_port, start_supernode
+from .deploy import (
+    FlowerProcess,
+    free_port,
+    process_start_time,
+    start_supernode,
+    stop_leftover,
+)
+from .digests import digest_path
 from .launch import Federation, RunOutcome
-from .report import RoundRecord
+from .report import (
+    ENCRYPTED_MODEL_FILE,
+    MODEL_FILE,
+    ROUNDS_FILE,
+    SUMMARY_FILE,
+    RoundRecord,
+    RoundReporter,
+)
 from .settings import RUN, SERVER, ServerSettings, SiloSettings, checked_run, read_sections
 
 log = logging.getLogger("fedlb.flower")
 
-SERVER_FILE = "server.json"  # where a resumable server listened, for resume_settings
+SERVER_FILE = "server.json"  # where the server listened and the processes it started
+DATABASE_FILE = "superlink.db"  # the SuperLink's state: silos' node ids across a restart
 
 
 @dataclass(frozen=True)
@@ -54,6 +77,7 @@ def run_server(
     local_silos: Sequence[SiloSettings] = (),
     on_ready: Callable[[ServerReady], None] | None = None,
     on_round: Callable[[RoundRecord], None] | None = None,
+    overwrite: bool = False,
 ) -> RunOutcome:
     """Start a SuperLink (and `local_silos` on this machine), run fedlb's ServerApp with
     `run`'s settings until it ends, stop everything started; the run's outcome.
@@ -62,16 +86,30 @@ def run_server(
     the final model, and a checkpoint after every round; the SuperLink's state and the
     address it listens on are kept there too, so `resume_settings(out_dir)` can go on
     after a stop. `run.resume` set: go on from that run's checkpoint (its silos
-    reconnect under their node ids). Raises ConfigError for settings that cannot run
-    (checked before anything starts) and DeployError when a process will not start."""
+    reconnect under their node ids). A fresh run refuses a folder that holds an earlier
+    run unless `overwrite` (then that run's results are deleted). Raises ConfigError for
+    settings that cannot run (checked before anything starts) and DeployError when a
+    process will not start."""
     run = checked_run(run.to_mapping())
     out_dir = Path(run.out_dir) if run.out_dir and not server.out_dir else server.results_dir()
     out_dir = out_dir.resolve()
     run_config = {**run.to_mapping(), "out-dir": str(out_dir)}
     tls, keys = server.tls(), server.registered_keys()
-    database = out_dir / "superlink.db"
-    if not run.resume:
-        database.unlink(missing_ok=True)  # a fresh run: no silos of an older one
+    database = out_dir / DATABASE_FILE
+    first_round = 1
+    if run.resume:
+        stop_left_behind(out_dir)
+        try:
+            first_round = load_checkpoint(Path(run.resume)).first_unpublished_round
+        except CheckpointError as error:
+            raise ConfigError(str(error)) from error
+        # Rounds the stopped server wrote after its checkpoint go now (the ServerApp
+        # would drop them too, but the console must not show them first).
+        RoundReporter(out_dir, None, keep_before=first_round)
+    else:
+        check_run_folder(out_dir, overwrite)
+        clear_run_folder(out_dir)  # a fresh run: no results, no silos of an older one
+        start_run_identity(out_dir, {**run.to_mapping(), "resume": ""})
     with Federation(
         out_dir / "processes",
         server.host,
@@ -81,17 +119,31 @@ def run_server(
         database=database,
     ) as federation:
         port = int(federation.address.rsplit(":", 1)[1])
-        (out_dir / SERVER_FILE).write_text(
-            json.dumps(
-                {
-                    "host": server.host,
-                    "port": port,
-                    "superlink-pid": federation.link.pid if federation.link else None,
-                }
+        processes: list[dict[str, Any]] = []
+
+        def record_processes() -> None:
+            # Whoever resumes this run after a crash stops what is still listed here.
+            started = [federation.link, *federation.silos.values()]
+            processes[:] = [p.identity() for p in started if p is not None]
+            (out_dir / SERVER_FILE).write_text(
+                json.dumps(
+                    {
+                        "host": server.host,
+                        "port": port,
+                        "server": {
+                            "pid": os.getpid(),
+                            "started": process_start_time(os.getpid()),
+                        },
+                        "processes": processes,
+                    },
+                    indent=2,
+                )
             )
-        )
+
+        record_processes()
         for silo in local_silos:
             federation.add_silo(silo.name, silo.node_config())
+            record_processes()
         if on_ready is not None:
             on_ready(
                 ServerReady(
@@ -103,7 +155,69 @@ def run_server(
                     [(silo.name, silo.speed) for silo in local_silos],
                 )
             )
-        return federation.run(run_config, on_round=on_round, timeout=server.run_timeout or None)
+        return federation.run(
+            run_config,
+            on_round=on_round,
+            timeout=server.run_timeout or None,
+            first_round=first_round,
+        )
+
+
+# What a run leaves in its out-dir; any of them means the folder holds a run.
+RUN_RESULTS = (
+    ROUNDS_FILE,
+    SUMMARY_FILE,
+    MODEL_FILE,
+    ENCRYPTED_MODEL_FILE,
+    CHECKPOINT_FILE,
+    RUN_FILE,
+    DATABASE_FILE,
+)
+
+
+def check_run_folder(out_dir: Path, overwrite: bool = False) -> None:
+    """Refuse (ConfigError) to start a fresh run in a folder that holds an earlier one,
+    unless `overwrite`; a file where the folder should be is refused either way."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"out-dir {out_dir} is a file, not a folder; give a folder")
+    found = [name for name in RUN_RESULTS if (out_dir / name).exists()]
+    if found and not overwrite:
+        raise ConfigError(
+            f"{out_dir} holds an earlier run ({', '.join(found)}); a fresh run there would "
+            f"replace its results. Give a new out-dir, go on with that run (--resume "
+            f"{out_dir}), or replace it (--overwrite)"
+        )
+
+
+def clear_run_folder(out_dir: Path) -> None:
+    """Remove an earlier run's results (and their digests) and its SuperLink state."""
+    for name in (*RUN_RESULTS, SERVER_FILE):
+        (out_dir / name).unlink(missing_ok=True)
+        digest_path(out_dir / name).unlink(missing_ok=True)
+
+
+def stop_left_behind(out_dir: Path) -> None:
+    """Before a resume: ConfigError if the server that ran `out_dir` still runs; stop the
+    SuperLink and silos it started if they outlived it (their PIDs are in server.json)."""
+    try:
+        listed = json.loads((out_dir / SERVER_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    owner = listed.get("server") or {}
+    if owner.get("pid") not in (None, os.getpid()) and process_start_time(
+        int(owner["pid"])
+    ) == owner.get("started"):
+        raise ConfigError(
+            f"the server of {out_dir} still runs (pid {owner['pid']}): stop it first "
+            f"(kill {owner['pid']}), then resume"
+        )
+    for identity in listed.get("processes", []):
+        if stop_leftover(identity):
+            log.warning(
+                "stopped %s (pid %s), left running by the server that stopped",
+                identity.get("name"),
+                identity.get("pid"),
+            )
 
 
 def resume_settings(

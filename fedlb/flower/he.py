@@ -20,6 +20,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
+from .digests import DigestError, check_digest
 from .protocol import NODE_HE_CONTEXT, add_he_seconds
 
 # fedlb.he (and TenSEAL, ~0.5 s of imports) is loaded only where a key or a ciphertext is
@@ -92,10 +93,16 @@ def load_encrypted(path: Path) -> ArrayRecord:
     from fedlb.he import CiphertextError
 
     try:
-        with np.load(path) as data:
+        check_digest(path)
+        with np.load(path, allow_pickle=False) as data:
             record = ArrayRecord(OrderedDict((k, Array(data[k])) for k in data.files))
-    except (OSError, ValueError) as error:
-        raise CiphertextError(f"{path}: not an encrypted model file ({error})") from error
+    except DigestError as error:
+        raise CiphertextError(str(error)) from error
+    except Exception as error:  # zip, header and pickle errors alike: a damaged file
+        raise CiphertextError(
+            f"{path}: not an encrypted model file, or a damaged one "
+            f"({type(error).__name__}: {error})"
+        ) from error
     read_encrypted(record)
     return record
 

@@ -30,15 +30,42 @@ STATUS_EVERY_S = 15.0  # how often a run's status is asked while its log still s
 
 @dataclass
 class RunOutcome:
+    """How a run ended: Flower's status, and the rounds it recorded (this session's:
+    a resumed run's start at `first_round`)."""
+
     run_id: str
     status: str  # as `flwr ls` says: finished:completed, finished:failed, ...
     records: list[RoundRecord] = field(default_factory=list)
     out_dir: Path | None = None
     log_path: Path | None = None
+    first_round: int = 1
+    num_rounds: int | None = None  # rounds asked for (None: not known, not checked)
 
     @property
     def ok(self) -> bool:
-        return self.status == "finished:completed"
+        return self.problem is None
+
+    @property
+    def problem(self) -> str | None:
+        """Why the run failed (None: it did not): Flower says it did not complete, or
+        it completed without training every round asked for (no silo's update came)."""
+        if self.status != "finished:completed":
+            return f"it ended as {self.status}"
+        untrained = [r for r in self.records if not r.silos]
+        if untrained:
+            why = sorted({line for r in untrained for line in r.failed})
+            return (
+                f"{len(untrained)} of {len(self.records)} rounds trained nothing (rounds "
+                f"{', '.join(str(r.round) for r in untrained)}; no silo sent a usable "
+                f"update{': ' + '; '.join(why[:5]) if why else ''})"
+            )
+        if self.num_rounds is not None:
+            missing = sorted(
+                set(range(self.first_round, self.num_rounds + 1)) - {r.round for r in self.records}
+            )
+            if missing:
+                return f"rounds {missing} have no record in {ROUNDS_FILE}"
+        return None
 
     @property
     def model_path(self) -> Path | None:
@@ -52,26 +79,29 @@ class RunOutcome:
 
 
 class RoundWatcher:
-    """Reads rounds.jsonl as the ServerApp appends to it; yields each round once all its
-    lines are there."""
+    """Reads rounds.jsonl as the ServerApp appends to it; yields each round from
+    `first_round` on once all its lines are there, each round once."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, first_round: int = 1) -> None:
         self.path = path
+        self.first_round = first_round
         self.offset = 0
         self.buffer: list[str] = []
-        self.shown = 0
+        self.shown: set[int] = set()
 
     def poll(self) -> list[RoundRecord]:
         if self.path.exists():
-            with self.path.open() as handle:
+            if self.path.stat().st_size < self.offset:  # rewritten (a resume trims it)
+                self.offset, self.buffer = 0, []
+            with self.path.open("rb") as handle:
                 handle.seek(self.offset)
                 chunk = handle.read()
-            complete = chunk[: chunk.rfind("\n") + 1]
-            self.offset += len(complete.encode())
-            self.buffer += [line for line in complete.splitlines() if line.strip()]
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            self.offset += len(complete)
+            self.buffer += [line for line in complete.decode().splitlines() if line.strip()]
         ready = records_from_json_lines(self.buffer, complete_only=True)
-        new = ready[self.shown :]
-        self.shown = len(ready)
+        new = [r for r in ready if r.round >= self.first_round and r.round not in self.shown]
+        self.shown |= {r.round for r in new}
         return new
 
 
@@ -165,9 +195,12 @@ class Federation:
         timeout: float | None = None,
         app: Path | None = None,
         federation_config: Mapping[str, Any] | None = None,
+        first_round: int = 1,
     ) -> RunOutcome:
         """Submit fedlb's app (or `app`), follow its rounds, and return how it ended.
-        `federation_config`: a simulation's virtual SuperNodes and their resources."""
+        `federation_config`: a simulation's virtual SuperNodes and their resources;
+        `first_round`: the first round this run trains (a resumed run's is after its
+        checkpoint): earlier rounds in rounds.jsonl are not reported again."""
         out_dir = Path(str(run_config["out-dir"])) if run_config.get("out-dir") else None
         if self.database is not None:
             for old in deploy.stop_unfinished_runs(self.home):
@@ -177,8 +210,16 @@ class Federation:
         )
         log_path = self.workdir / f"serverapp-{run_id}.log"
         streamer = deploy.stream_logs(self.home, run_id, log_path)
-        watcher = RoundWatcher(out_dir / ROUNDS_FILE) if out_dir else None
-        outcome = RunOutcome(run_id, "unknown", out_dir=out_dir, log_path=log_path)
+        watcher = RoundWatcher(out_dir / ROUNDS_FILE, first_round) if out_dir else None
+        asked_rounds = run_config.get("num-rounds")
+        outcome = RunOutcome(
+            run_id,
+            "unknown",
+            out_dir=out_dir,
+            log_path=log_path,
+            first_round=first_round,
+            num_rounds=int(asked_rounds) if isinstance(asked_rounds, int) else None,
+        )
         deadline = None if timeout is None else time.monotonic() + timeout
         # `flwr log --stream` ends when the run has ended: asking `flwr ls` (a fresh
         # Python process each time) is needed only then, or now and again in case the

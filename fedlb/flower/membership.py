@@ -48,6 +48,11 @@ class Membership:
         self.too_slow: set[str] = set()  # silos already told to leave
         self.brought: dict[int, int] = {}  # node -> the B0 it brought to X
         self.events: list[str] = []  # for the next round record
+        # One partition, one vote: the node whose updates count for each partition id,
+        # and nodes refused because another node holds the partition they claim.
+        self.claims: dict[int, int] = {}
+        self.refused: dict[int, int] = {}  # node -> the partition it claimed
+        self.online: set[int] = set()  # as the SuperLink listed them last
 
     def label(self, node: int) -> str:
         return self.labels.get(node, f"node-{node}")
@@ -102,13 +107,45 @@ class Membership:
                         f"{self.label(node)} still connected {now - since:.0f} s after "
                         "missing a round: tried again"
                     )
-            eligible = sorted(online - set(self.benched))
+            self.online = online
+            duplicates = {n for n, p in self.refused.items() if self.holder_active(p)}
+            eligible = sorted(online - set(self.benched) - duplicates)
             if eligible:
                 return eligible
             if not warned:
                 say(logging.WARNING, "no silo can take the round: waiting for one to (re)join")
                 warned = True
             self.sleep(0.5)
+
+    def holder_active(self, partition: int) -> bool:
+        holder = self.claims.get(partition)
+        return holder is not None and holder in self.online and holder not in self.benched
+
+    def claim(self, node: int, partition: int | None) -> str | None:
+        """A reply from `node` for `partition`: None when its update counts, else why not.
+        The node holding the partition keeps it while connected and taking part; a node
+        claiming it meanwhile (a silo started twice, or restarted while its old SuperNode
+        is still listed) is refused and not sampled; once the holder is gone or left out,
+        the newcomer takes the partition over."""
+        if partition is None:
+            return None  # its own data: nothing to double-count
+        holder = self.claims.get(partition)
+        if holder is not None and holder != node and self.holder_active(partition):
+            if self.refused.get(node) != partition:
+                self.event(
+                    f"node-{node} claims partition {partition}, which node-{holder} already "
+                    "holds: refused (one partition, one vote); a silo was started twice"
+                )
+            self.refused[node] = partition
+            return (
+                f"node-{node}: claims partition {partition}, already held by node-{holder}; "
+                "its update is not counted (stop the silo started twice)"
+            )
+        if holder is not None and holder != node:
+            self.event(f"silo-{partition} is now node-{node} (node-{holder} is gone)")
+        self.claims[partition] = node
+        self.refused.pop(node, None)
+        return None
 
     def bench(
         self, node: int, server_round: int, why: str, manager: BatchSizeManager | None
@@ -205,6 +242,7 @@ class Membership:
             "benched": sorted(self.benched),
             "too_slow": sorted(self.too_slow),
             "brought": {str(n): b for n, b in self.brought.items()},
+            "claims": {str(p): n for p, n in self.claims.items()},
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -217,3 +255,6 @@ class Membership:
         brought = state["brought"]
         assert isinstance(brought, dict)
         self.brought = {int(n): int(b) for n, b in brought.items()}
+        claims = state.get("claims", {})
+        assert isinstance(claims, dict)
+        self.claims = {int(p): int(n) for p, n in claims.items()}

@@ -218,6 +218,12 @@ def read_report(metrics: Mapping[str, Any]) -> SiloReport:
     )
 
 
+def partition_of(metrics: MetricRecord) -> int | None:
+    """The partition id a silo's reply claims (None: it names none, e.g. its own data)."""
+    value = numbers(metrics).get(PARTITION_ID)
+    return None if value is None or not value.is_integer() else int(value)
+
+
 def user_metrics(metrics: MetricRecord) -> MetricRecord:
     """The record without fedlb's keys: what the app itself reported."""
     return MetricRecord({k: v for k, v in metrics.items() if not k.startswith(PREFIX)})

@@ -84,6 +84,8 @@ class RoundRecord:
         round_silos says how many lines the round has."""
         base = {k: _clean(v) for k, v in asdict(self).items() if k != "silos"}
         base["round_silos"] = len(self.silos)
+        if not self.silos:  # no update: the round is still on record, with why
+            return [json.dumps(base, allow_nan=False)]
         return [
             json.dumps(
                 {
@@ -110,6 +112,8 @@ def records_from_json_lines(lines: list[str], complete_only: bool = False) -> li
         if number not in rounds:
             # keys added since a file was written take their defaults
             rounds[number] = RoundRecord(silos=[], **{k: row[k] for k in round_fields if k in row})
+        if expected[number] == 0:
+            continue  # a round without updates: its one line has no silo
         silo: dict[str, Any] = {
             k: row[f"silo_{k}" if f"silo_{k}" in row else k] for k in silo_fields
         }

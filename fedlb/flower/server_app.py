@@ -18,6 +18,7 @@ from fedlb.training import evaluate, tensor_dataset
 
 from .checkpoint import Checkpoint, CheckpointError, check_resume, load_checkpoint
 from .config import ConfigError, RunConfig
+from .digests import write_digest
 from .he import EncryptedAggregation, save_encrypted
 from .protocol import LEARNING_RATE
 from .report import ENCRYPTED_MODEL_FILE, MODEL_FILE, SUMMARY_FILE, RoundReporter
@@ -152,11 +153,13 @@ def run_app(
     )
     if out_dir is not None:
         if strategy.he is not None:  # still encrypted: `fedlb decrypt` at a silo opens it
-            save_encrypted(result.arrays, out_dir / ENCRYPTED_MODEL_FILE)
+            model_path = save_encrypted(result.arrays, out_dir / ENCRYPTED_MODEL_FILE)
         else:
             import torch
 
-            torch.save(result.arrays.to_torch_state_dict(), out_dir / MODEL_FILE)
+            model_path = out_dir / MODEL_FILE
+            torch.save(result.arrays.to_torch_state_dict(), model_path)
+        write_digest(model_path)
         summary = {
             **reporter.summary(),
             "wall_s": time.monotonic() - started,

@@ -106,6 +106,12 @@ def _silo(
 ) -> tuple[RunConfig, SiloData, NodeSettings]:
     config = config or RunConfig.from_mapping(context.run_config)
     node = node_settings(context.node_config)
+    if node.num_partitions is not None and node.num_partitions != config.num_silos:
+        # Another split of the data than the other silos': overlapping, or missing parts.
+        raise SiloConfigError(
+            f"this silo has num-partitions {node.num_partitions}, but the run has num-silos "
+            f"{config.num_silos}: restart it with --num-partitions {config.num_silos}"
+        )
     if node.threads > 0:
         # Several silos sharing one machine (a demo, a test) would oversubscribe its cores.
         import torch

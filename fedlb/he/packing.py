@@ -145,7 +145,10 @@ def decrypt_arrays(
     context: ts.Context, ciphertexts: Sequence[bytes], layout: Layout
 ) -> dict[str, np.ndarray]:
     """The arrays back from ciphertexts (the context must hold the secret key)."""
-    vectors = [ts.ckks_vector_from(context, data) for data in ciphertexts]
+    try:
+        vectors = [ts.ckks_vector_from(context, data) for data in ciphertexts]
+    except Exception as error:  # TenSEAL raises ValueError/RuntimeError on damaged bytes
+        raise CiphertextError(f"a ciphertext cannot be read (damaged?): {error}") from error
     if len(vectors) != layout.count:
         raise CiphertextError(f"{len(vectors)} ciphertexts, the layout needs {layout.count}")
     flat = np.concatenate([np.asarray(v.decrypt(), dtype=np.float64) for v in vectors])

@@ -1,0 +1,277 @@
+"""What an outside probe broke (issue 18), each reproduced and guarded: results lost or
+taken for another run's, processes outliving what started them, a partition counted
+twice, failed runs reported as successes, damaged files read without a word."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+from flwr.app import Array, ArrayRecord
+from typer.testing import CliRunner
+
+from fedlb.cli import app
+from fedlb.flower import (
+    Checkpoint,
+    CheckpointError,
+    ConfigError,
+    RoundRecord,
+    RunOutcome,
+    check_run_folder,
+    load_checkpoint,
+    records_from_json_lines,
+    save_checkpoint,
+)
+from fedlb.flower.checkpoint import start_run_identity
+from fedlb.flower.deploy import FlowerProcess, stop_leftover
+from fedlb.flower.deployment import SERVER_FILE, stop_left_behind
+from fedlb.flower.launch import RoundWatcher
+
+runner = CliRunner()
+
+
+def said(result) -> str:
+    """The output as one line, without the usage box rich draws around errors."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())
+
+
+# ---- a fresh run never replaces an earlier one's results -------------------------------
+def test_a_fresh_run_into_a_folder_with_an_earlier_run_is_refused(tmp_path):
+    (tmp_path / "rounds.jsonl").write_text('{"round": 1}\n')
+    (tmp_path / "model.pt").write_bytes(b"earlier model")
+    result = runner.invoke(
+        app, ["server", "--out-dir", str(tmp_path), "--num-silos", "1", "--port", "0"]
+    )
+    assert result.exit_code == 2, result.output
+    text = said(result)
+    for words in ("holds an earlier run", "--resume", "--overwrite"):
+        assert words in text
+    assert (tmp_path / "model.pt").read_bytes() == b"earlier model"  # nothing touched
+    # the demo too, and before it writes fresh HE keys over the ones the model needs
+    result = runner.invoke(app, ["demo", "--out-dir", str(tmp_path), "--he"])
+    assert result.exit_code == 2
+    assert "holds an earlier run" in said(result)
+    assert not (tmp_path / "keys").exists()
+    with pytest.raises(ConfigError, match="is a file"):
+        check_run_folder(tmp_path / "model.pt")
+    check_run_folder(tmp_path, overwrite=True)  # allowed when asked for
+    check_run_folder(tmp_path / "new")
+
+
+def test_a_resume_refuses_while_the_old_server_runs_and_stops_what_it_left(tmp_path):
+    """server.json lists the server and the processes it started (PID + start time): a
+    live server refuses the resume; a guarded group it left behind is stopped."""
+    me = psutil.Process()
+    (tmp_path / SERVER_FILE).write_text(
+        json.dumps(
+            {"server": {"pid": os.getppid(), "started": psutil.Process(os.getppid()).create_time()}}
+        )
+    )
+    with pytest.raises(ConfigError, match="still runs"):
+        stop_left_behind(tmp_path)
+    leftover = FlowerProcess.start(
+        "SuperLink",
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        tmp_path / "h",
+        tmp_path / "l.log",
+        0,
+    )
+    (tmp_path / SERVER_FILE).write_text(
+        json.dumps(
+            {"server": {"pid": me.pid + 10**6, "started": 1.0}, "processes": [leftover.identity()]}
+        )
+    )
+    stop_left_behind(tmp_path)
+    assert leftover.process.wait(5) is not None
+    assert not stop_leftover(leftover.identity())  # gone: nothing to stop twice
+
+
+# ---- processes never outlive what started them ------------------------------------------
+ORPHAN_MAKER = """
+import subprocess, sys, time
+from pathlib import Path
+from fedlb.flower.deploy import FlowerProcess
+# a "SuperLink" that starts a child in a session of its own, as Flower starts a ServerApp
+child = (
+    "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+    "'import time; time.sleep(120)'], start_new_session=True); print(p.pid, flush=True); "
+    "time.sleep(120)"
+)
+work = Path(sys.argv[1])
+command = [sys.executable, "-c", child]
+node = FlowerProcess.start("SuperLink", command, work / "home", work / "link.log", 0)
+print(node.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_what_fedlb_starts_dies_with_it_even_outside_its_process_group(tmp_path):
+    parent = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN_MAKER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    guard = psutil.Process(int(parent.stdout.readline()))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (tmp_path / "link.log").read_text().strip():
+        time.sleep(0.1)
+    escaped = psutil.Process(int((tmp_path / "link.log").read_text().split()[0]))
+    assert os.getpgid(escaped.pid) != os.getpgid(guard.pid)  # out of killpg's reach
+    time.sleep(1.0)  # the guard has seen it
+    parent.send_signal(signal.SIGKILL)  # the owner dies without stopping anything
+    parent.wait(5)
+    _, alive = psutil.wait_procs([guard, escaped], timeout=20)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+    assert "is gone: stopping" in (tmp_path / "link.log").read_text()
+
+
+def test_stopping_a_process_stops_what_escaped_its_group(tmp_path):
+    child = (
+        "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(120)'], start_new_session=True); print(p.pid, flush=True);"
+        " time.sleep(120)"
+    )
+    node = FlowerProcess.start(
+        "node", [sys.executable, "-c", child], tmp_path / "h", tmp_path / "n.log", 0
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (tmp_path / "n.log").read_text().strip():
+        time.sleep(0.1)
+    escaped = psutil.Process(int((tmp_path / "n.log").read_text().split()[0]))
+    time.sleep(1.0)
+    node.stop()
+    _, alive = psutil.wait_procs([escaped], timeout=10)
+    assert not alive
+
+
+# ---- a checkpoint belongs to its run; damage is detected ---------------------------------
+def checkpoint(settings=None, round_=1):
+    arrays = ArrayRecord({"w": Array(np.arange(6, dtype=np.float32))})
+    return Checkpoint(round_, 3, arrays, {"pending": None}, settings or {"seed": 1})
+
+
+def test_a_checkpoint_from_another_runs_folder_is_refused(tmp_path):
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    start_run_identity(ours, {"seed": 1})
+    start_run_identity(theirs, {"seed": 1})
+    save_checkpoint(theirs, checkpoint())
+    assert load_checkpoint(theirs).round == 1
+    (ours / "checkpoint.npz").write_bytes((theirs / "checkpoint.npz").read_bytes())
+    with pytest.raises(CheckpointError, match="copied from another run"):
+        load_checkpoint(ours)
+    bare = tmp_path / "bare"  # a folder without a run.json: no run to belong to
+    bare.mkdir()
+    (bare / "checkpoint.npz").write_bytes((theirs / "checkpoint.npz").read_bytes())
+    with pytest.raises(CheckpointError, match="copied from another run"):
+        load_checkpoint(bare)
+    # the same run's id with other settings: refused too
+    save_checkpoint(ours, checkpoint({"seed": 2}))
+    with pytest.raises(CheckpointError, match="settings"):
+        load_checkpoint(ours)
+    # and the resume path says so as a usage error
+    result = runner.invoke(app, ["server", "--resume", str(ours)])
+    assert result.exit_code == 2
+    assert "settings" in said(result)
+
+
+def test_a_damaged_checkpoint_is_refused(tmp_path):
+    start_run_identity(tmp_path, {"seed": 1})
+    save_checkpoint(tmp_path, checkpoint())
+    path = tmp_path / "checkpoint.npz"
+    with np.load(path) as data:
+        entries = {k: np.array(data[k]) for k in data.files}
+    entries["array-0"][2] += 1e-3  # one value changed, the file re-saved whole
+    np.savez(path, **entries)
+    with pytest.raises(CheckpointError, match="damaged"):
+        load_checkpoint(tmp_path)
+
+
+def test_decrypt_refuses_a_model_with_a_flipped_bit_and_a_damaged_file(tmp_path):
+    from fedlb.flower import save_encrypted
+    from fedlb.flower.digests import write_digest
+    from fedlb.flower.he import encrypt_record
+    from fedlb.he import load_context, write_keys
+
+    keys = write_keys(tmp_path / "keys")
+    record = encrypt_record(
+        load_context(keys.secret, "silo"),
+        ArrayRecord({"w": Array(np.linspace(-1, 1, 32, dtype=np.float32))}),
+    )
+    model = save_encrypted(record, tmp_path / "model.ckks.npz")
+    write_digest(model)
+    ok = runner.invoke(
+        app, ["decrypt", str(model), "--context", str(keys.secret), "--out", str(tmp_path / "a.pt")]
+    )
+    assert ok.exit_code == 0, ok.output
+    with np.load(model) as data:
+        entries = {k: np.array(data[k]) for k in data.files}
+    entries["ckks/0"][200] ^= 0x01  # one bit of one ciphertext
+    with model.open("wb") as handle:
+        np.savez(handle, **entries)
+    result = runner.invoke(
+        app, ["decrypt", str(model), "--context", str(keys.secret), "--out", str(tmp_path / "b.pt")]
+    )
+    assert result.exit_code == 2, result.output
+    assert "does not match its digest" in said(result)
+    assert not (tmp_path / "b.pt").exists()
+    model.write_bytes(b"PK\x03\x04 not really a zip")  # damaged, without a digest
+    (tmp_path / "model.ckks.npz.sha256").unlink()
+    result = runner.invoke(app, ["decrypt", str(model), "--context", str(keys.secret)])
+    assert result.exit_code == 2
+    assert "damaged" in said(result)
+    assert "Traceback" not in result.output
+
+
+# ---- a run that trained nothing, or fewer rounds than asked, is a failure -----------------
+def record(number, silos=True, failed=()):
+    from fedlb.flower import SiloRound
+
+    silo = SiloRound("silo-0", 1, 16, 5, 1.0, 0.0, 1.0, 0.0, 0.5, 100, 0.0, 16)
+    return RoundRecord(
+        number,
+        "measured",
+        [silo] if silos else [],
+        1.0,
+        1.0,
+        1.0,
+        0.0,
+        1.0,
+        failed=list(failed),
+    )
+
+
+def test_rounds_without_updates_are_on_record_and_fail_the_run(tmp_path):
+    lost = record(2, silos=False, failed=["node-7: ClientApp raised: std::bad_alloc"])
+    lines = record(1).json_lines() + lost.json_lines()
+    back = records_from_json_lines(lines, complete_only=True)
+    assert [r.round for r in back] == [1, 2]
+    assert back[1].silos == []
+    assert back[1].failed == lost.failed
+    outcome = RunOutcome("1", "finished:completed", back, num_rounds=2)
+    assert not outcome.ok
+    assert "std::bad_alloc" in outcome.problem
+    short = RunOutcome("1", "finished:completed", [record(1)], num_rounds=3)
+    assert not short.ok
+    assert "[2, 3]" in short.problem
+    assert RunOutcome("1", "finished:completed", [record(2)], first_round=2, num_rounds=2).ok
+    assert "ended as finished:failed" in RunOutcome("1", "finished:failed").problem
+
+
+def test_the_round_watcher_shows_each_of_this_runs_rounds_once(tmp_path):
+    path = tmp_path / "rounds.jsonl"
+    path.write_text("".join(line + "\n" for k in (1, 2, 3) for line in record(k).json_lines()))
+    watcher = RoundWatcher(path, first_round=3)  # a resume after round 2
+    assert [r.round for r in watcher.poll()] == [3]
+    path.write_text("".join(line + "\n" for k in (1, 2) for line in record(k).json_lines()))
+    assert watcher.poll() == []  # trimmed by the resume: nothing new
+    with path.open("a") as handle:
+        handle.write("".join(line + "\n" for line in record(4).json_lines()))
+    assert [r.round for r in watcher.poll()] == [4]
+    assert watcher.poll() == []

@@ -144,6 +144,15 @@ class FlowerProcess:
             f"{self.name} did not become ready on port {self.port} in {timeout:.0f} s"
         )
 
+    def healthy_or_stopped(self, timeout: float = 60.0, ca: Path | None = None) -> None:
+        """`wait_healthy`, and when it fails, stop the process: it must not be left
+        holding its port."""
+        try:
+            self.wait_healthy(timeout, ca)
+        except BaseException:
+            self.stop()
+            raise
+
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM to its process group, SIGKILL after `grace` seconds."""
         if self.alive():
@@ -226,7 +235,7 @@ def start_superlink(
     link = FlowerProcess.start(
         "SuperLink", command, workdir / "home-superlink", workdir / "superlink.log", port, env
     )
-    link.wait_healthy(ca=tls.ca if tls is not None else None)
+    link.healthy_or_stopped(ca=tls.ca if tls is not None else None)
     return link
 
 
@@ -280,7 +289,7 @@ def start_supernode(
     node = FlowerProcess.start(
         name, command, workdir / f"home-{name}", workdir / f"{name}.log", port, env
     )
-    node.wait_healthy()
+    node.healthy_or_stopped()
     return node
 
 

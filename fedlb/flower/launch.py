@@ -163,11 +163,15 @@ class Federation:
         self.link = deploy.start_superlink(
             self.workdir, self.host, self.port, env=env, extra_args=extra, tls=self.tls
         )
-        ca = self.tls.ca if self.tls is not None else None
-        deploy.write_connection(self.home, self.address, root_certificates=ca)
-        for key in self.silo_keys or []:
-            deploy.register_supernode(self.home, key)
-            log.info("registered silo key %s", key)
+        try:
+            ca = self.tls.ca if self.tls is not None else None
+            deploy.write_connection(self.home, self.address, root_certificates=ca)
+            for key in self.silo_keys or []:
+                deploy.register_supernode(self.home, key)
+                log.info("registered silo key %s", key)
+        except BaseException:  # __exit__ does not run when __enter__ fails
+            self.link.stop()
+            raise
         log.info("SuperLink listening on %s (pid %d)", self.address, self.link.pid)
         return self
 

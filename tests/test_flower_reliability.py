@@ -275,3 +275,57 @@ def test_the_round_watcher_shows_each_of_this_runs_rounds_once(tmp_path):
         handle.write("".join(line + "\n" for line in record(4).json_lines()))
     assert [r.round for r in watcher.poll()] == [4]
     assert watcher.poll() == []
+
+
+# ---- TLS files that no silo would accept are refused before a SuperLink starts -------------
+def test_server_certificates_silos_would_refuse_are_refused_up_front(tmp_path):
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    from fedlb.flower import ServerSettings, TlsError, make_certificates
+
+    good = make_certificates(tmp_path / "good", ["127.0.0.1", "localhost"])
+    good.check("127.0.0.1")
+    good.check("0.0.0.0")  # a wildcard address: names not checked
+    with pytest.raises(TlsError, match=r"not 10\.1\.2\.3.*--host 10\.1\.2\.3"):
+        good.check("10.1.2.3")
+    other = make_certificates(tmp_path / "other", ["127.0.0.1"])
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "ca.crt").write_bytes(other.ca.read_bytes())  # another federation's CA
+    (mixed / "server.crt").write_bytes(good.cert.read_bytes())
+    (mixed / "server.key").write_bytes(good.key.read_bytes())
+    result = runner.invoke(
+        app, ["server", "--certs", str(mixed), "--num-silos", "1", "--port", "0"]
+    )
+    assert result.exit_code == 2
+    assert "was not signed by" in said(result)
+    (mixed / "ca.crt").write_bytes(good.ca.read_bytes())
+    (mixed / "server.key").write_bytes(other.key.read_bytes())  # another certificate's key
+    with pytest.raises(ConfigError, match="is not the key of"):
+        ServerSettings.from_mapping({"certs": str(mixed)})
+    # expired: the same certificate re-signed with a validity that ended yesterday
+    from cryptography.hazmat.primitives import serialization
+
+    ca_key = serialization.load_pem_private_key((tmp_path / "good" / "ca.key").read_bytes(), None)
+    cert = x509.load_pem_x509_certificate(good.cert.read_bytes())
+    now = datetime.datetime.now(datetime.UTC)
+    expired = (
+        x509.CertificateBuilder()
+        .subject_name(cert.subject)
+        .issuer_name(cert.issuer)
+        .public_key(cert.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=30))
+        .not_valid_after(now - datetime.timedelta(days=1))
+        .add_extension(
+            cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value, False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    (mixed / "server.crt").write_bytes(expired.public_bytes(serialization.Encoding.PEM))
+    (mixed / "server.key").write_bytes(good.key.read_bytes())
+    with pytest.raises(ConfigError, match="not now: make new certificates"):
+        ServerSettings.from_mapping({"certs": str(mixed)})

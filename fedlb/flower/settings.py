@@ -101,7 +101,9 @@ class ServerSettings:
         if not self.certs:
             return None
         try:
-            return TlsFiles.from_folder(Path(self.certs).resolve())
+            files = TlsFiles.from_folder(Path(self.certs).resolve())
+            files.check(self.host)  # before a SuperLink starts that no silo would accept
+            return files
         except TlsError as error:
             raise ConfigError(str(error)) from error
 

@@ -37,6 +37,70 @@ class TlsFiles:
             raise TlsError(f"missing TLS file(s) {', '.join(missing)}: make them with fedlb certs")
         return files
 
+    def check(self, host: str) -> None:
+        """TlsError unless the server certificate is one silos will accept: the CA signed
+        it, the key is its key, both are valid now, and it names `host` (the address the
+        SuperLink listens on; a wildcard address is not checked). Flower itself would
+        start, then have every TLS handshake fail: "did not become ready" after a minute."""
+        from cryptography import x509
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives import serialization
+
+        def load(path: Path) -> x509.Certificate:
+            try:
+                return x509.load_pem_x509_certificate(path.read_bytes())
+            except (OSError, ValueError) as error:
+                raise TlsError(f"{path} is not a PEM certificate ({error})") from error
+
+        ca, cert = load(self.ca), load(self.cert)
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature) as error:
+            raise TlsError(
+                f"{self.cert} was not signed by {self.ca} ({error or 'bad signature'}): silos "
+                "trusting that CA would refuse the server; use the files of one `fedlb certs` "
+                "run"
+            ) from error
+        try:
+            key = serialization.load_pem_private_key(self.key.read_bytes(), password=None)
+        except (OSError, ValueError, TypeError) as error:
+            raise TlsError(f"{self.key} is not an unencrypted PEM private key ({error})") from error
+        public = serialization.PublicFormat.SubjectPublicKeyInfo
+        if key.public_key().public_bytes(
+            serialization.Encoding.PEM, public
+        ) != cert.public_key().public_bytes(serialization.Encoding.PEM, public):
+            raise TlsError(f"{self.key} is not the key of {self.cert}")
+        now = datetime.datetime.now(datetime.UTC)
+        for path, certificate in ((self.ca, ca), (self.cert, cert)):
+            if not certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc:
+                raise TlsError(
+                    f"{path} is valid from {certificate.not_valid_before_utc:%Y-%m-%d %H:%M} "
+                    f"to {certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, not now: make "
+                    "new certificates with fedlb certs"
+                )
+        if host in ("0.0.0.0", "::", ""):
+            return
+        names = certificate_names(cert)
+        if host.lower() not in names:
+            raise TlsError(
+                f"{self.cert} is for {', '.join(sorted(names)) or 'no host'}, not {host}: silos "
+                f"connecting to {host} would refuse it; make certificates for it (fedlb certs "
+                f"--host {host})"
+            )
+
+
+def certificate_names(cert: object) -> set[str]:
+    """The DNS names and IP addresses a certificate is for (lower case)."""
+    from cryptography import x509
+
+    assert isinstance(cert, x509.Certificate)
+    try:
+        alternative = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    names = {n.lower() for n in alternative.get_values_for_type(x509.DNSName)}
+    return names | {str(a) for a in alternative.get_values_for_type(x509.IPAddress)}
+
 
 def make_certificates(
     out: Path, hosts: list[str], days: int = 365, overwrite: bool = False

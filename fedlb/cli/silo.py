@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from fedlb.flower import ConfigError, DeployError, silo_settings, start_silo
+from fedlb.flower.deploy import JoinError, supernode_join
 
 from .common import UsageError, app, console
 from .federation import given
@@ -50,6 +51,13 @@ def silo(
         Path | None,
         typer.Option(help="This silo's private key (fedlb silo-key) when the server checks."),
     ] = None,
+    connect_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Give up (exit 1) when not connected to the server after this many seconds "
+            "(0: wait for ever)."
+        ),
+    ] = 60.0,
 ) -> None:
     """Start this silo's SuperNode against the server and keep it up until Ctrl-C."""
     flags = given(
@@ -69,37 +77,61 @@ def silo(
             "auth-key": auth_key,
         }
     )
+    if not connect_timeout >= 0:  # NaN too
+        raise UsageError(f"connect-timeout must be >= 0 (0: wait for ever), got {connect_timeout}")
     try:
         settings = silo_settings(config, flags)
-        if settings.he_context:
-            console.print(
-                f"HE on: key fingerprint {settings.he_fingerprint()} ({settings.he_context})"
-            )
-        node = start_silo(settings)
     except ConfigError as error:
         raise UsageError(str(error)) from error
-    except DeployError as error:
-        console.print(f"[red]could not start the silo:[/] {escape(str(error))}")
-        raise typer.Exit(1) from error
+    if settings.he_context:
+        console.print(f"HE on: key fingerprint {settings.he_fingerprint()} ({settings.he_context})")
     name, address, speed = settings.name, settings.server, settings.speed
-    clock = (
-        f"emulated {speed:.0f} samples/s (clock: measured, sleep-padded)" if speed else "real speed"
-    )
-    console.print(
-        f"[bold]{name}[/] joined {address} (pid {node.pid}, {clock}); log {node.log_path}"
-    )
-    stop = False
 
     def request_stop(signum: int, frame: object) -> None:
-        nonlocal stop
-        stop = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop is enough
+        raise KeyboardInterrupt  # SIGTERM stops as Ctrl-C does, joining or joined
 
-    signal.signal(signal.SIGTERM, request_stop)
+    def waiting(message: str) -> None:
+        console.print(f"{name}: {escape(message)}")
+
+    replaced = signal.signal(signal.SIGTERM, request_stop)
     try:
-        while not stop and node.alive():
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+        console.print(f"{name}: connecting to {address}")
+        try:
+            node = start_silo(settings, connect_timeout or None, on_wait=waiting)
+        except ConfigError as error:
+            raise UsageError(str(error)) from error
+        except JoinError as error:
+            console.print(f"[red]{name} did not join {address}:[/] {escape(str(error))}")
+            raise typer.Exit(1) from error
+        except DeployError as error:
+            console.print(f"[red]could not start the silo:[/] {escape(str(error))}")
+            raise typer.Exit(1) from error
+        except KeyboardInterrupt:
+            console.print(f"{name} stopped before it joined")
+            return
+        clock = (
+            f"emulated {speed:.0f} samples/s (clock: measured, sleep-padded)"
+            if speed
+            else "real speed"
+        )
+        node_id = supernode_join(node.log_path).node_id
+        console.print(
+            f"[bold]{name}[/] joined {address} as node {node_id} (pid {node.pid}, {clock}); "
+            f"log {node.log_path}"
+        )
+        try:
+            while node.alive():
+                time.sleep(0.5)
+        except KeyboardInterrupt:  # asked to stop: a clean end
+            node.stop()
+            console.print(f"{name} stopped")
+            return
+        node.stop()  # what it left behind
+        console.print(
+            f"[red]{name}: its SuperNode exited (code {node.process.returncode}); its log "
+            f"({node.log_path}) ends with:[/]\n{escape(node.log_tail())}"
+        )
+        raise typer.Exit(1)
     finally:
-        node.stop()
-    console.print(f"{name} stopped")
+        signal.signal(signal.SIGTERM, replaced)

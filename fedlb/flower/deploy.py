@@ -10,15 +10,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -34,6 +36,16 @@ CONNECTION = "fedlb"  # the name of the SuperLink connection in FLWR_HOME/config
 
 class DeployError(RuntimeError):
     """A Flower process that would not start, or a run that could not be submitted."""
+
+
+class JoinError(DeployError):
+    """A SuperNode that did not connect to its SuperLink: refused, exited, or not in time.
+    `unregistered`: refused as a key the SuperLink does not know, which may pass once the
+    server has registered it."""
+
+    def __init__(self, message: str, unregistered: bool = False) -> None:
+        super().__init__(message)
+        self.unregistered = unregistered
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -268,7 +280,9 @@ def start_supernode(
 ) -> FlowerProcess:
     """A SuperNode for one silo; `port` is its local runtime API (distinct per node).
     With `root_certificates` (the federation's ca.crt) it talks TLS to the SuperLink and
-    refuses one whose certificate that CA did not sign; without, plain HTTP."""
+    refuses one whose certificate that CA did not sign; without, plain HTTP. Returns once
+    its local API is up, connected or not (`wait_joined` waits for that); a SuperNode
+    refused before its API came up raises JoinError with Flower's reason."""
     port = port or free_port()
     security = (
         ["--root-certificates", str(root_certificates)]
@@ -286,11 +300,144 @@ def start_supernode(
         node_config_text(node_config),
         *(extra_args or []),
     ]
-    node = FlowerProcess.start(
-        name, command, workdir / f"home-{name}", workdir / f"{name}.log", port, env
-    )
-    node.healthy_or_stopped()
+    log_path = workdir / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as log:  # the log is appended to: mark where this start begins
+        log.write(f"{SUPERNODE_START} {name} for {superlink} at {time.strftime('%F %T')}\n")
+    node = FlowerProcess.start(name, command, workdir / f"home-{name}", log_path, port, env)
+    try:
+        node.healthy_or_stopped()
+    except DeployError as error:
+        join = supernode_join(log_path)
+        if join.refused:
+            raise JoinError(f"refused by the server: {join.refused}", join.unregistered) from error
+        raise
     return node
+
+
+SUPERNODE_START = "fedlb: starting SuperNode"  # heads each start's part of a SuperNode log
+_CONNECTED = re.compile(r"SuperNode ID: (\d+)")  # Flower's line once ActivateNode succeeded
+_EXIT = re.compile(r"Exit Code: (\d+)")  # flwr_exit's first line; the reason follows
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# flwr_exit's lines around the reason that say nothing of this case
+_GENERIC = (
+    "Failed to initialize the connection to the SuperLink.",
+    "The SuperNode could not establish a connection to the SuperLink.",
+)
+# What Flower 1.41's reasons mean for a fedlb silo, and what to do.
+_HINTS = {
+    "CERTIFICATE_VERIFY_FAILED": "the server's certificate is not signed by the CA given as "
+    "--root-certificates: give the federation's ca.crt (fedlb certs)",
+    "WRONG_VERSION_NUMBER": "the server does not speak TLS: leave out --root-certificates, "
+    "or start the server with --certs",
+    "[code: 2001]": "the server admits registered silos only: give --auth-key (fedlb "
+    "silo-key) and have its .pub in the server's --silo-keys folder",
+    "[code: 2004]": "the server does not know this silo's key (not registered yet, or not "
+    "in its --silo-keys folder), or a SuperNode with this key is still connected",
+}
+UNREGISTERED = "[code: 2004]"  # Flower: "Failed to activate SuperNode." (ActivateNode)
+
+
+@dataclass(frozen=True)
+class Join:
+    """What a SuperNode's log says of its connection to the SuperLink since its last start."""
+
+    node_id: int | None = None  # connected: the node id the SuperLink gave it
+    refused: str = ""  # Flower gave up connecting (it exits): its reason, with a hint
+    unregistered: bool = False  # refused as a key the SuperLink does not know (yet)
+
+
+def read_join(log: str) -> Join:
+    """Read a SuperNode log (from `start_supernode`: each start marked). Flower 1.41 logs
+    "SuperNode ID: N" once connected and "Exit Code: 305" with the reason when it gives
+    up (a TLS error, a refused key); a server it cannot reach, or one that speaks TLS to
+    a plain-HTTP SuperNode, it retries for ever with only "Connection attempt failed"."""
+    log = _ANSI.sub("", log.rsplit(SUPERNODE_START, 1)[-1])
+    if connected := _CONNECTED.search(log):
+        return Join(node_id=int(connected.group(1)))
+    exit_code = _EXIT.search(log)
+    if exit_code is None:
+        return Join()
+    lines = []
+    for line in log[exit_code.end() :].splitlines():
+        if line.startswith("For more information"):
+            break
+        if line.strip() and line.strip() not in _GENERIC:
+            lines.append(line.strip())
+    reason = "; ".join(lines) or f"Flower's exit code {exit_code.group(1)}"
+    hints = [hint for key, hint in _HINTS.items() if key in reason]
+    return Join(
+        refused=f"{reason} ({'; '.join(hints)})" if hints else reason,
+        unregistered=UNREGISTERED in reason,
+    )
+
+
+def supernode_join(log_path: Path) -> Join:
+    """`read_join` of the SuperNode log at `log_path` (nothing yet if there is none)."""
+    try:
+        return read_join(log_path.read_text(errors="replace"))
+    except OSError:
+        return Join()
+
+
+def diagnose(address: str, tls: bool, timeout: float = 3.0) -> str:
+    """Why a SuperNode may not have connected to `address`, as seen from here: nothing
+    answers there, or (for a plain-HTTP SuperNode) the server speaks TLS."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout) as sock:
+            if tls:
+                return f"the server at {address} accepts connections; not connected yet"
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE  # only: does it speak TLS at all?
+            try:
+                with context.wrap_socket(sock, server_hostname=host.strip("[]")):
+                    return (
+                        f"the server at {address} speaks TLS: give --root-certificates "
+                        "(the federation's ca.crt)"
+                    )
+            except (ssl.SSLError, OSError):
+                return f"the server at {address} accepts connections; not connected yet"
+    except (OSError, ValueError) as error:
+        why = getattr(error, "strerror", None) or str(error)
+        return f"cannot reach the server at {address} ({why}): is it up, is the address right?"
+
+
+def wait_joined(
+    node: FlowerProcess,
+    address: str,
+    tls: bool,
+    timeout: float | None = 60.0,
+    on_wait: Callable[[str], None] | None = None,
+    every: float = 10.0,
+    since: float | None = None,
+) -> int:
+    """Wait until the SuperNode's log says it connected to the SuperLink at `address`;
+    its node id. JoinError with the reason when Flower gave up (refused), the process
+    exited, or it has not connected `timeout` s after `since` (time.monotonic(); None:
+    now), None: wait for ever. `on_wait` is told how it stands every `every` s meanwhile."""
+    started = time.monotonic() if since is None else since
+    said = time.monotonic()
+    while True:
+        alive = node.alive()  # before reading: the log of a process found dead is complete
+        join = supernode_join(node.log_path)
+        if join.node_id is not None:
+            return join.node_id
+        if join.refused:
+            raise JoinError(f"refused by the server: {join.refused}", join.unregistered)
+        if not alive:
+            raise JoinError(
+                f"its SuperNode exited with code {node.process.returncode} before it "
+                f"connected; its log ({node.log_path}) ends with:\n{node.log_tail()}"
+            )
+        waited = time.monotonic() - started
+        if timeout is not None and waited > timeout:
+            raise JoinError(f"not connected after {timeout:.0f} s: {diagnose(address, tls)}")
+        if on_wait is not None and time.monotonic() - said >= every:
+            on_wait(f"not connected after {waited:.0f} s: {diagnose(address, tls)}")
+            said = time.monotonic()
+        time.sleep(0.2)
 
 
 def write_connection(home: Path, address: str, root_certificates: Path | None = None) -> None:
@@ -331,8 +478,13 @@ def _flwr(home: Path, args: list[str], timeout: float = 120) -> dict[str, Any]:
 
 def register_supernode(home: Path, public_key: Path) -> None:
     """Register a silo's public key with a SuperLink running --enable-supernode-auth:
-    only SuperNodes holding a registered key can join."""
-    _flwr(home, ["supernode", "register", str(public_key), CONNECTION])
+    only SuperNodes holding a registered key can join. A key the SuperLink knows already
+    (its state file kept it: a resumed server) counts as registered."""
+    try:
+        _flwr(home, ["supernode", "register", str(public_key), CONNECTION])
+    except DeployError as error:
+        if "Public key already in use" not in str(error):  # Flower 1.41: "[code: 23] ..."
+            raise
 
 
 def submit_run(

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +36,12 @@ from .checkpoint import (
 from .config import ConfigError, RunConfig
 from .deploy import (
     FlowerProcess,
+    JoinError,
     free_port,
     process_start_time,
     start_supernode,
     stop_leftover,
+    wait_joined,
 )
 from .digests import digest_path
 from .launch import Federation, RunOutcome
@@ -262,20 +265,63 @@ def resume_settings(
     return settings, run
 
 
-def start_silo(settings: SiloSettings) -> FlowerProcess:
-    """Start the silo's SuperNode against its server and return once it is up (its
-    `.stop()` ends it, `.alive()` says whether it still runs, `.log_path` is its log).
-    The silo trains whenever the server's run sends it work; it stays up between runs."""
+def start_silo(
+    settings: SiloSettings,
+    connect_timeout: float | None = 60.0,
+    on_wait: Callable[[str], None] | None = None,
+) -> FlowerProcess:
+    """Start the silo's SuperNode against its server and return once it has connected
+    (its `.stop()` ends it, `.alive()` says whether it still runs, `.log_path` is its log).
+    The silo trains whenever the server's run sends it work; it stays up between runs.
+
+    Raises JoinError, with the reason, when the server refuses it (a certificate its CA
+    did not sign, no or an unknown key), its SuperNode exits, or it has not connected in
+    `connect_timeout` seconds (None: wait for ever). A key the server does not know yet is
+    tried again, the SuperNode restarted with backoff until `connect_timeout`: a server
+    registers its silos' keys only once its SuperLink is up, and Flower gives up for good
+    on the first refusal. `on_wait` is told how it stands while it waits."""
     settings.check()
     work = Path(settings.workdir or Path("runs") / settings.name).resolve()
     ca = Path(settings.root_certificates).resolve() if settings.root_certificates else None
     key = Path(settings.auth_key).resolve() if settings.auth_key else None
-    return start_supernode(
-        work,
-        settings.name,
-        settings.server,
-        settings.node_config(),
-        settings.port or free_port(),
-        root_certificates=ca,
-        extra_args=["--auth-supernode-private-key", str(key)] if key else None,
-    )
+    began = time.monotonic()
+    deadline = None if connect_timeout is None else began + connect_timeout
+    pause = FIRST_PAUSE_S
+    while True:
+        node = None
+        try:
+            node = start_supernode(
+                work,
+                settings.name,
+                settings.server,
+                settings.node_config(),
+                settings.port or free_port(),
+                root_certificates=ca,
+                extra_args=["--auth-supernode-private-key", str(key)] if key else None,
+            )
+            wait_joined(
+                node, settings.server, ca is not None, connect_timeout, on_wait, since=began
+            )
+            return node
+        except JoinError as error:
+            if node is not None:
+                node.stop()
+            if not error.unregistered or (
+                deadline is not None and time.monotonic() + pause >= deadline
+            ):
+                raise
+            if on_wait is not None:  # Flower's reason once, then how long it waits
+                why = str(error) if pause == FIRST_PAUSE_S else "refused again"
+                on_wait(
+                    f"{why}; waiting for the server to register this silo's key, "
+                    f"trying again in {pause:.0f} s"
+                )
+        except BaseException:  # Ctrl-C, SIGTERM turned into an exception: stop it too
+            if node is not None:
+                node.stop()
+            raise
+        time.sleep(pause)
+        pause = min(2 * pause, 15.0)
+
+
+FIRST_PAUSE_S = 2.0  # before a silo refused as unregistered starts its SuperNode again

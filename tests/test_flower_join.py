@@ -21,16 +21,13 @@ import pytest
 
 from fedlb.flower import make_certificates, make_silo_key, silo_settings
 from fedlb.flower.deploy import (
-    SUPERNODE_START,
     FlowerProcess,
     JoinError,
-    diagnose,
     free_port,
-    read_join,
     register_supernode,
-    supernode_join,
     wait_joined,
 )
+from fedlb.flower.join import SUPERNODE_START, diagnose, read_join, supernode_join
 from fedlb.flower.launch import Federation
 
 # Flower 1.41's own lines (colour codes included), as flower-supernode logs them.

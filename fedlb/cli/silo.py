@@ -11,7 +11,8 @@ import typer
 from rich.markup import escape
 
 from fedlb.flower import ConfigError, DeployError, silo_settings, start_silo
-from fedlb.flower.deploy import JoinError, supernode_join
+from fedlb.flower.deploy import JoinError
+from fedlb.flower.join import supernode_join
 
 from .common import UsageError, app, console
 from .federation import given

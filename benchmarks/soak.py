@@ -2,9 +2,10 @@
 
 `fedlb server` and three `fedlb silo` processes on 127.0.0.1 (digits, MLP, emulated
 speeds 1x/2x/3x), 30 rounds. Every 5 checkpointed rounds one silo is SIGKILLed (the
-`fedlb silo` process alone: what it started must die with it) and started again for the
-same partition; once, after round 12, `fedlb server` is SIGKILLed alone and `fedlb server
---resume` takes over. At the end it checks what an operator needs:
+`fedlb silo` process alone: what it started must die with it) a few seconds into the
+next round (mid-training) and started again for the same partition; once, after round
+12, `fedlb server` is SIGKILLed alone and `fedlb server --resume` takes over. At the end
+it checks what an operator needs:
 
 - the run completes and the resumed server exits 0;
 - every round is in rounds.jsonl exactly once, and no partition counts twice in a round;
@@ -40,6 +41,7 @@ from fedlb.flower.deploy import free_port
 FEDLB = [sys.executable, "-m", "fedlb.cli"]
 SILOS = 3
 ROUND_TIMEOUT = 15.0
+MID_ROUND_S = 4.0  # a silo is killed this long after a round's checkpoint: mid-round
 
 
 class Soak:
@@ -150,9 +152,13 @@ class Soak:
             if due and due not in killed_at and done < self.rounds:
                 killed_at.add(due)
                 victim = (due // 5 - 1) % SILOS
+                time.sleep(MID_ROUND_S)  # into the next round's training
                 self.silos[victim].kill()  # `fedlb silo` alone
                 self.silos[victim].wait()
-                self.log(f"after round {done}: SIGKILL fedlb silo {victim}; started again")
+                self.log(
+                    f"{MID_ROUND_S:.0f} s after round {done}: SIGKILL fedlb silo {victim}; "
+                    "started again"
+                )
                 self.start_silo(victim)
             if not server_killed and done >= 12:
                 server_killed = True
@@ -196,9 +202,9 @@ class Soak:
             "rounds_lost_to_timeouts": sorted(timeouts),
             "seconds_in_those_rounds": round(sum(v["wall"] for v in timeouts.values()), 1),
             "rounds_without_a_silo": [k for k, v in by_round.items() if not v["silos"]],
-            "rounds_short_of_silos": [
-                k for k, v in by_round.items() if 0 < len(v["silos"]) < SILOS
-            ],
+            "rounds_short_of_silos": {
+                k: v["failed"] for k, v in by_round.items() if 0 < len(v["silos"]) < SILOS
+            },
             "processes_left": self.left_over(),
             "processes_seen": len(self.seen),
             "wall_s": round(wall, 1),

@@ -7,12 +7,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from flwr.app import Message
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 
 from fedlb.balance import BatchSizeManager, WorkerReport
 
-from .protocol import SiloReport
+from .protocol import SiloReport, partition_of
+from .replies import only_metrics
 
 
 def say(level: int, text: str, *args: object) -> None:
@@ -146,6 +148,20 @@ class Membership:
         self.claims[partition] = node
         self.refused.pop(node, None)
         return None
+
+    def one_vote_each(
+        self, server_round: int, replies: list[Message], failed: list[str]
+    ) -> list[Message]:
+        """The replies whose updates count: one per partition (`claim`); why the others
+        do not goes to `failed`."""
+        refused = set()
+        for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):  # the first holds
+            why = self.claim(msg.metadata.src_node_id, partition_of(only_metrics(msg)))
+            if why is not None:
+                refused.add(id(msg))
+                failed.append(why)
+                say(logging.WARNING, "round %d: %s", server_round, why)
+        return [m for m in replies if id(m) not in refused]
 
     def bench(
         self, node: int, server_round: int, why: str, manager: BatchSizeManager | None

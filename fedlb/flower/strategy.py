@@ -28,7 +28,6 @@ from .protocol import (
     Orders,
     SiloReport,
     numbers,
-    partition_of,
     user_metrics,
 )
 from .replies import ReportCheck, UpdateCheck, only_metrics, triage_replies
@@ -335,14 +334,7 @@ class LoadBalancedFedAvg(FedAvg):
         valid = triage.valid
         for line in failed:
             say(WARNING, "round %d: %s", server_round, line)
-        refused = set()
-        for msg in sorted(valid, key=lambda m: m.metadata.src_node_id):  # the first holds
-            why = self.members.claim(msg.metadata.src_node_id, partition_of(only_metrics(msg)))
-            if why is not None:
-                refused.add(id(msg))
-                failed.append(why)
-                say(WARNING, "round %d: %s", server_round, why)
-        valid = [m for m in valid if id(m) not in refused]
+        valid = self.members.one_vote_each(server_round, valid, failed)
         kept = self._keep(server_round, valid)
         failed += [
             f"node-{m.metadata.src_node_id}: not among the quorum" for m in valid if m not in kept

@@ -1,0 +1,104 @@
+"""What a SuperNode's log says of its connection to the SuperLink, and what to do about it.
+
+Flower 1.41's SuperNode logs "SuperNode ID: N" once connected and "Exit Code: 305" with
+the reason when it gives up (a TLS error, a refused key); a server it cannot reach, or
+one that speaks TLS to a plain-HTTP SuperNode, it retries for ever with only "Connection
+attempt failed" (the cause is at DEBUG). `fedlb silo` reads the log, and checks the
+address itself, to say which.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+SUPERNODE_START = "fedlb: starting SuperNode"  # heads each start's part of a SuperNode log
+_CONNECTED = re.compile(r"SuperNode ID: (\d+)")  # Flower's line once ActivateNode succeeded
+_EXIT = re.compile(r"Exit Code: (\d+)")  # flwr_exit's first line; the reason follows
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# flwr_exit's lines around the reason that say nothing of this case
+_GENERIC = (
+    "Failed to initialize the connection to the SuperLink.",
+    "The SuperNode could not establish a connection to the SuperLink.",
+)
+# What Flower 1.41's reasons mean for a fedlb silo, and what to do.
+_HINTS = {
+    "CERTIFICATE_VERIFY_FAILED": "the server's certificate is not signed by the CA given as "
+    "--root-certificates: give the federation's ca.crt (fedlb certs)",
+    "WRONG_VERSION_NUMBER": "the server does not speak TLS: leave out --root-certificates, "
+    "or start the server with --certs",
+    "[code: 2001]": "the server admits registered silos only: give --auth-key (fedlb "
+    "silo-key) and have its .pub in the server's --silo-keys folder",
+    "[code: 2004]": "the server does not know this silo's key (not registered yet, or not "
+    "in its --silo-keys folder), or a SuperNode with this key is still connected",
+}
+UNREGISTERED = "[code: 2004]"  # Flower: "Failed to activate SuperNode." (ActivateNode)
+
+
+@dataclass(frozen=True)
+class Join:
+    """What a SuperNode's log says of its connection to the SuperLink since its last start."""
+
+    node_id: int | None = None  # connected: the node id the SuperLink gave it
+    refused: str = ""  # Flower gave up connecting (it exits): its reason, with a hint
+    unregistered: bool = False  # refused as a key the SuperLink does not know (yet)
+
+
+def read_join(log: str) -> Join:
+    """Read a SuperNode log (from `start_supernode`: each start marked). Flower 1.41 logs
+    "SuperNode ID: N" once connected and "Exit Code: 305" with the reason when it gives
+    up (a TLS error, a refused key); a server it cannot reach, or one that speaks TLS to
+    a plain-HTTP SuperNode, it retries for ever with only "Connection attempt failed"."""
+    log = _ANSI.sub("", log.rsplit(SUPERNODE_START, 1)[-1])
+    if connected := _CONNECTED.search(log):
+        return Join(node_id=int(connected.group(1)))
+    exit_code = _EXIT.search(log)
+    if exit_code is None:
+        return Join()
+    lines = []
+    for line in log[exit_code.end() :].splitlines():
+        if line.startswith("For more information"):
+            break
+        if line.strip() and line.strip() not in _GENERIC:
+            lines.append(line.strip())
+    reason = "; ".join(lines) or f"Flower's exit code {exit_code.group(1)}"
+    hints = [hint for key, hint in _HINTS.items() if key in reason]
+    return Join(
+        refused=f"{reason} ({'; '.join(hints)})" if hints else reason,
+        unregistered=UNREGISTERED in reason,
+    )
+
+
+def supernode_join(log_path: Path) -> Join:
+    """`read_join` of the SuperNode log at `log_path` (nothing yet if there is none)."""
+    try:
+        return read_join(log_path.read_text(errors="replace"))
+    except OSError:
+        return Join()
+
+
+def diagnose(address: str, tls: bool, timeout: float = 3.0) -> str:
+    """Why a SuperNode may not have connected to `address`, as seen from here: nothing
+    answers there, or (for a plain-HTTP SuperNode) the server speaks TLS."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout) as sock:
+            if tls:
+                return f"the server at {address} accepts connections; not connected yet"
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE  # only: does it speak TLS at all?
+            try:
+                with context.wrap_socket(sock, server_hostname=host.strip("[]")):
+                    return (
+                        f"the server at {address} speaks TLS: give --root-certificates "
+                        "(the federation's ca.crt)"
+                    )
+            except (ssl.SSLError, OSError):
+                return f"the server at {address} accepts connections; not connected yet"
+    except (OSError, ValueError) as error:
+        why = getattr(error, "strerror", None) or str(error)
+        return f"cannot reach the server at {address} ({why}): is it up, is the address right?"

@@ -519,9 +519,9 @@ def test_the_client_takes_the_token_from_the_environment(monkeypatch):
 def test_tls_with_the_files_of_fedlb_certs(tmp_path):
     from fedlb.flower import make_certificates
 
-    make_certificates(tmp_path, ["127.0.0.1"])
-    with running(token=TOKEN, certs=tmp_path) as (address, _):
-        client = ManagerClient(address, timeout=5, token=TOKEN, root_certificates=tmp_path)
+    files = make_certificates(tmp_path, ["127.0.0.1"])
+    with running(token=TOKEN, tls=(files.cert, files.key)) as (address, _):
+        client = ManagerClient(address, timeout=5, token=TOKEN, root_certificates=files.ca)
         assert client.register("j", ["a"], 8) == {"a": 8}
         client.close()
         plain = ManagerClient(address, timeout=2, token=TOKEN)
@@ -539,12 +539,13 @@ def test_bad_tokens_and_certificates_are_clear_errors(tmp_path):
         read_token(tmp_path / "short")
     assert read_token(None, {TOKEN_ENV: f" {TOKEN}\n"}) == TOKEN
     assert read_token(None, {}) is None
+    pair = (tmp_path / "server.crt", tmp_path / "server.key")
     with pytest.raises(ManagerSetupError, match="cannot read the TLS key"):
-        serve(0, certs=tmp_path)
-    for name in ("server.key", "server.crt"):
-        (tmp_path / name).write_text("not PEM")
+        serve(0, tls=pair)
+    for path in pair:
+        path.write_text("not PEM")
     with pytest.raises(ManagerSetupError, match="unusable TLS files"):
-        serve(0, certs=tmp_path)
+        serve(0, tls=pair)
     result = runner.invoke(app, ["manager", "--port", "0", "--token-file", str(Path("/nope"))])
     assert result.exit_code == 2
     assert "cannot read the token file /nope" in flat(result.output)

@@ -196,11 +196,13 @@ def test_he_fedavg_on_real_processes(tmp_path):
 def test_a_silo_killed_mid_run_is_left_out_and_rejoins(tmp_path):
     """SIGKILL one SuperNode: the round goes on without it after the timeout, its B0
     leaves X and the rest is re-divided among the two left, and a restarted SuperNode for
-    the same silo rejoins with its B0 (X = Σ B0 of the silos present)."""
+    the same silo rejoins with its B0 (X = Σ B0 of the silos present). Meanwhile a second
+    SuperNode claims partition 1 all along: one partition, one vote."""
     out = tmp_path / "out"
     with Federation(tmp_path / "procs") as federation:
         for i in range(3):
             federation.add_silo(f"silo-{i}", silo_config(i, 3, 1))
+        federation.add_silo("twin", silo_config(1, 3, 1))  # silo-1 started twice
         victim = federation.silos["silo-2"]
 
         def on_round(record):
@@ -219,7 +221,11 @@ def test_a_silo_killed_mid_run_is_left_out_and_rejoins(tmp_path):
     assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
     records = outcome.records
     assert [r.round for r in records] == [1, 2, 3, 4, 5, 6]
-    missed = next(r for r in records if r.failed)
+    for record in records:  # silo-1 counted once, every round
+        labels = [s.silo for s in record.silos]
+        assert len(labels) == len(set(labels)), (record.round, labels)
+    assert any("claims partition 1" in f for f in records[0].failed), records[0].failed
+    missed = next(r for r in records if any("no reply" in f for f in r.failed))
     assert any("no reply within the round timeout" in f for f in missed.failed)
     assert any("silo-2 left" in e for e in missed.events), missed.events
     without = next(r for r in records if r.round > missed.round)

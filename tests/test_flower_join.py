@@ -290,13 +290,14 @@ class Silo:
 
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory):
-    """A TLS SuperLink admitting the keys silo-a and silo-b; `late` and `stranger` have
+    """A TLS SuperLink admitting the keys silo-a, silo-b and silo-c; `late` and `stranger` have
     keys it does not know."""
     root = tmp_path_factory.mktemp("join")
     tls = make_certificates(root / "certs", ["127.0.0.1"])
-    keys = {n: make_silo_key(root / "keys", n) for n in ("silo-a", "silo-b", "late", "stranger")}
+    names = ("silo-a", "silo-b", "silo-c", "late", "stranger")
+    keys = {n: make_silo_key(root / "keys", n) for n in names}
     with Federation(
-        root / "procs", tls=tls, silo_keys=[keys["silo-a"][1], keys["silo-b"][1]]
+        root / "procs", tls=tls, silo_keys=[keys[n][1] for n in ("silo-a", "silo-b", "silo-c")]
     ) as running:
         yield types.SimpleNamespace(
             link=running,
@@ -361,19 +362,24 @@ def test_a_joined_silo_exits_1_when_its_supernode_dies_and_0_when_stopped(federa
             "--auth-key",
             str(federation.keys[n][0]),
         )
-        for n in ("silo-a", "silo-b")
+        for n in ("silo-a", "silo-b", "silo-c")
     ]
     for silo in silos:
         silo.wait_for("silo-0 joined")
         assert "as node " in silo.said
         assert "as node None" not in silo.said
+    below = psutil.Process(silos[2].process.pid).children(recursive=True)
     silos[0].process.send_signal(signal.SIGTERM)
     silos[1].supernode().kill()
+    silos[2].process.kill()  # `fedlb silo` alone, SIGKILL: its SuperNode must not go on
     assert silos[0].end() == 0, silos[0].said
     assert "silo-0 stopped" in silos[0].said
     assert silos[1].end() == 1, silos[1].said
     assert "its SuperNode exited (code" in silos[1].said
     assert "its log" in silos[1].said
+    silos[2].end()
+    _, alive = psutil.wait_procs(below, timeout=20)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
 
 
 @pytest.mark.slow

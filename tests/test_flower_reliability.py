@@ -4,7 +4,6 @@ twice, failed runs reported as successes, damaged files read without a word."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -350,7 +349,7 @@ def test_a_run_whose_silos_all_fail_every_round_fails_with_the_reason(tmp_path):
         for i in range(2)
     ]
     run = RunConfig.from_mapping(
-        {"num-silos": 2, "num-rounds": 2, "local-steps": 2, "round-timeout": 30.0}
+        {"num-silos": 2, "num-rounds": 1, "local-steps": 1, "round-timeout": 30.0}
     )
     server = ServerSettings.from_mapping(
         {"port": 0, "out-dir": str(tmp_path / "out"), "run-timeout": 200.0}
@@ -358,69 +357,10 @@ def test_a_run_whose_silos_all_fail_every_round_fails_with_the_reason(tmp_path):
     outcome = run_server(server, run, local_silos=silos)
     assert outcome.status == "finished:completed"  # as Flower sees it
     assert not outcome.ok
-    assert "2 of 2 rounds trained nothing" in outcome.problem
+    assert "1 of 1 rounds trained nothing" in outcome.problem
     assert "num-partitions 3, but the run has num-silos 2" in outcome.problem
     rows = (tmp_path / "out" / "rounds.jsonl").read_text().splitlines()
-    assert [json.loads(r)["round"] for r in rows] == [1, 2]  # on record, with why
+    assert [json.loads(r)["round"] for r in rows] == [1]  # on record, with why
     with pytest.raises(typer.Exit) as exit_:
         finish(outcome)
     assert exit_.value.exit_code == 1
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_on_real_processes_a_partition_counts_once_and_a_killed_silo_takes_its_node(tmp_path):
-    """A SuperLink with three SuperNodes, two of them claiming partition 1: every round
-    counts each partition once and says why the other update was not counted. Then a
-    `fedlb silo` is SIGKILLed alone: its SuperNode (and anything below it) goes too."""
-    from fedlb.flower import Federation, RunConfig
-
-    def node(partition):
-        return {"partition-id": partition, "num-partitions": 2, "emulated-speed": 400.0}
-
-    out = tmp_path / "out"
-    run = {
-        **RunConfig.from_mapping({"num-silos": 2, "num-rounds": 2, "local-steps": 2}).to_mapping(),
-        "out-dir": str(out),
-    }
-    with Federation(tmp_path / "processes") as federation:
-        for name, partition in (("a", 0), ("b", 1), ("c", 1)):
-            federation.add_silo(name, {**node(partition), "threads": 1})
-        outcome = federation.run(run, timeout=200)
-        assert outcome.ok, outcome.problem
-        for record in outcome.records:
-            labels = [s.silo for s in record.silos]
-            assert sorted(labels) == ["silo-0", "silo-1"]
-        assert any("claims partition 1" in f for f in outcome.records[0].failed)
-
-        silo = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fedlb.cli",
-                "silo",
-                "--server",
-                federation.address,
-                "--partition-id",
-                "0",
-                "--num-partitions",
-                "2",
-                "--workdir",
-                str(tmp_path / "silo"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 60
-        below: list[psutil.Process] = []
-        while time.monotonic() < deadline and not any(
-            "flower-supernode" in " ".join(p.cmdline()) for p in below
-        ):
-            time.sleep(0.2)
-            with contextlib.suppress(psutil.Error):
-                below = psutil.Process(silo.pid).children(recursive=True)
-        assert below, "the silo's SuperNode never started"
-        silo.kill()  # `fedlb silo` alone
-        silo.wait(5)
-        _, alive = psutil.wait_procs(below, timeout=20)
-        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive

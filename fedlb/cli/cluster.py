@@ -155,6 +155,7 @@ def manager(
 
     from fedlb.cluster.service import ManagerSetupError, PortInUseError, ServiceLimits, serve
     from fedlb.cluster.service_auth import read_token
+    from fedlb.flower import TlsError, TlsFiles
 
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be in 0..65535 (0: a free port), got {port}")
@@ -174,14 +175,18 @@ def manager(
     limits = ServiceLimits(max_jobs, max_job_workers, job_idle_timeout)
     try:
         token = read_token(token_file)
+        tls = None
+        if certs is not None:
+            files = TlsFiles.from_folder(certs)
+            tls = (files.cert, files.key)
         server, bound, service = serve(
-            port, host, max_workers, wait_timeout, limits=limits, token=token, certs=certs
+            port, host, max_workers, wait_timeout, limits=limits, token=token, tls=tls
         )
     except PortInUseError as error:
         raise UsageError(
             f"port {port} is already in use by another process; pick another --port"
         ) from error
-    except (OSError, ManagerSetupError) as error:
+    except (OSError, ManagerSetupError, TlsError) as error:
         raise UsageError(str(error)) from error
     shown = escape(host)  # an IPv6 address in brackets is no markup
     console.print(f"[bold]fedlb manager[/] on {shown}:{bound} (gRPC, fedlb.BatchSizeManager)")

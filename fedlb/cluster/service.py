@@ -420,13 +420,13 @@ def serve(
     *,
     limits: ServiceLimits | None = None,
     token: str | None = None,
-    certs: Path | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> tuple[grpc.Server, int, ManagerService]:
     """Start the service; returns (server, the port it listens on, its state).
 
     `max_workers` threads; waiting reports hold one each and may take all but an eighth
     (`limits.max_waiting` is lowered to that). `token`: calls must carry it (see
-    ManagerClient). `certs`: TLS with `fedlb certs`'s server.crt and server.key. Raises
+    ManagerClient). `tls`: (certificate, key) PEM files to serve TLS with. Raises
     PortInUseError when another process listens on the port, OSError when the address
     cannot be used, ValueError or ManagerSetupError for bad arguments or files."""
     if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
@@ -438,7 +438,7 @@ def serve(
     limits = limits or ServiceLimits()
     slots = min(limits.max_waiting, waiting_slots(max_workers))
     service = ManagerService(wait_timeout, dataclasses.replace(limits, max_waiting=slots))
-    credentials = server_credentials(certs) if certs is not None else None
+    credentials = server_credentials(*tls) if tls is not None else None
     if port != 0:  # checked first: gRPC's own failure also writes C-level lines to stderr
         error = _bind_error(host, port)
         if error is not None:

@@ -3,8 +3,8 @@
 The token travels as gRPC metadata `authorization: Bearer <token>` on every call and is
 checked by a server interceptor before any handler runs. Without TLS it crosses the network
 in the clear: a token alone keeps out other users of a trusted network, not an eavesdropper.
-TLS uses the server files `fedlb certs` writes (server.crt, server.key); clients trust its
-ca.crt.
+TLS uses a server certificate and key (those `fedlb certs` writes: the CLI finds them in
+its folder); clients trust the CA that signed it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-
-from fedlb.flower.tls import CA_CERT, SERVER_CERT, SERVER_KEY
 
 TOKEN_ENV = "FEDLB_MANAGER_TOKEN"
 MIN_TOKEN_CHARS = 16
@@ -63,33 +61,29 @@ def _read(path: Path, what: str) -> bytes:
         ) from error
 
 
-def server_credentials(certs: Path) -> grpc.ServerCredentials:
-    """TLS from `fedlb certs`'s folder (server.crt, server.key), checked here: gRPC only
-    says that it cannot listen."""
+def server_credentials(cert: Path, key: Path) -> grpc.ServerCredentials:
+    """TLS from a PEM certificate and its key, checked here: gRPC only says that it
+    cannot listen."""
     from cryptography import x509
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-    key, cert = (
-        _read(certs / SERVER_KEY, "the TLS key"),
-        _read(certs / SERVER_CERT, "the TLS certificate"),
-    )
+    key_pem, cert_pem = _read(key, "the TLS key"), _read(cert, "the TLS certificate")
     try:
-        public = x509.load_pem_x509_certificate(cert).public_key()
-        private = load_pem_private_key(key, password=None)
+        public = x509.load_pem_x509_certificate(cert_pem).public_key()
+        private = load_pem_private_key(key_pem, password=None)
     except (ValueError, TypeError) as error:  # not PEM, or a key with a password
-        raise ManagerSetupError(f"{certs}: unusable TLS files: {error}") from error
+        raise ManagerSetupError(f"{cert}, {key}: unusable TLS files: {error}") from error
     if public != private.public_key():
-        raise ManagerSetupError(f"{certs}: {SERVER_KEY} is not the key of {SERVER_CERT}")
-    return grpc.ssl_server_credentials([(key, cert)])
+        raise ManagerSetupError(f"{key} is not the key of {cert}")
+    return grpc.ssl_server_credentials([(key_pem, cert_pem)])
 
 
 def client_channel(address: str, root_certificates: Path | bytes | None) -> grpc.Channel:
-    """A plain channel, or TLS trusting `root_certificates` (a ca.crt file or its PEM)."""
+    """A plain channel, or TLS trusting `root_certificates` (a CA certificate file, e.g.
+    the ca.crt of `fedlb certs`, or its PEM)."""
     if root_certificates is None:
         return grpc.insecure_channel(address)
     if isinstance(root_certificates, Path):
-        if root_certificates.is_dir():  # the folder of fedlb certs
-            root_certificates = root_certificates / CA_CERT
         root_certificates = _read(root_certificates, "the CA certificate")
     return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates))
 

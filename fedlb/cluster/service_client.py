@@ -16,7 +16,7 @@ class ManagerClient:
     """A worker's side: `register` once, then `report` at every iteration boundary.
 
     `token`: sent with every call (default: $FEDLB_MANAGER_TOKEN if set).
-    `root_certificates`: TLS, trusting this CA (ca.crt of `fedlb certs`, its folder, or
+    `root_certificates`: TLS, trusting this CA (a file such as the ca.crt of `fedlb certs`, or its
     PEM bytes); None: a plain channel."""
 
     def __init__(

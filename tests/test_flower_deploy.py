@@ -121,13 +121,16 @@ def test_three_silos_with_speed_factors_1_2_4(tmp_path):
 def test_he_fedavg_on_real_processes(tmp_path):
     """CKKS end to end: the server holds the public context only; every round's aggregate
     (computed on ciphertexts) decrypts to the dataset-size-weighted mean of the decrypted
-    updates; the final model stays encrypted and `fedlb decrypt` opens it at a silo."""
+    updates; the final model stays encrypted and `fedlb decrypt` opens it at a silo. Then
+    a run whose silos all fail is a failure with their reason."""
     from collections import OrderedDict
 
+    import typer
     from flwr.app import Array, ArrayRecord
     from typer.testing import CliRunner
 
     from fedlb.cli import app
+    from fedlb.cli.federation import finish
     from fedlb.flower import decrypt_record
     from fedlb.he import load_context, write_keys
 
@@ -146,6 +149,21 @@ def test_he_fedavg_on_real_processes(tmp_path):
             "he-context": str(keys.public),
         }
         outcome = federation.run(run_settings(out, **settings), timeout=400)
+        # The same silos in a run that splits the data otherwise (num-silos 1, their
+        # num-partitions 2): each fails every round. Flower calls that run completed;
+        # fedlb calls it a failure, with the silos' reason, and `fedlb server` exits 1.
+        failing = {**settings, "num-silos": 1, "num-rounds": 1, "local-steps": 1}
+        failed = federation.run(run_settings(tmp_path / "out-2", **failing), timeout=200)
+    assert failed.status == "finished:completed"
+    assert not failed.ok
+    assert "1 of 1 rounds trained nothing" in failed.problem
+    assert "num-partitions 2, but the run has num-silos 1" in failed.problem
+    rows = (tmp_path / "out-2" / "rounds.jsonl").read_text().splitlines()
+    assert [json.loads(r)["round_silos"] for r in rows] == [0]  # on record, with why
+    with pytest.raises(typer.Exit) as exit_:
+        finish(failed)
+    assert exit_.value.exit_code == 1
+
     assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
     assert "HE on" in outcome.log_path.read_text()
     assert [r.round for r in outcome.records] == [1, 2, 3]

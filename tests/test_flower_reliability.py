@@ -329,38 +329,3 @@ def test_server_certificates_silos_would_refuse_are_refused_up_front(tmp_path):
     (mixed / "server.key").write_bytes(good.key.read_bytes())
     with pytest.raises(ConfigError, match="not now: make new certificates"):
         ServerSettings.from_mapping({"certs": str(mixed)})
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_a_run_whose_silos_all_fail_every_round_fails_with_the_reason(tmp_path):
-    """Real SuperLink and SuperNodes: both silos fail every round (their num-partitions
-    disagrees with the run's num-silos). Flower calls the run completed; fedlb calls it a
-    failure, says why, and `fedlb server` exits 1."""
-    import typer
-
-    from fedlb.cli.federation import finish
-    from fedlb.flower import RunConfig, ServerSettings, SiloSettings, run_server
-
-    silos = [
-        SiloSettings.from_mapping(
-            {"partition-id": i, "num-partitions": 3, "emulated-speed": 400.0, "threads": 1}
-        )
-        for i in range(2)
-    ]
-    run = RunConfig.from_mapping(
-        {"num-silos": 2, "num-rounds": 1, "local-steps": 1, "round-timeout": 30.0}
-    )
-    server = ServerSettings.from_mapping(
-        {"port": 0, "out-dir": str(tmp_path / "out"), "run-timeout": 200.0}
-    )
-    outcome = run_server(server, run, local_silos=silos)
-    assert outcome.status == "finished:completed"  # as Flower sees it
-    assert not outcome.ok
-    assert "1 of 1 rounds trained nothing" in outcome.problem
-    assert "num-partitions 3, but the run has num-silos 2" in outcome.problem
-    rows = (tmp_path / "out" / "rounds.jsonl").read_text().splitlines()
-    assert [json.loads(r)["round"] for r in rows] == [1]  # on record, with why
-    with pytest.raises(typer.Exit) as exit_:
-        finish(outcome)
-    assert exit_.value.exit_code == 1

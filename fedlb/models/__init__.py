@@ -5,10 +5,11 @@ from __future__ import annotations
 from torch import nn
 
 from .lenet import LeNet5
+from .logistic import Logistic
 from .mlp import MLP
 from .small import CharLSTM, SmallCNN
 
-MODELS = ("mlp", "lenet5", "cnn", "lstm")
+MODELS = ("mlp", "lenet5", "cnn", "lstm", "logistic")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
@@ -25,7 +26,11 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
         return SmallCNN(input_shape[0], num_classes, image_size=input_shape[-1])
     if name == "lstm":
         return CharLSTM(vocab_size=num_classes)
+    if name == "logistic":
+        if num_classes != 2:
+            raise ValueError(f"the logistic model is binary: {num_classes} classes given")
+        return Logistic(input_shape)
     raise ValueError(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
 
 
-__all__ = ["MLP", "MODELS", "CharLSTM", "LeNet5", "SmallCNN", "build_model"]
+__all__ = ["MLP", "MODELS", "CharLSTM", "LeNet5", "Logistic", "SmallCNN", "build_model"]

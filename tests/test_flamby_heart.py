@@ -78,3 +78,22 @@ def test_a_damaged_or_foreign_csv_is_refused(tmp_path):
         load_flamby_heart(short)
     with pytest.raises(FileNotFoundError):
         load_flamby_heart(tmp_path / "absent.csv")
+
+
+def test_heart_flamby_is_a_dataset_with_natural_silos_and_the_pooled_test():
+    """In fedlb's table: the pool is the centres' training patients, one natural silo per
+    centre in FLamby's order; the server's test set is FLamby's pooled test."""
+    from fedlb.data import partition_by_id
+    from fedlb.data.registry import DATASETS, NATURAL_DATASETS, load_dataset
+
+    assert "heart-flamby" in DATASETS
+    assert "heart-flamby" in NATURAL_DATASETS
+    pool, test = load_dataset("heart-flamby")
+    assert pool.x.shape == (486, 13)
+    assert test is not None
+    assert test.x.shape == (254, 13)
+    parts = partition_by_id(pool.groups)
+    assert list(parts) == list(CENTRES)
+    assert [len(p) for p in parts.values()] == [199, 172, 30, 85]
+    heart = load_flamby_heart()
+    np.testing.assert_array_equal(pool.subset(parts["Hungary"]).x, heart.train[1].x)

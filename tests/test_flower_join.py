@@ -133,8 +133,10 @@ def serve_once(tls: Path | None) -> int:
 
 def test_diagnose_names_an_unreachable_server_and_a_tls_one(tmp_path):
     make_certificates(tmp_path, ["127.0.0.1"])
-    nobody = f"127.0.0.1:{free_port()}"
-    assert "cannot reach the server at " + nobody in diagnose(nobody, tls=False)
+    with socket.socket() as held:  # bound, never listening: nobody answers, nobody takes it
+        held.bind(("127.0.0.1", 0))
+        nobody = f"127.0.0.1:{held.getsockname()[1]}"
+        assert "cannot reach the server at " + nobody in diagnose(nobody, tls=False)
     assert "cannot reach" in diagnose("no-such-host.invalid:8000", tls=True)
     tls_server = f"127.0.0.1:{serve_once(tmp_path)}"
     said = diagnose(tls_server, tls=False)

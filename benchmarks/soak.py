@@ -26,6 +26,7 @@ import contextlib
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -115,6 +116,16 @@ class Soak:
             start_new_session=True,
         )
 
+    def wait_listening(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 1),
+            ):
+                return
+            time.sleep(0.2)
+
     def note_processes(self, roots: list[subprocess.Popen[bytes]]) -> None:
         for root in roots:
             with contextlib.suppress(psutil.Error):
@@ -138,9 +149,10 @@ class Soak:
             return 0
 
     def run(self) -> dict[str, Any]:
+        server = self.start_server(resume=False)
+        self.wait_listening()  # before silos pick free ports for their SuperNodes' own APIs
         for i in range(SILOS):
             self.start_silo(i)
-        server = self.start_server(resume=False)
         self.log(f"server (pid {server.pid}) and {SILOS} silos started")
         killed_at: set[int] = set()
         server_killed = False

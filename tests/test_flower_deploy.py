@@ -316,7 +316,9 @@ def test_fedlb_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path):
     machine lost: SIGKILL `fedlb server`, its SuperLink and its ServerApp after round 2 of
     3; the silos keep running; `fedlb server --resume` goes on from round 3 with the
     checkpoint's batch sizes; the silos stop cleanly on SIGTERM."""
+    import contextlib
     import signal
+    import socket
     import subprocess
     import sys
     import time
@@ -329,30 +331,36 @@ def test_fedlb_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path):
     port = free_port()
     out = tmp_path / "out"
     fedlb = [sys.executable, "-m", "fedlb.cli"]
-    silos = [
-        subprocess.Popen(
-            [
-                *fedlb,
-                "silo",
-                "--server",
-                f"127.0.0.1:{port}",
-                "--partition-id",
-                str(i),
-                "--num-partitions",
-                "2",
-                "--slowdown",
-                str(1 + 2 * i),
-                "--threads",
-                "1",
-                "--workdir",
-                str(tmp_path / f"silo-{i}"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        for i in range(2)
-    ]
+
+    def start_silos():
+        # once the SuperLink listens: a silo's SuperNode takes a free port for its own API
+        # and could take the server's, were it only chosen and not yet bound
+        return [
+            subprocess.Popen(
+                [
+                    *fedlb,
+                    "silo",
+                    "--server",
+                    f"127.0.0.1:{port}",
+                    "--partition-id",
+                    str(i),
+                    "--num-partitions",
+                    "2",
+                    "--slowdown",
+                    str(1 + 2 * i),
+                    "--threads",
+                    "1",
+                    "--workdir",
+                    str(tmp_path / f"silo-{i}"),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            for i in range(2)
+        ]
+
+    silos = []
     server_args = ["--round-timeout", "60", "--evaluate-every", "2", "--run-timeout", "300"]
     try:
         first = subprocess.Popen(
@@ -377,6 +385,12 @@ def test_fedlb_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path):
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        listening = time.monotonic() + 60
+        while time.monotonic() < listening:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            time.sleep(0.2)
+        silos = start_silos()
         deadline = time.monotonic() + 240
         done = 0
         while done < 2 and time.monotonic() < deadline and first.poll() is None:

@@ -133,7 +133,6 @@ class FlowerProcess:
     def wait_healthy(self, timeout: float = 60.0, ca: Path | None = None) -> None:
         """Wait until its HTTP API answers /health (HTTPS checked against `ca` when given);
         fail early, with its log, if it died."""
-
         context = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
         scheme = "https" if ca is not None else "http"
         deadline = time.monotonic() + timeout

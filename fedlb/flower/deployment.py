@@ -53,7 +53,15 @@ from .report import (
     RoundRecord,
     RoundReporter,
 )
-from .settings import RUN, SERVER, ServerSettings, SiloSettings, checked_run, read_sections
+from .settings import (
+    RUN,
+    SERVER,
+    ServerSettings,
+    SiloSettings,
+    check_out_dir,
+    checked_run,
+    read_sections,
+)
 
 log = logging.getLogger("fedlb.flower")
 
@@ -112,7 +120,7 @@ def run_server(
     else:
         check_run_folder(out_dir, overwrite)
         clear_run_folder(out_dir)  # a fresh run: no results, no silos of an older one
-        start_run_identity(out_dir, {**run.to_mapping(), "resume": ""})
+        start_run_identity(out_dir, run.to_mapping())  # its digest leaves out resume
     with Federation(
         out_dir / "processes",
         server.host,
@@ -122,12 +130,10 @@ def run_server(
         database=database,
     ) as federation:
         port = int(federation.address.rsplit(":", 1)[1])
-        processes: list[dict[str, Any]] = []
 
         def record_processes() -> None:
             # Whoever resumes this run after a crash stops what is still listed here.
             started = [federation.link, *federation.silos.values()]
-            processes[:] = [p.identity() for p in started if p is not None]
             (out_dir / SERVER_FILE).write_text(
                 json.dumps(
                     {
@@ -137,7 +143,7 @@ def run_server(
                             "pid": os.getpid(),
                             "started": process_start_time(os.getpid()),
                         },
-                        "processes": processes,
+                        "processes": [p.identity() for p in started if p is not None],
                     },
                     indent=2,
                 )
@@ -180,9 +186,8 @@ RUN_RESULTS = (
 
 def check_run_folder(out_dir: Path, overwrite: bool = False) -> None:
     """Refuse (ConfigError) to start a fresh run in a folder that holds an earlier one,
-    unless `overwrite`; a file where the folder should be is refused either way."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"out-dir {out_dir} is a file, not a folder; give a folder")
+    unless `overwrite`; a folder results cannot be written to is refused either way."""
+    check_out_dir(out_dir)
     found = [name for name in RUN_RESULTS if (out_dir / name).exists()]
     if found and not overwrite:
         raise ConfigError(

@@ -478,16 +478,20 @@ def test_the_cli_on_port_0_prints_the_port_it_got_and_stops_on_sigterm(tmp_path)
         first = manager.stdout.readline()
         found = re.search(r"fedlb manager on 127\.0\.0\.1:(\d+)", first)
         assert found, first
+        guards = manager.stdout.readline()
+        assert "token on, TLS off" in guards
         client = ManagerClient(f"127.0.0.1:{found.group(1)}", timeout=5, token=TOKEN)
         assert client.register("j", ["a"], 4) == {"a": 4}
         client.close()
         manager.send_signal(signal.SIGTERM)
-        output, _ = manager.communicate(timeout=20)
+        manager.wait(timeout=20)
+        # Read through the same buffered reader as readline() above:
+        # communicate() reads the raw pipe and would miss what that reader holds.
+        output = manager.stdout.read()
     finally:
         if manager.poll() is None:
             manager.kill()
     assert manager.returncode == 0, output
-    assert "token on, TLS off" in output
     assert "fedlb manager stopped" in output
 
 

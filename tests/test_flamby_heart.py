@@ -7,9 +7,11 @@ from __future__ import annotations
 import csv
 import json
 from importlib.resources import files
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedlb.data.flamby_heart import CENTRES, FEATURES, load_flamby_heart
 from fedlb.data.tabular import default_heart_csv
@@ -88,7 +90,8 @@ def test_heart_flamby_is_a_dataset_with_natural_silos_and_the_pooled_test():
 
     assert "heart-flamby" in DATASETS
     assert "heart-flamby" in NATURAL_DATASETS
-    pool, test = load_dataset("heart-flamby")
+    parts_of = load_dataset("heart-flamby")
+    pool, test = parts_of.pool, parts_of.test
     assert pool.x.shape == (486, 13)
     assert test is not None
     assert test.x.shape == (254, 13)
@@ -97,3 +100,125 @@ def test_heart_flamby_is_a_dataset_with_natural_silos_and_the_pooled_test():
     assert [len(p) for p in parts.values()] == [199, 172, 30, 85]
     heart = load_flamby_heart()
     np.testing.assert_array_equal(pool.subset(parts["Hungary"]).x, heart.train[1].x)
+
+
+def test_each_centres_silo_trains_on_its_whole_train_split_and_tests_on_its_own_test():
+    """FLamby's protocol in fedlb's run: under partition natural, silo i is centre i; it
+    trains on all of the centre's training patients (no held-out share: silo-test-fraction
+    does not apply) and evaluates on the centre's own test patients, normalised with the
+    centre's training statistics; the server evaluates on the pooled test."""
+    from fedlb.flower import RunConfig
+    from fedlb.flower.task import check_partition, federation_data, silo_data, tests_per_group
+
+    heart = load_flamby_heart()
+    config = RunConfig.from_mapping(
+        {
+            "dataset": "heart-flamby",
+            "partition": "natural",
+            "num-silos": 4,
+            "model": "logistic",
+            "silo-test-fraction": 0.5,  # would hold half out under any other dataset
+        }
+    )
+    assert tests_per_group(config)
+    check_partition(config)
+    for i, centre in enumerate(CENTRES):
+        data = silo_data(config, i, 4)
+        np.testing.assert_array_equal(data.train.x, heart.train[i].x)
+        np.testing.assert_array_equal(data.train.y, heart.train[i].y)
+        np.testing.assert_array_equal(data.test.x, heart.test[i].x)
+        np.testing.assert_array_equal(data.test.y, heart.test[i].y)
+        assert set(data.test.groups.tolist()) == {centre}
+    _, server_test = federation_data(config)
+    np.testing.assert_array_equal(server_test.x, heart.pooled_test.x)
+    # any other partition of it holds a share of each silo's part out, as elsewhere
+    iid = RunConfig.from_mapping({**config.to_mapping(), "partition": "iid"})
+    assert not tests_per_group(iid)
+    data = silo_data(iid, 0, 4)
+    assert len(data.train) + len(data.test) == 486 // 4 + (486 % 4 > 0)
+    assert len(data.test) > 0
+
+
+def _fedavg_by_hand(config, rounds: int) -> dict[str, torch.Tensor]:
+    """FLamby's FedAvg written out with fedlb's parts: every centre starts from the global
+    model, takes `local-steps` SGD steps at B from its carried stream (seeded as fedlb's
+    silo seeds it in round 1, then going on), and the models are averaged weighted by the
+    centres' training sizes."""
+    from fedlb.flower.task import model_for, silo_data
+    from fedlb.training import ResizableBatchSampler
+
+    parts = [silo_data(config, i, config.num_silos) for i in range(config.num_silos)]
+    global_state = model_for(config, parts[0].train).state_dict()
+    streams = []
+    for i, part in enumerate(parts):
+        torch.manual_seed(config.seed * 1_000_003 + i * 1009 + 1)
+        seed = int(torch.empty((), dtype=torch.int64).random_())
+        sampler = ResizableBatchSampler(len(part.train), config.batch_size, seed=seed)
+        sampler.span_epochs = False
+        streams.append(iter(sampler))
+    for _ in range(rounds):
+        updates = []
+        for part, stream in zip(parts, streams, strict=True):
+            model = model_for(config, part.train)
+            model.load_state_dict(global_state)
+            optimiser = torch.optim.SGD(model.parameters(), lr=config.learning_rate)
+            x, y = torch.as_tensor(part.train.x), torch.as_tensor(part.train.y)
+            for _ in range(config.local_steps):
+                batch = next(stream)
+                optimiser.zero_grad()
+                torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+                optimiser.step()
+            updates.append((model.state_dict(), len(part.train)))
+        total = sum(n for _, n in updates)
+        global_state = {
+            key: sum(state[key] * (n / total) for state, n in updates) for key in global_state
+        }
+    return global_state
+
+
+def test_the_flamby_protocol_runs_in_fedlbs_federation_for_two_rounds(tmp_path):
+    """scenarios/flamby-heart.toml for 2 rounds on Flower's simulation, on the real CSV:
+    the split the run used is FLamby's (per-centre train sizes and classes), every centre
+    trains 100 steps at B = 4 each round and is evaluated on its own test patients, the
+    server on the 254 pooled ones; and the final model is FLamby's FedAvg written out by
+    hand, which only holds if each centre's batch stream went on from round 1 into round 2
+    (Flower kept it in the silo's Context.state)."""
+    from typer.testing import CliRunner
+
+    from fedlb.cli import app
+    from fedlb.experiments import Scenario
+
+    scenario_file = Path(__file__).parents[1] / "scenarios" / "flamby-heart.toml"
+    result = CliRunner().invoke(
+        app,
+        [
+            "experiment",
+            str(scenario_file),
+            *("--rounds", "2", "--repeats", "1", "--policies", "fedavg"),
+            *("--out", str(tmp_path)),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    described = json.loads((tmp_path / "partition.json").read_text())
+    assert [s["samples"] for s in described] == [199, 172, 30, 85]
+    assert [s["classes"][1] for s in described] == [91, 65, 30, 66]
+    rows = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [(r["round"], r["silo"]) for r in rows] == [
+        (k, f"silo-{i}") for k in (1, 2) for i in range(4)
+    ]
+    test_sizes = [104, 89, 16, 45]
+    for row in rows:
+        i = int(row["silo"].removeprefix("silo-"))
+        assert (row["batch_size"], row["local_steps"]) == (4, 100)
+        assert row["num_examples"] == described[i]["samples"]
+        assert row["silo_accuracy"] * test_sizes[i] == pytest.approx(
+            round(row["silo_accuracy"] * test_sizes[i])
+        )
+        assert row["server_accuracy"] * 254 == pytest.approx(round(row["server_accuracy"] * 254))
+
+    scenario = Scenario.from_file(scenario_file, {"rounds": 2, "repeats": 1})
+    expected = _fedavg_by_hand(scenario.run_config(), rounds=2)
+    trained = torch.load(tmp_path / "policies" / "fedavg" / "model.pt", weights_only=True)
+    assert set(trained) == set(expected)
+    for key in expected:
+        torch.testing.assert_close(trained[key], expected[key], rtol=0, atol=1e-6)

@@ -182,6 +182,53 @@ def test_balanced_loader_keeps_the_loader_and_times_the_steps():
 
 
 @pytest.mark.usefixtures("task_identity")
+def test_a_carried_stream_goes_on_across_rounds_through_the_contexts_state():
+    """balanced_loader(msg, loader, context): the batch stream lives in context.state (which
+    Flower keeps per run on the SuperNode), so round 2 goes on where round 1 stopped, at
+    round 2's batch size; each pass over the data ends with a short batch (FLamby's stream).
+    Without it, round 2 starts a fresh stream of full batches."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.arange(10), torch.zeros(10, dtype=torch.long))
+    loader = DataLoader(data, batch_size=4, shuffle=True)
+    state = RecordDict()  # the SuperNode's, across the run's messages
+
+    def round_of(batch_size: int, steps: int, carry: bool, server_round: int) -> list[list[int]]:
+        message = Message(
+            RecordDict(
+                {
+                    "config": ConfigRecord(
+                        {BATCH_SIZE: batch_size, LOCAL_STEPS: steps, "server-round": server_round}
+                    )
+                }
+            ),
+            dst_node_id=1,
+            message_type="train",
+        )
+        drawn: list[list[int]] = []
+
+        def handler(msg: Message, context: Context) -> Message:
+            balanced = balanced_loader(msg, loader, context if carry else None)
+            drawn.extend(x.tolist() for x, _ in balanced)
+            return Message(RecordDict({"metrics": MetricRecord({"own": 1})}), reply_to=msg)
+
+        balance_mod()(message, Context(1, 1, {"partition-id": 0}, state, {}), handler)
+        return drawn
+
+    torch.manual_seed(0)
+    first = round_of(4, 5, carry=True, server_round=1)
+    assert [len(b) for b in first] == [4, 4, 2, 4, 4]
+    torch.manual_seed(1)  # a new round reseeds; the carried stream keeps its own seed
+    second = round_of(3, 3, carry=True, server_round=2)
+    assert [len(b) for b in second] == [2, 3, 3]  # epoch 2's last 2, then epoch 3 at B=3
+    epoch_2 = first[3] + first[4] + second[0]
+    assert sorted(epoch_2) == list(range(10))
+    assert sorted(i for batch in first[:3] for i in batch) == list(range(10))
+    fresh = round_of(4, 3, carry=False, server_round=3)
+    assert [len(b) for b in fresh] == [4, 4, 4]
+
+
+@pytest.mark.usefixtures("task_identity")
 def test_balanced_loader_without_the_mod_says_what_to_add():
     from torch.utils.data import DataLoader, TensorDataset
 

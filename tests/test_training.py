@@ -107,3 +107,20 @@ def test_resource_probe_reports_fractions():
     else:
         assert sample.accel_mem is not None
         assert 0.0 <= sample.accel_mem <= 1.0
+
+
+def test_an_endless_stream_that_does_not_span_epochs_ends_each_epoch_short():
+    """span_epochs=False: a DataLoader iterated afresh whenever it runs out (FLamby's
+    DataLoaderWithMemory): 10 samples at B=4 give 4, 4, 2, then the next epoch's 4, 4, 2;
+    every epoch a permutation; the state carries the stream into a new sampler."""
+    sampler = ResizableBatchSampler(10, 4, seed=3, span_epochs=False)
+    stream = iter(sampler)
+    batches = [next(stream) for _ in range(7)]
+    assert [len(b) for b in batches] == [4, 4, 2, 4, 4, 2, 4]
+    epoch_1 = [i for batch in batches[:3] for i in batch]
+    epoch_2 = [i for batch in batches[3:6] for i in batch]
+    assert sorted(epoch_1) == sorted(epoch_2) == list(range(10))
+    assert epoch_1 != epoch_2  # a fresh permutation
+    again = ResizableBatchSampler(10, 4, seed=99, span_epochs=False)
+    again.load_state_dict(sampler.state_dict())
+    assert [next(iter(again)) for _ in range(2)] == [next(stream) for _ in range(2)]

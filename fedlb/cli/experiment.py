@@ -39,10 +39,11 @@ def print_summary(chosen: Scenario, summary: dict[str, Any]) -> None:
         title_justify="left",
         caption="speedup: fedavg's time to target over the policy's; the most these speeds "
         f"allow is {summary['speedup_ceiling']:.2f}x (FedAvg's rounds over ideal T* rounds). "
+        "silos' acc: the mean of each silo's own accuracy on its test set. "
         "E: mean balance efficiency T*/round time, all rounds and from round 3 on.",
         caption_justify="left",
     )
-    columns = ["policy", "to target s", "speedup", "final acc", "best acc"]
+    columns = ["policy", "to target s", "speedup", "final acc", "silos' acc", "best acc"]
     columns += ["E", "E r≥3", "idle"]
     if chosen.repeats > 1:
         columns.insert(2, "reached")
@@ -52,14 +53,17 @@ def print_summary(chosen: Scenario, summary: dict[str, Any]) -> None:
     for name, row in summary["policies"].items():
         ttt = row["time_to_target_s"]
         speedup = baseline / ttt if baseline and ttt else None
-        final = _fmt(row["final_accuracy"], ".3f")
-        if "final_accuracy_std" in row:
-            final += f" ± {row['final_accuracy_std']:.3f}"
+        final, silos = (
+            _fmt(row.get(key), ".3f")
+            + (f" ± {row[f'{key}_std']:.3f}" if f"{key}_std" in row else "")
+            for key in ("final_accuracy", "final_mean_silo_accuracy")
+        )
         cells = [
             name,
             _fmt(ttt, ".2f"),
             _fmt(speedup, ".2f") + ("x" if speedup else ""),
             final,
+            silos,
             _fmt(row["best_accuracy"], ".3f"),
             _fmt(row["mean_balance_efficiency"], ".3f"),
             _fmt(row["steady_balance_efficiency"], ".3f"),
@@ -98,6 +102,9 @@ def experiment(
     local_steps: Annotated[int | None, typer.Option(help="τ.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="B0.")] = None,
     learning_rate: Annotated[float | None, typer.Option(help="η.")] = None,
+    batch_stream: Annotated[
+        str | None, typer.Option(help="per-round (default) or carried (FLamby's).")
+    ] = None,
     clock: Annotated[str | None, typer.Option(help="model or measured.")] = None,
     policies: Annotated[
         str | None, typer.Option(help="Comma list of: " + ", ".join(POLICIES))
@@ -136,6 +143,7 @@ def experiment(
         "local-steps": local_steps,
         "batch-size": batch_size,
         "learning-rate": learning_rate,
+        "batch-stream": batch_stream,
         "clock": clock,
         "policies": policies,
         "target-accuracy": target_accuracy,

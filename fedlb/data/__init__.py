@@ -23,7 +23,14 @@ from .partition import (
     silo_split,
     split_holdout,
 )
-from .registry import DATASETS, NATURAL_DATASETS, Dataset, federation_pool, load_dataset
+from .registry import (
+    DATASETS,
+    NATURAL_DATASETS,
+    Dataset,
+    DatasetParts,
+    federation_pool,
+    load_dataset,
+)
 from .tabular import load_heart_disease
 from .text import load_shakespeare
 from .types import LabelledData
@@ -33,6 +40,7 @@ __all__ = [
     "NATURAL_DATASETS",
     "PARTITIONERS",
     "Dataset",
+    "DatasetParts",
     "LabelledData",
     "cached_partition",
     "dataset_fingerprint",

@@ -188,13 +188,21 @@ def silo_split(
     scheme: str,
     seed: int,
     test_fraction: float = 0.2,
+    group_tests: LabelledData | None = None,
 ) -> tuple[LabelledData, LabelledData]:
-    """One silo's (train, held-out test) part of `data`."""
+    """One silo's (train, test) part of `data`: a seeded `test_fraction` of its part held
+    out; or, under 'natural' with `group_tests` (test rows that carry their group, as
+    FLamby's centres have), its whole part to train on and its group's rows to test on."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(
             f"partition-id {partition_id} is outside 0..{num_partitions - 1} (num-partitions)"
         )
     part = partition(data.y, num_partitions, scheme, seed, data.groups)[partition_id]
+    if group_tests is not None and parse_partition(scheme)[0] == "natural":
+        if data.groups is None or group_tests.groups is None:
+            raise ValueError(f"{group_tests.name}: test rows without their groups")
+        group = data.groups[part[0]]
+        return data.subset(part), group_tests.subset(np.flatnonzero(group_tests.groups == group))
     keep, held = split_holdout(len(part), test_fraction, seed + 1 + partition_id)
     return data.subset(part[keep]), data.subset(part[held])
 

@@ -22,6 +22,8 @@ from .scenario import Scenario, ScenarioError
 ROUNDS_FILE = "rounds.jsonl"
 SUMMARY_FILE = "summary.json"
 PARTITION_FILE = "partition.json"
+# figures whose spread over seeds a combined summary gives (sample std, `*_std`)
+SPREAD_KEYS = ("time_to_target_s", "final_accuracy", "best_accuracy", "final_mean_silo_accuracy")
 
 
 @dataclass
@@ -108,7 +110,7 @@ def combine_seeds(scenario: Scenario, summaries: dict[int, dict[str, Any]]) -> d
                 continue
             known = [v for v in values if v is not None]
             combined[key] = statistics.fmean(known) if len(known) == len(values) else None
-            if key in ("time_to_target_s", "final_accuracy", "best_accuracy") and len(known) > 1:
+            if key in SPREAD_KEYS and len(known) > 1:
                 combined[f"{key}_std"] = statistics.stdev(known)
         reached = sum(run["time_to_target_s"] is not None for run in runs.values())
         combined["reached_target"] = f"{reached}/{len(runs)}"

@@ -113,6 +113,7 @@ class Scenario:
     local_steps: int = 20
     batch_size: int = 32
     learning_rate: float = 0.05
+    batch_stream: str = "per-round"
     clock: str = "model"
     policies: str = "fedavg,lb"
     target_accuracy: float = 0.8
@@ -226,6 +227,7 @@ class Scenario:
                 "local-steps": self.local_steps,
                 "batch-size": self.batch_size,
                 "learning-rate": self.learning_rate,
+                "batch-stream": self.batch_stream,
                 "tuner": POLICIES[policy].tuner,
                 "dataset": self.dataset,
                 "data-dir": self.data_dir,

@@ -20,6 +20,7 @@ from fedlb.data import DATASETS, NATURAL_DATASETS, parse_partition
 from fedlb.models import MODELS
 
 EVALUATE_MODES = ("with-train", "separate")
+BATCH_STREAMS = ("per-round", "carried")
 
 
 RUN_SETTING_HELP = {
@@ -29,6 +30,8 @@ RUN_SETTING_HELP = {
     "batch-size": "B0: every silo's starting batch size.",
     "learning-rate": "η: the same for every silo whatever its B, never tuned.",
     "momentum": "SGD momentum on the silos.",
+    "batch-stream": "per-round (a fresh shuffle each round, every batch full) or carried (one "
+    "stream across rounds, each pass's last batch short: FLamby's way).",
     "tuner": "pooled (fedlb's default), proportional (Algorithm 1 as is), deadband, or static "
     "(plain FedAvg).",
     "estimator": "change-point (fedlb's default), ema-restart, ema (α=0.2) or memoryless.",
@@ -39,14 +42,16 @@ RUN_SETTING_HELP = {
     "evaluate-every": "Federated evaluation every k rounds and after the last.",
     "evaluate-mode": "with-train (inside the next train message) or separate (own phase).",
     "dataset": "digits (embedded), fashion-mnist, mnist-5k, cifar10, heart-disease, "
-    "shakespeare (the num-silos roles with the most lines).",
+    "heart-flamby (FLamby's protocol), shakespeare (the num-silos roles with the most lines).",
     "data-dir": "Where the dataset's files are ('' : its default place; see datasets/).",
     "partition": "iid, classes:K (K classes per silo; also pathological:K), dirichlet:α, "
     "natural (hospitals, roles): flwr-datasets' partitioners' names are accepted.",
-    "model": "mlp, cnn, lenet5 (28x28 or 32x32 images), or lstm (shakespeare).",
+    "model": "mlp, cnn, lenet5 (28x28 or 32x32 images), lstm (shakespeare), or logistic "
+    "(FLamby's Linear + sigmoid).",
     "seed": "Seed of the partition, the model and the batch order.",
     "server-test-fraction": "Share held out for server-side evaluation (0: none).",
-    "silo-test-fraction": "Share of each silo's part held out for its evaluation.",
+    "silo-test-fraction": "Share of each silo's part held out for its evaluation (not under "
+    "partition natural of heart-flamby: each centre has its own test set).",
     "round-timeout": "Seconds to wait for replies before a round goes on without them.",
     "poll-interval": "Seconds between pulls of replies (0: Flower's 3 s loop).",
     "keep-updates": "1: keep every round's updates and aggregate in out-dir/updates.",
@@ -91,6 +96,10 @@ class RunConfig:
     batch_size: B0, every silo's starting batch size.
     learning_rate: η, the same for every silo whatever its batch size, never tuned.
     momentum: SGD momentum on the silos (0: plain SGD).
+    batch_stream: 'per-round' (default): each round draws a fresh shuffle of the silo's
+        data, every batch full; 'carried': one stream across rounds, kept in the silo's
+        Context.state, each pass over the data ending with a short batch where B does not
+        divide it (a DataLoader iterated afresh when it runs out: FLamby's protocol).
     tuner: 'pooled' (fedlb's default: LB-BSP Algorithm 1 on speeds pooled across silos the
         reports cannot tell apart, see docs/balance.md), 'proportional' (Algorithm 1 as is),
         'deadband', or 'static' (plain FedAvg: B stays B0).
@@ -106,7 +115,9 @@ class RunConfig:
     dataset, partition, model, seed: what is trained and how it is split among silos
         ('iid' or 'classes:K', K classes per silo).
     server_test_fraction: share of the dataset held out for server-side evaluation (0: none).
-    silo_test_fraction: share of each silo's part held out for its federated evaluation.
+    silo_test_fraction: share of each silo's part held out for its federated evaluation
+        (under partition 'natural' of a dataset whose groups have test sets, heart-flamby,
+        each silo evaluates on its group's and trains on all of its part instead).
     round_timeout: seconds to wait for replies before a round goes on without the missing.
     poll_interval: seconds between the server's pulls of replies (0: Flower's own loop,
         which sleeps 3 s between pulls).
@@ -128,6 +139,7 @@ class RunConfig:
     batch_size: int = 32
     learning_rate: float = 0.05
     momentum: float = 0.0
+    batch_stream: str = "per-round"
     tuner: str = "pooled"
     estimator: str = "change-point"
     min_batch: int = 1
@@ -211,6 +223,8 @@ class RunConfig:
                 problems.append(f"{key} must be one of {', '.join(allowed)}")
         if self.evaluate_mode not in EVALUATE_MODES:
             problems.append(f"evaluate-mode must be one of {', '.join(EVALUATE_MODES)}")
+        if self.batch_stream not in BATCH_STREAMS:
+            problems.append(f"batch-stream must be one of {', '.join(BATCH_STREAMS)}")
         if self.model == "lenet5" and self.dataset in ("digits", "heart-disease", "shakespeare"):
             problems.append(f"model lenet5 needs 28x28 or 32x32 images, not {self.dataset}")
         if self.model == "cnn" and self.dataset in ("heart-disease", "shakespeare"):

@@ -30,13 +30,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
-from flwr.app import Context, Message, MessageType, MetricRecord
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord
 from flwr.clientapp.typing import ClientAppCallable, Mod
 from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
 
 from fedlb.training import EmulatedSpeed, Pace, ResizableBatchSampler, ResourceProbe
 
-from .protocol import NODE_EMULATED_SPEED, NODE_PARTITION_ID, Orders, SiloReport, sent_config
+from .protocol import (
+    NODE_EMULATED_SPEED,
+    NODE_PARTITION_ID,
+    STREAM_STATE,
+    Orders,
+    SiloReport,
+    sent_config,
+)
 
 log = logging.getLogger("fedlb.flower")
 
@@ -201,7 +208,9 @@ class BalancedLoader:
     """What `balanced_loader` returns: iterates like the app's DataLoader (same dataset,
     collate_fn, workers, pinning, same len()), drawing the server's batch size."""
 
-    def __init__(self, loader: DataLoader[Any], timing: RoundTiming) -> None:
+    def __init__(
+        self, loader: DataLoader[Any], timing: RoundTiming, carry: Context | None = None
+    ) -> None:
         if isinstance(loader.dataset, IterableDataset):
             raise TypeError(
                 "balanced_loader needs a map-style dataset (with __getitem__ and __len__): "
@@ -229,7 +238,12 @@ class BalancedLoader:
             self.batch_size,
             shuffle=not isinstance(loader.sampler, SequentialSampler),
             seed=seed,
+            span_epochs=carry is None,
         )
+        self._carry = carry
+        if carry is not None and STREAM_STATE in carry.state:
+            self.sampler.load_state_dict(dict(carry.state.config_records[STREAM_STATE]))
+            self.sampler.batch_size = self.batch_size  # this round's
         workers = loader.num_workers
         self._loader: DataLoader[Any] = DataLoader(
             loader.dataset,
@@ -284,13 +298,24 @@ class BalancedLoader:
                 timing.steps += 1
                 timing.compute_s += elapsed
                 timing.real_compute_s += real
+                if self._carry is not None:  # where the next round goes on
+                    self._carry.state[STREAM_STATE] = ConfigRecord(self.sampler.state_dict())
                 last = time.perf_counter()
 
 
-def balanced_loader(msg: Message, loader: DataLoader[Any]) -> BalancedLoader:
+def balanced_loader(
+    msg: Message, loader: DataLoader[Any], carry: Context | None = None
+) -> BalancedLoader:
     """The app's training DataLoader, drawn at the batch size the server sent in `msg`
     (the loader's own when the server sent none: round 1) for len(loader) steps per pass,
-    and timed for `balance_mod()`, which must be in the ClientApp's mods."""
+    and timed for `balance_mod()`, which must be in the ClientApp's mods.
+
+    Each round draws a fresh stream of batches, every batch full. With `carry` (the
+    handler's Context) the stream goes on across rounds instead, kept in `carry.state`:
+    each round continues the last one's shuffled passes over the data, and a pass's last
+    batch is short where the batch size does not divide the dataset, as from a DataLoader
+    iterated afresh whenever it runs out (FLamby's benchmarks train so). With
+    num_workers > 0 the batches a worker prefetched at a round's end are skipped."""
     timing = _CURRENT.get()
     if timing is None:
         raise RuntimeError(
@@ -299,4 +324,4 @@ def balanced_loader(msg: Message, loader: DataLoader[Any]) -> BalancedLoader:
         )
     if Orders.read(sent_config(msg)) != timing.orders:
         raise ValueError("balanced_loader got another message than the one being handled")
-    return BalancedLoader(loader, timing)
+    return BalancedLoader(loader, timing, carry)

@@ -54,6 +54,9 @@ ROUND_FIGURES = {
     "fedlb.idle-fraction": "idle_fraction",
 }
 
+# The silo's Context.state: where its carried batch stream stands (balanced_loader(carry=))
+STREAM_STATE = "fedlb.batch-stream"
+
 # node config (SuperNode --node-config) keys fedlb reads
 NODE_PARTITION_ID = "partition-id"  # its part of the federation's dataset (and its label)
 NODE_NUM_PARTITIONS = "num-partitions"

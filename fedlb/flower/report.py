@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,13 @@ def summarise_rounds(records: list[RoundRecord]) -> dict[str, Any]:
     an experiment's policies)."""
     accuracies = [a for a in map(accuracy_of, records) if a is not None]
     federated = [r.accuracy for r in records if r.accuracy is not None]
+    # each silo's own accuracy counted once, whatever its test set's size (FLamby's
+    # "average over centres")
+    per_silo = [
+        statistics.fmean(own)
+        for r in records
+        if (own := [s.accuracy for s in r.silos if s.accuracy is not None])
+    ]
     return {
         "clock": records[0].clock if records else None,
         "rounds": len(records),
@@ -260,6 +268,7 @@ def summarise_rounds(records: list[RoundRecord]) -> dict[str, Any]:
         "final_accuracy": accuracies[-1] if accuracies else None,
         "best_accuracy": max(accuracies) if accuracies else None,
         "final_federated_accuracy": federated[-1] if federated else None,
+        "final_mean_silo_accuracy": per_silo[-1] if per_silo else None,
     }
 
 

@@ -149,11 +149,15 @@ def train_reply(msg: Message, context: Context, config: RunConfig | None = None)
         evaluation = {EVAL_LOSS: loss, EVAL_ACC: accuracy, EVAL_EXAMPLES: len(data.test)}
 
     dataset = tensor_dataset(data.train.x, data.train.y)
-    # Each round draws a fresh, reproducible stream of batches.
+    # Each round draws a fresh, reproducible stream of batches (or, carried, continues the
+    # stream whose seed round 1 drew).
     torch.manual_seed(
         config.seed * 1_000_003 + (node.partition_id or 0) * 1009 + orders.server_round
     )
-    loader = balanced_loader(msg, DataLoader(dataset, batch_size=config.batch_size, shuffle=True))
+    carry = context if config.batch_stream == "carried" else None
+    loader = balanced_loader(
+        msg, DataLoader(dataset, batch_size=config.batch_size, shuffle=True), carry
+    )
     train_loss = train_epoch(model, loader, lr, config.momentum)
     metrics = MetricRecord({"num-examples": len(data.train), TRAIN_LOSS: train_loss, **evaluation})
     return Message(

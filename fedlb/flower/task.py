@@ -7,11 +7,14 @@ from dataclasses import dataclass
 from torch import nn
 
 from fedlb.data import (
+    DATASETS,
     LabelledData,
     cached_partition,
     dataset_fingerprint,
     federation_pool,
+    load_dataset,
     load_npz,
+    parse_partition,
     partition,
     silo_split,
     split_holdout,
@@ -34,6 +37,18 @@ def federation_data(config: RunConfig) -> tuple[LabelledData, LabelledData]:
     )
 
 
+def tests_per_group(config: RunConfig) -> bool:
+    """Whether each silo tests on its group's own test rows and trains on its whole part
+    (a natural partition of a dataset whose groups have test sets: FLamby's centres);
+    else a seeded silo-test-fraction of its part is held out. Decided without loading."""
+    dataset = DATASETS.get(config.dataset)
+    return (
+        dataset is not None
+        and dataset.group_tests
+        and parse_partition(config.partition)[0] == "natural"
+    )
+
+
 def check_partition(config: RunConfig) -> None:
     """Refuse, before anything starts, a dataset that cannot be had here or a split that
     leaves one of the num-silos silos without training samples (ConfigError, naming the
@@ -44,6 +59,8 @@ def check_partition(config: RunConfig) -> None:
         parts = partition(pool.y, config.num_silos, config.partition, config.seed, pool.groups)
     except (OSError, ValueError) as error:
         raise ConfigError(f"{what}: {error}") from error
+    if tests_per_group(config):
+        return  # every silo trains on its whole part
     for i, part in enumerate(parts):
         keep, _ = split_holdout(len(part), config.silo_test_fraction, config.seed + 1 + i)
         if len(keep) == 0:
@@ -67,6 +84,7 @@ def silo_data(config: RunConfig, partition_id: int, num_partitions: int) -> Silo
         "partition-id": partition_id,
         "seed": config.seed,
         "silo-test-fraction": config.silo_test_fraction,
+        "silo-tests": "per-group" if tests_per_group(config) else "held-out",
     }
 
     def build() -> tuple[LabelledData, LabelledData]:
@@ -78,6 +96,9 @@ def silo_data(config: RunConfig, partition_id: int, num_partitions: int) -> Silo
             config.partition,
             config.seed,
             config.silo_test_fraction,
+            load_dataset(config.dataset, config.data_dir, config.num_silos).group_tests
+            if tests_per_group(config)
+            else None,
         )
 
     train, test = cached_partition(key, build)

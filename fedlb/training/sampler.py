@@ -32,12 +32,14 @@ class ResizableBatchSampler(Sampler[list[int]]):
         batch_size: samples per batch, changeable at any time. Must be >= 1.
         shuffle: draw a fresh permutation every epoch (default True); else index order.
         seed: the permutation of epoch e depends only on (seed, e): reproducible.
-        endless: True (default): an endless stream of full batches, each epoch a
-            permutation of all samples, a batch running on into the next epoch when the
-            current one has fewer samples left than it needs; every sample is used once per
-            epoch and every batch has exactly `batch_size` samples, which is what a
-            τ-iteration round needs. False: one epoch per iter(), the last batch short
-            unless `drop_last`.
+        endless: True (default): an endless stream of batches, each epoch a permutation
+            of all samples; every sample is used once per epoch. False: one epoch per
+            iter(), the last batch short unless `drop_last`.
+        span_epochs: with endless=True (default True): a batch runs on into the next epoch
+            when the current one has fewer samples left than it needs, so every batch has
+            exactly `batch_size` samples, which is what a τ-iteration round needs. False:
+            each epoch's last batch is short, as from a DataLoader iterated afresh whenever
+            it runs out (FLamby's DataLoaderWithMemory).
         drop_last: with endless=False, drop a short last batch. Default False.
     """
 
@@ -49,6 +51,7 @@ class ResizableBatchSampler(Sampler[list[int]]):
         shuffle: bool = True,
         seed: int = 0,
         endless: bool = True,
+        span_epochs: bool = True,
         drop_last: bool = False,
     ) -> None:
         self.num_samples = data if isinstance(data, int) else len(data)
@@ -57,6 +60,7 @@ class ResizableBatchSampler(Sampler[list[int]]):
         self.shuffle = shuffle
         self.seed = seed
         self.endless = endless
+        self.span_epochs = span_epochs
         self.drop_last = drop_last
         self.batch_size = batch_size  # validated by the setter
         self.epoch = 0
@@ -94,9 +98,14 @@ class ResizableBatchSampler(Sampler[list[int]]):
         return taken
 
     def __iter__(self) -> Iterator[list[int]]:
-        if self.endless:
+        if self.endless and self.span_epochs:
             while True:
                 yield self._take(self.batch_size)
+        elif self.endless:
+            while True:
+                if self.position >= self.num_samples:
+                    self._next_epoch()
+                yield self._take(min(self.batch_size, self.num_samples - self.position))
         else:
             if self.position >= self.num_samples:
                 self._next_epoch()

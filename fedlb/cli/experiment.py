@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -34,36 +35,39 @@ def print_summary(chosen: Scenario, summary: dict[str, Any]) -> None:
     """The console table of a comparison: each policy against fedavg."""
     seeds = f", mean of {chosen.repeats} seeds" if chosen.repeats > 1 else ""
     table = Table(
+        # no rules between columns and one space of padding: ten fit in 80 characters
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
         title=f"{chosen.name} — clock: {chosen.clock}, target accuracy "
         f"{chosen.target_accuracy:g}{seeds}",
         title_justify="left",
-        caption="speedup: fedavg's time to target over the policy's; the most these speeds "
-        f"allow is {summary['speedup_ceiling']:.2f}x (FedAvg's rounds over ideal T* rounds). "
-        "silos' acc: the mean of each silo's own accuracy on its test set. "
-        "E: mean balance efficiency T*/round time, all rounds and from round 3 on.",
+        caption="target s: clock time to the target accuracy"
+        + ("; hit: the seeds that reached it" if chosen.repeats > 1 else "")
+        + "; speedup: fedavg's time to "
+        f"target over the policy's (these speeds allow {summary['speedup_ceiling']:.2f}x at "
+        "most: FedAvg's rounds over ideal T* rounds). final: the server's test accuracy "
+        "after the last round; silos: the mean of the silos' own accuracies then; best: "
+        "the best round's"
+        + (" (± the standard deviation over seeds below)" if chosen.repeats > 1 else "")
+        + ". E: mean balance efficiency T*/round time, all rounds and from round 3 on.",
         caption_justify="left",
     )
-    columns = ["policy", "to target s", "speedup", "final acc", "silos' acc", "best acc"]
-    columns += ["E", "E r≥3", "idle"]
+    columns = ["policy", "target s", "speedup", "final", "silos", "best", "E", "E r≥3", "idle"]
     if chosen.repeats > 1:
-        columns.insert(2, "reached")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "policy" else "right")
+        columns.insert(2, "hit")
+    for column in columns:  # a number cut short or wrapped says nothing
+        table.add_column(column, justify="left" if column == "policy" else "right", no_wrap=True)
     baseline = summary["policies"].get("fedavg", {}).get("time_to_target_s")
     for name, row in summary["policies"].items():
         ttt = row["time_to_target_s"]
         speedup = baseline / ttt if baseline and ttt else None
-        final, silos = (
-            _fmt(row.get(key), ".3f")
-            + (f" ± {row[f'{key}_std']:.3f}" if f"{key}_std" in row else "")
-            for key in ("final_accuracy", "final_mean_silo_accuracy")
-        )
         cells = [
             name,
             _fmt(ttt, ".2f"),
             _fmt(speedup, ".2f") + ("x" if speedup else ""),
-            final,
-            silos,
+            _fmt(row["final_accuracy"], ".3f"),
+            _fmt(row.get("final_mean_silo_accuracy"), ".3f"),
             _fmt(row["best_accuracy"], ".3f"),
             _fmt(row["mean_balance_efficiency"], ".3f"),
             _fmt(row["steady_balance_efficiency"], ".3f"),
@@ -72,6 +76,20 @@ def print_summary(chosen: Scenario, summary: dict[str, Any]) -> None:
         if chosen.repeats > 1:
             cells.insert(2, row["reached_target"])
         table.add_row(*cells)
+        spreads = {
+            key: f"±{row[f'{key}_std']:.3f}"
+            for key in ("final_accuracy", "final_mean_silo_accuracy", "best_accuracy")
+            if f"{key}_std" in row
+        }
+        if spreads:
+            spread_row = [""] * len(columns)
+            for key, column in (
+                ("final_accuracy", "final"),
+                ("final_mean_silo_accuracy", "silos"),
+                ("best_accuracy", "best"),
+            ):
+                spread_row[columns.index(column)] = spreads.get(key, "")
+            table.add_row(*spread_row, style="dim")
     console.print(table)
 
 

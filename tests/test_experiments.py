@@ -290,11 +290,20 @@ def test_a_small_comparison_end_to_end(tmp_path):
             p.name for p in folder.iterdir()
         }
     assert (tmp_path / "accuracy.png").stat().st_size > 5000
+    assert (tmp_path / "accuracy_by_round.png").stat().st_size > 5000
     # re-summarising from rounds.jsonl at the same target gives the same summary
     from fedlb.experiments import summarise_results
 
     _, again = summarise_results(tmp_path, 0.3)
     assert again["policies"] == summary["policies"]
+    # and from the CLI, at another target, with the plots drawn again
+    (tmp_path / "accuracy_by_round.png").unlink()
+    redone = CliRunner().invoke(
+        app, ["experiment", "--from-results", str(tmp_path), "--target-accuracy", "0.2"]
+    )
+    assert redone.exit_code == 0, redone.output
+    assert (tmp_path / "summary-target-0.2.json").exists()
+    assert (tmp_path / "accuracy_by_round.png").stat().st_size > 5000
     rows = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert {r["seed"] for r in rows} == {0, 1}
     rows = [r for r in rows if r["seed"] == 0]

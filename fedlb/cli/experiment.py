@@ -18,6 +18,8 @@ from fedlb.experiments import (
     PolicyResult,
     Scenario,
     ScenarioError,
+    load_results,
+    redraw_plots,
     run_experiment,
     summarise_results,
 )
@@ -176,12 +178,14 @@ def experiment(
             raise UsageError("--from-results needs the --target-accuracy to summarise at")
         try:
             chosen, summary = summarise_results(from_results, target_accuracy)
+            plots = redraw_plots(*load_results(from_results, target_accuracy), from_results)
         except ScenarioError as error:
             raise UsageError(str(error)) from error
         print_summary(chosen, summary)
         path = from_results / f"summary-target-{target_accuracy:g}.json"
         path.write_text(json.dumps(summary, indent=2))
         console.print(f"summary at target {target_accuracy:g}: {path}")
+        console.print(f"plots drawn again: {', '.join(p.name for p in plots)}")
         return
     try:
         chosen = Scenario.from_file(scenario, flags) if scenario else Scenario.from_mapping(flags)
@@ -232,10 +236,11 @@ def experiment(
     if chosen.repeats == 1:
         console.print(
             f"results: {folder}/rounds.jsonl, summary.json, partition.json, accuracy.png, "
-            "batch_sizes.png, round_time.png, idle.png"
+            "accuracy_by_round.png, batch_sizes.png, round_time.png, idle.png"
         )
     else:
         console.print(
-            f"results: {folder}/rounds.jsonl, summary.json, accuracy.png (all seeds); "
+            f"results: {folder}/rounds.jsonl, summary.json, accuracy.png, "
+            "accuracy_by_round.png (all seeds); "
             f"each seed's full set in {folder}/seed-S/"
         )

@@ -4,8 +4,9 @@ from .benchmarking import Section, markdown_table, run_benchmark
 from .clocks import GpuLikeTime, LinearTime, TimeModel, ideal_split, round_time
 from .cluster_run import ClusterScenario, ClusterScenarioError, launch
 from .load import CompetingLoad, MachineProbe
+from .plots import redraw_plots
 from .profiles import CLOCKS, EC2_5, EmulatedClock, SpeedProfile, preset
-from .results import PolicyResult, summarise_results
+from .results import PolicyResult, load_results, summarise_results
 from .runner import run_experiment, run_policy
 from .scenario import POLICIES, Policy, Scenario, ScenarioError
 from .whatif import CLOCK as WHATIF_CLOCK
@@ -33,8 +34,10 @@ __all__ = [
     "WhatIfRound",
     "ideal_split",
     "launch",
+    "load_results",
     "markdown_table",
     "preset",
+    "redraw_plots",
     "round_time",
     "run_benchmark",
     "run_experiment",

@@ -118,6 +118,7 @@ def plot_results(scenario: Scenario, results: dict[str, PolicyResult], out: Path
     axis.set_title(f"idle share per silo ({clock})")
     axis.legend()
     written.append(_save(figure, out / "idle.png"))
+    written.append(plot_best_by_round(scenario, {scenario.seed: results}, out))
     return written
 
 
@@ -158,4 +159,58 @@ def plot_seeds(
         f"{scenario.name}: accuracy, mean of {len(runs)} seeds (band: lowest to highest)"
     )
     axis.legend()
-    return [_save(figure, out / "accuracy.png")]
+    return [_save(figure, out / "accuracy.png"), plot_best_by_round(scenario, runs, out)]
+
+
+def plot_best_by_round(
+    scenario: Scenario, runs: dict[int, dict[str, PolicyResult]], out: Path
+) -> Path:
+    """accuracy_by_round.png in `out`: each policy's best accuracy so far against the
+    round (the LB-BSP paper's Fig. 13 measure), the mean over the seeds with the band
+    between the lowest and highest: what each policy learns per round, whatever its
+    speed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for name in scenario.policy_names():
+        results = [by_policy[name] for by_policy in runs.values()]
+        rounds = min(len(r.records) for r in results)
+        accuracy = np.array(
+            [
+                [math.nan if (a := accuracy_of(r.records[k])) is None else a for k in range(rounds)]
+                for r in results
+            ]
+        )
+        best = np.fmax.accumulate(accuracy, axis=1)
+        line = axis.plot(
+            range(1, rounds + 1), np.nanmean(best, axis=0), marker="o", ms=3, label=name
+        )
+        if len(results) > 1:
+            axis.fill_between(
+                range(1, rounds + 1),
+                np.nanmin(best, axis=0),
+                np.nanmax(best, axis=0),
+                color=line[0].get_color(),
+                alpha=0.12,
+            )
+    axis.axhline(scenario.target_accuracy, color="grey", ls="--", lw=1, label="target")
+    axis.set_xlabel("round")
+    axis.set_ylabel("best test accuracy so far")
+    seeds = f"\nmean of {len(runs)} seeds, band: lowest to highest" if len(runs) > 1 else ""
+    axis.set_title(f"{scenario.name}: best accuracy so far, by round{seeds}", fontsize=11)
+    axis.legend()
+    return _save(figure, out / "accuracy_by_round.png")
+
+
+def redraw_plots(
+    scenario: Scenario, runs: dict[int, dict[str, PolicyResult]], out: Path
+) -> list[Path]:
+    """The PNGs of a finished experiment (load_results), drawn again in `out` (with the
+    scenario's target line, e.g. another --target-accuracy)."""
+    if scenario.repeats > 1:
+        return plot_seeds(scenario, runs, out)
+    return plot_results(scenario, runs[scenario.seed], out)

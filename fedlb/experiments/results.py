@@ -124,10 +124,9 @@ def combine_seeds(scenario: Scenario, summaries: dict[int, dict[str, Any]]) -> d
     )
 
 
-def summarise_results(out: Path, target: float) -> tuple[Scenario, dict[str, Any]]:
-    """The summary of a finished experiment in `out` at another target accuracy, rebuilt
-    from its rounds.jsonl and summary.json: nothing reruns. Returns (the scenario with
-    that target, the summary)."""
+def load_results(out: Path, target: float) -> tuple[Scenario, dict[int, dict[str, PolicyResult]]]:
+    """A finished experiment in `out`, read back from its rounds.jsonl and summary.json:
+    (its scenario with `target` as the target accuracy, every seed's policy results)."""
     try:
         saved = json.loads((out / SUMMARY_FILE).read_text())
         lines = (out / ROUNDS_FILE).read_text().splitlines()
@@ -142,15 +141,28 @@ def summarise_results(out: Path, target: float) -> tuple[Scenario, dict[str, Any
         seed, policy = row.get("seed", scenario.seed), row["policy"]
         grouped.setdefault((seed, policy), []).append(line)
         clock[(seed, policy, row["round"])] = row["clock_time_s"]
-    summaries: dict[int, dict[str, Any]] = {}
+    runs: dict[int, dict[str, PolicyResult]] = {}
     for seed in scenario.seeds():
-        one = replace(scenario, seed=seed, repeats=1)
-        policies = {}
-        for name in one.policy_names():
+        runs[seed] = {}
+        for name in scenario.policy_names():
             result = PolicyResult(name, records_from_json_lines(grouped.get((seed, name), [])))
             result.clock_s = [clock[(seed, name, record.round)] for record in result.records]
-            policies[name] = result.summary(target)
-        summaries[seed] = experiment_summary(one, policies)
+            runs[seed][name] = result
+    return scenario, runs
+
+
+def summarise_results(out: Path, target: float) -> tuple[Scenario, dict[str, Any]]:
+    """The summary of a finished experiment in `out` at another target accuracy, rebuilt
+    from its rounds.jsonl and summary.json: nothing reruns. Returns (the scenario with
+    that target, the summary)."""
+    scenario, runs = load_results(out, target)
+    summaries = {
+        seed: experiment_summary(
+            replace(scenario, seed=seed, repeats=1),
+            {name: result.summary(target) for name, result in results.items()},
+        )
+        for seed, results in runs.items()
+    }
     if scenario.repeats == 1:
         return scenario, summaries[scenario.seed]
     return scenario, combine_seeds(scenario, summaries)

@@ -122,6 +122,35 @@ def plot_results(scenario: Scenario, results: dict[str, PolicyResult], out: Path
     return written
 
 
+def _accuracy_by_seed(results: list[PolicyResult]) -> Any:
+    """One policy's accuracy per seed (rows) and round (columns, as many as every seed
+    ran), NaN where a round has none."""
+    import numpy as np
+
+    rounds = min(len(r.records) for r in results)
+    return np.array(
+        [
+            [math.nan if (a := accuracy_of(r.records[k])) is None else a for k in range(rounds)]
+            for r in results
+        ]
+    )
+
+
+def _mean_and_band(axis: Any, x: Any, values: Any, label: str) -> None:
+    """The mean over seeds (rows of `values`) as a line, the lowest to highest as a band."""
+    import numpy as np
+
+    line = axis.plot(x, np.nanmean(values, axis=0), marker="o", ms=3, label=label)
+    if len(values) > 1:
+        axis.fill_between(
+            x,
+            np.nanmin(values, axis=0),
+            np.nanmax(values, axis=0),
+            color=line[0].get_color(),
+            alpha=0.15,
+        )
+
+
 def plot_seeds(
     scenario: Scenario, runs: dict[int, dict[str, PolicyResult]], out: Path
 ) -> list[Path]:
@@ -136,22 +165,10 @@ def plot_seeds(
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for name in scenario.policy_names():
         results = [by_policy[name] for by_policy in runs.values()]
-        rounds = min(len(r.records) for r in results)
-        accuracy = np.array(
-            [
-                [math.nan if (a := accuracy_of(r.records[k])) is None else a for k in range(rounds)]
-                for r in results
-            ]
-        )
+        accuracy = _accuracy_by_seed(results)
+        rounds = accuracy.shape[1]
         times = np.array([r.clock_s[:rounds] for r in results]).mean(axis=0)
-        line = axis.plot(times, np.nanmean(accuracy, axis=0), marker="o", ms=3, label=name)
-        axis.fill_between(
-            times,
-            np.nanmin(accuracy, axis=0),
-            np.nanmax(accuracy, axis=0),
-            color=line[0].get_color(),
-            alpha=0.15,
-        )
+        _mean_and_band(axis, times, accuracy, name)
     axis.axhline(scenario.target_accuracy, color="grey", ls="--", lw=1, label="target")
     axis.set_xlabel(f"time (s, clock: {scenario.clock}; mean over seeds)")
     axis.set_ylabel("test accuracy")
@@ -178,25 +195,10 @@ def plot_best_by_round(
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for name in scenario.policy_names():
         results = [by_policy[name] for by_policy in runs.values()]
-        rounds = min(len(r.records) for r in results)
-        accuracy = np.array(
-            [
-                [math.nan if (a := accuracy_of(r.records[k])) is None else a for k in range(rounds)]
-                for r in results
-            ]
-        )
+        accuracy = _accuracy_by_seed(results)
+        rounds = accuracy.shape[1]
         best = np.fmax.accumulate(accuracy, axis=1)
-        line = axis.plot(
-            range(1, rounds + 1), np.nanmean(best, axis=0), marker="o", ms=3, label=name
-        )
-        if len(results) > 1:
-            axis.fill_between(
-                range(1, rounds + 1),
-                np.nanmin(best, axis=0),
-                np.nanmax(best, axis=0),
-                color=line[0].get_color(),
-                alpha=0.12,
-            )
+        _mean_and_band(axis, np.arange(1, rounds + 1), best, name)
     axis.axhline(scenario.target_accuracy, color="grey", ls="--", lw=1, label="target")
     axis.set_xlabel("round")
     axis.set_ylabel("best test accuracy so far")

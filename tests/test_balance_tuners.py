@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -92,9 +94,91 @@ def test_leader_straggler_converges_on_gpu_curve_and_then_stops_moving():
     # Noise-free round time of the final split against the ideal one.
     final = last[0].sizes
     worst = max(models[n].compute_s(final[n]) for n in models)
-    assert ideal / worst >= 0.93
+    assert ideal / worst >= 0.97
     assert sum(final.values()) == 128
     assert final["v100"] > final["m60"] > final["k80"] >= final["k520"]
+
+
+# GPU-like curves the paper's blind Δ-moves got wrong (each measured with the old tuner):
+# a launch-bound worker starved while the round stayed 7-10% above ideal.
+HARD_GPU_CURVES = {
+    "launch-bound straggler (old: E 0.90)": {
+        "a": GpuLikeTime(speed=1145, launch=0.020, saturation=6),
+        "b": GpuLikeTime(speed=122, launch=0.033, saturation=1),
+        "c": GpuLikeTime(speed=3714, launch=0.027, saturation=14),
+    },
+    "launch-bound fast worker (old: E 0.93)": {
+        "a": GpuLikeTime(speed=350, launch=0.028, saturation=10),
+        "b": GpuLikeTime(speed=1762, launch=0.016, saturation=17),
+        "c": GpuLikeTime(speed=632, launch=0.035, saturation=5),
+    },
+    "saturated worker with memory ceiling (old: E 0.94)": {
+        "a": GpuLikeTime(speed=120, launch=0.003, saturation=1),
+        "b": GpuLikeTime(speed=953, launch=0.032, saturation=8, capacity=117),
+        "c": GpuLikeTime(speed=2516, launch=0.030, saturation=9, capacity=62),
+    },
+    "launch-bound pair (old: E 0.84 at 2% noise)": {
+        "a": GpuLikeTime(speed=3561, launch=0.006, saturation=1),
+        "b": GpuLikeTime(speed=3278, launch=0.036, saturation=4, capacity=195),
+    },
+}
+
+
+def settled_split(models, tuner, noise, seed=0, rounds=1500, b0=32):
+    """Run the tuner; return (final sizes, E of the final split on noise-free times,
+    the largest single move in the last 400 rounds, the ideal split)."""
+    history = what_if(
+        models, tuner, dict.fromkeys(models, b0), rounds=rounds, noise=noise, seed=seed
+    )
+    capped = {  # the ideal under the tuner's own memory limit
+        n: m
+        if m.capacity is None
+        else GpuLikeTime(m.speed, m.launch, m.saturation, int(0.95 * m.capacity))
+        for n, m in models.items()
+    }
+    split, ideal = ideal_split(capped, b0 * len(models))
+    final = history[-1].sizes
+    worst = max(models[n].compute_s(final[n]) for n in models)
+    late = history[-400:]
+    moved = max(
+        (abs(b.sizes[n] - a.sizes[n]) for a, b in itertools.pairwise(late) for n in models),
+        default=0,
+    )
+    return final, ideal / worst, moved, split
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.02])
+@pytest.mark.parametrize("case", list(HARD_GPU_CURVES))
+def test_leader_straggler_reaches_ideal_on_hard_gpu_curves(case, noise):
+    models = HARD_GPU_CURVES[case]
+    final, efficiency, moved, ideal = settled_split(models, LeaderStraggler(), noise)
+    assert efficiency >= 0.97, (final, ideal)
+    assert moved <= 1, "still moving more than one sample at a time at the end"
+    # No worker is starved: at most one fine step below its ideal share.
+    assert all(final[n] >= ideal[n] - 1 for n in models), (final, ideal)
+
+
+def test_leader_straggler_within_3_percent_on_random_gpu_curves():
+    """Launch costs, saturation and memory ceilings drawn at random, 2% timing noise."""
+    rng = np.random.default_rng(7)
+    worst = 1.0
+    for case in range(25):
+        n = int(rng.integers(2, 6))
+        models = {
+            f"w{i}": GpuLikeTime(
+                speed=float(np.exp(rng.uniform(np.log(100), np.log(5000)))),
+                launch=float(rng.uniform(0, 0.04)),
+                saturation=int(rng.integers(0, 33)),
+                capacity=int(rng.integers(50, 200)) if rng.random() < 0.3 else None,
+            )
+            for i in range(n)
+        }
+        _, efficiency, moved, _ = settled_split(
+            models, LeaderStraggler(), 0.02, seed=case, rounds=1000
+        )
+        worst = min(worst, efficiency)
+        assert moved <= 1, case
+    assert worst >= 0.97
 
 
 def test_leader_straggler_never_grows_a_worker_above_the_memory_limit():
@@ -103,9 +187,9 @@ def test_leader_straggler_never_grows_a_worker_above_the_memory_limit():
         "small": GpuLikeTime(speed=500, launch=0.01, capacity=400),
     }
     history = what_if(models, LeaderStraggler(), {"big": 32, "small": 32}, rounds=300)
-    assert max(r.sizes["big"] for r in history) <= math.ceil(0.95 * 40) + 5
+    assert max(r.sizes["big"] for r in history) == 38  # 0.95 of its 40
     for r in history:
-        assert models["big"].memory(r.sizes["big"]) <= 0.95 + 5 / 40
+        assert models["big"].memory(r.sizes["big"]) <= 0.95
 
 
 def test_leader_straggler_warns_when_straggler_would_fall_to_step(caplog):

@@ -21,6 +21,7 @@ from .ideal import (
     idle_fraction,
     modelled_round_time,
 )
+from .leader import LeaderStraggler
 from .manager import BatchSizeManager
 from .names import ESTIMATORS, TUNERS, make_estimator, make_tuner
 from .narx import NARX
@@ -29,7 +30,6 @@ from .reports import ReportError, WorkerReport
 from .traces import Trace, competing_load_trace, prediction_rmse
 from .tuners import (
     Deadband,
-    LeaderStraggler,
     Proportional,
     Static,
     Tuner,

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .estimators import EMA, Memoryless, SpeedEstimator, default_estimator
+from .leader import LeaderStraggler
 from .narx import NARX
 from .pooled import PooledProportional
-from .tuners import Deadband, LeaderStraggler, Proportional, Static, Tuner
+from .tuners import Deadband, Proportional, Static, Tuner
 
 # name -> what it is (for help texts and errors)
 TUNERS = {

@@ -1,7 +1,8 @@
 """Tuners: from what the manager knows, the next integer batch sizes, with Σ B_i preserved.
 
 - `Proportional`: LB-BSP Algorithm 1 made overhead-aware (CPU clusters, federated silos).
-- `LeaderStraggler`: LB-BSP Algorithm 2 on measured times (GPU clusters, non-linear t(B)).
+- `LeaderStraggler` (in `leader`): LB-BSP Algorithm 2 on measured times (GPU clusters,
+  non-linear t(B)).
 - `Deadband`: the dynamic-batching proportional controller (Tyagi & Sharma, Section III.C).
 - `PooledProportional` (the default, in `pooled`): `Proportional` on estimates pooled
   across workers whose speeds (and fixed costs) the reports cannot tell apart, with an
@@ -15,7 +16,6 @@ from __future__ import annotations
 import logging
 import math
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,157 +163,6 @@ class Proportional(Tuner):
             else:
                 self.removal_candidates.discard(name)
         return dict(zip(names, round_to_total(real, given.total, list(lo), list(hi)), strict=True))
-
-
-class LeaderStraggler(Tuner):
-    """LB-BSP Algorithm 2: move `step` samples from the straggler to the leader.
-
-    After each iteration the leader (shortest time among workers under `mem_limit`
-    accelerator memory) and the straggler (longest time) are found. Once the leader has
-    finished before the straggler in each of the last `window` iterations at their current
-    sizes, `step` samples move from straggler to leader. The fast-approach phase (step 5,
-    window 5) switches to the fine-tune phase (step 1, window 20) on oscillation: a former
-    leader now the straggler or the reverse, or a move that would overshoot. A straggler
-    at ≤ step samples is not reduced further; it is logged as a worker to remove.
-
-    The one addition to the paper: a move is made only while the leader, grown by `step`
-    at its current time per sample, would still finish before the straggler does now. At
-    step 1 that is the equilibrium, so the tuner stops moving instead of swapping one
-    sample back and forth forever.
-
-    Args:
-        step, window: the fast-approach phase's step size Δ and observation window D.
-            Defaults 5 and 5.
-        fine_step, fine_window: the fine-tune phase's. Defaults 1 and 20.
-        mem_limit: accelerator memory fraction above which a worker cannot lead. Default 0.95.
-    """
-
-    kind = "leader-straggler"
-
-    def __init__(
-        self,
-        step: int = 5,
-        window: int = 5,
-        fine_step: int = 1,
-        fine_window: int = 20,
-        mem_limit: float = 0.95,
-    ) -> None:
-        super().__init__()
-        for name, value in (
-            ("step", step),
-            ("window", window),
-            ("fine_step", fine_step),
-            ("fine_window", fine_window),
-        ):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if not 0.0 < mem_limit <= 1.0:
-            raise ValueError(f"mem_limit must be in (0, 1], got {mem_limit}")
-        self.fast = (step, window)
-        self.fine = (fine_step, fine_window)
-        self.mem_limit = mem_limit
-        self.phase = "fast"
-        self.moves = 0
-        self._times: dict[str, deque[float]] = {}
-        self._memory: dict[str, float | None] = {}
-        self._gained: set[str] = set()  # workers that have been leaders of a move
-        self._lost: set[str] = set()  # workers that have been stragglers of a move
-
-    @property
-    def step(self) -> int:
-        return (self.fine if self.phase == "fine" else self.fast)[0]
-
-    @property
-    def window(self) -> int:
-        return (self.fine if self.phase == "fine" else self.fast)[1]
-
-    def _enter_fine(self, why: str) -> None:
-        if self.phase == "fast":
-            log.info("leader/straggler tuner: %s; switching to the fine-tune phase", why)
-            self.phase = "fine"
-
-    def propose(self, given: TuningInput) -> dict[str, int]:
-        sizes = dict(given.sizes)
-        history = max(self.fast[1], self.fine[1])
-        current: dict[str, float] = {}
-        for name, report in given.reports.items():
-            self._memory[name] = report.accel_mem
-            if report.batch_size != sizes[name]:
-                continue  # measured before its newest size applied (non-blocking mode)
-            self._times.setdefault(name, deque(maxlen=history)).append(report.round_s)
-            current[name] = report.round_s
-        if len(current) < 2:
-            return sizes
-        eligible = [
-            n
-            for n in current
-            if self._memory.get(n) is None or self._memory[n] <= self.mem_limit  # type: ignore[operator]
-        ]
-        if not eligible:
-            return sizes
-        leader = min(eligible, key=lambda n: current[n])
-        straggler = max(current, key=lambda n: current[n])
-        if leader == straggler or current[leader] >= current[straggler]:
-            return sizes
-        if straggler in self._gained or leader in self._lost:
-            self._enter_fine(f"oscillation ({straggler} led before or {leader} straggled)")
-        step, window = self.step, self.window
-        if sizes[straggler] <= step:
-            self._flag(
-                straggler, f"is the straggler at batch size {sizes[straggler]} <= step {step}"
-            )
-            return sizes
-        lead_t, strag_t = (
-            list(self._times[leader])[-window:],
-            list(self._times[straggler])[-window:],
-        )
-        if len(lead_t) < window or len(strag_t) < window:
-            return sizes
-        if not all(a < b for a, b in zip(lead_t, strag_t, strict=True)):
-            return sizes
-        leader_after = float(np.mean(lead_t)) * (sizes[leader] + step) / sizes[leader]
-        if leader_after >= float(np.mean(strag_t)):
-            if self.phase == "fast":
-                self._enter_fine(f"moving {step} samples to {leader} would overshoot")
-            return sizes  # in the fine phase: balanced to within one sample
-        sizes[leader] += step
-        sizes[straggler] -= step
-        self._gained.add(leader)
-        self._lost.add(straggler)
-        self.removal_candidates.discard(straggler)
-        self.moves += 1
-        # Times measured at the old sizes say nothing about the new ones.
-        self._times[leader].clear()
-        self._times[straggler].clear()
-        return sizes
-
-    def forget(self, worker: str) -> None:
-        super().forget(worker)
-        self._times.pop(worker, None)
-        self._memory.pop(worker, None)
-        self._gained.discard(worker)
-        self._lost.discard(worker)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            **super().state_dict(),
-            "phase": self.phase,
-            "moves": self.moves,
-            "times": {n: list(t) for n, t in self._times.items()},
-            "memory": dict(self._memory),
-            "gained": sorted(self._gained),
-            "lost": sorted(self._lost),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        history = max(self.fast[1], self.fine[1])
-        self.phase = state["phase"]
-        self.moves = int(state["moves"])
-        self._times = {n: deque(t, maxlen=history) for n, t in state["times"].items()}
-        self._memory = dict(state["memory"])
-        self._gained = set(state["gained"])
-        self._lost = set(state["lost"])
 
 
 class Deadband(Tuner):

@@ -52,11 +52,22 @@ def cluster(
         float | None,
         typer.Option(help="Competing load per rank: chance per 0.1 s it starts or stops."),
     ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(help="Each rank's device: auto (cuda:LOCAL_RANK if any), cpu, cuda."),
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="Gradients' backend: auto (nccl with a GPU per rank, else gloo), gloo, nccl."
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option(help="Results folder.")] = Path("runs/cluster"),
     timeout: Annotated[float, typer.Option(help="Seconds before a job is stopped.")] = 600.0,
 ) -> None:
-    """Run one data-parallel job per policy with torchrun (gloo, loopback), each rank
-    emulating its own speed (clock: measured, sleep-padded), and compare them with BSP."""
+    """Run one data-parallel job per policy with torchrun (loopback; gloo, or NCCL with a
+    GPU per rank), each rank emulating its own speed (clock: measured, sleep-padded), and
+    compare them with BSP."""
     from fedlb.flower import read_toml
 
     values: dict[str, Any] = read_toml(scenario, "cluster scenario") if scenario else {}
@@ -70,6 +81,8 @@ def cluster(
         "base-speed": base_speed,
         "traces": traces,
         "load": load,
+        "device": device,
+        "backend": backend,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     names = [p.strip() for p in chosen_policies.split(",") if p.strip()]
@@ -81,7 +94,8 @@ def cluster(
     console.print(
         f"[bold]fedlb cluster[/]: {first.nproc} ranks, speeds {first.speeds} x "
         f"{first.base_speed:g} samples/s, X = {first.nproc * first.batch_size}, "
-        f"{first.iterations} iterations; clock: measured (emulated speeds, sleep-padded)"
+        f"{first.iterations} iterations; devices {first.device}, backend "
+        f"{first.placement()[1]}; clock: measured (emulated speeds, sleep-padded)"
     )
     summaries: dict[str, dict[str, Any]] = {}
     for name, job in jobs.items():

@@ -38,6 +38,10 @@ def silo(
     ] = None,
     base_speed: Annotated[float | None, typer.Option(help="Samples/s of slowdown 1.")] = None,
     threads: Annotated[int | None, typer.Option(help="torch threads (0: torch's default).")] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(help="Where it trains: auto (its GPU if any), cpu, cuda, cuda:N."),
+    ] = None,
     port: Annotated[int | None, typer.Option(help="Local port of this SuperNode's API.")] = None,
     workdir: Annotated[Path | None, typer.Option(help="Logs and Flower home.")] = None,
     he_context: Annotated[
@@ -71,6 +75,7 @@ def silo(
             "emulated-speed": emulated_speed,
             "base-speed": base_speed,
             "threads": threads,
+            "device": device,
             "port": port,
             "workdir": workdir,
             "he-context": he_context,

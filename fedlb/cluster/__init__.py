@@ -7,7 +7,7 @@ gRPC service (`serve`, `ManagerClient`) for workers of any framework.
 """
 
 from .balancer import LoadBalancer
-from .coordinator import ClusterError, Coordinator, Exchange
+from .coordinator import ClusterError, Coordinator, Exchange, exchange_backend
 from .hook import WeightedState, weighted_allreduce_hook
 from .policies import CLUSTER_POLICIES, DEFAULT_CLUSTER_POLICY, ClusterPolicy
 from .service import ManagerClient, ManagerService, RequestError, serve
@@ -24,6 +24,7 @@ __all__ = [
     "ManagerService",
     "RequestError",
     "WeightedState",
+    "exchange_backend",
     "serve",
     "weighted_allreduce_hook",
 ]

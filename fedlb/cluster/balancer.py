@@ -12,20 +12,22 @@
 `LoadBalancer` registers the weighted all-reduce hook on the DDP model, draws each rank's
 batches from the whole dataset with a resizable sampler, and at every iteration boundary
 (when the loop asks for the next batch) reports the iteration to the coordinator and applies
-the size it gets back.
+the size it gets back. Batches come on the model's device (a GPU model gets CUDA
+tensors; a rank's GPU is `choose_device("auto")`: cuda:LOCAL_RANK). Compute is timed with
+CUDA events there, up to the last gradient bucket: the all-reduce's wait is not in it.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 from fedlb.balance import EMA, SpeedEstimator, Tuner, WorkerReport
-from fedlb.training import ResizableBatchSampler, ResourceProbe
+from fedlb.training import ComputeTimer, ResizableBatchSampler, ResourceProbe, to_device
 
 from .coordinator import Coordinator, Exchange
 from .hook import WeightedState, weighted_allreduce_hook
@@ -42,6 +44,9 @@ class LoadBalancer:
     pace: emulate a slower machine: (real seconds, batch) -> seconds to take.
     seed: base seed of the ranks' batch streams.
     on_exchange: rank 0's callback after every exchange.
+    probe: what measures CPU, memory and accelerator memory (default ResourceProbe on
+        the model's device).
+    device: where batches go (default: the model's device).
     loader_args: more DataLoader arguments (num_workers=0 keeps sizes exact).
     """
 
@@ -58,18 +63,22 @@ class LoadBalancer:
         seed: int = 0,
         on_exchange: Callable[[Exchange], None] | None = None,
         probe: Any = None,
+        device: torch.device | None = None,
         **loader_args: Any,
     ) -> None:
         self.coordinator = Coordinator(
             batch_size, tuner, estimator, asynchronous=asynchronous, on_exchange=on_exchange
         )
         rank = self.coordinator.rank
-        self.state = WeightedState(pace=pace, batch_size=batch_size)
+        self.device = device if device is not None else next(model.parameters()).device
+        self.state = WeightedState(
+            pace=pace, batch_size=batch_size, timer=ComputeTimer(self.device)
+        )
         self._set_size(batch_size)
         model.register_comm_hook(self.state, weighted_allreduce_hook)
         self.sampler = ResizableBatchSampler(dataset, batch_size, seed=seed * 1009 + rank)  # type: ignore[arg-type]
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, **loader_args)
-        self.probe = probe or ResourceProbe(next(model.parameters()).device)
+        self.probe = probe or ResourceProbe(self.device)
         self.iteration = 0
         self.last_report: WorkerReport | None = None
 
@@ -82,15 +91,15 @@ class LoadBalancer:
         (and after the last), so the loop body stays yours."""
         stream = iter(self.loader)
         for _ in range(iterations):
-            batch = next(stream)
-            self.state.ready_s = None
-            self.state.started = time.perf_counter()
+            batch = to_device(next(stream), self.device)
+            self.state.begin()
             yield batch
             self.finish_iteration()
 
     def finish_iteration(self) -> int:
         """Report the iteration just run; returns this rank's next batch size."""
-        if self.state.ready_s is None:
+        compute_s = self.state.ready_s
+        if compute_s is None:
             raise RuntimeError(
                 "no gradients were all-reduced this iteration: call loss.backward() on the "
                 "DDP model inside the loop"
@@ -100,7 +109,7 @@ class LoadBalancer:
             worker=str(self.coordinator.rank),
             batch_size=self.state.batch_size,
             iterations=1,
-            compute_s=self.state.ready_s,
+            compute_s=compute_s,
             cpu=resources.cpu,
             mem=resources.mem,
             accel_mem=resources.accel_mem,

@@ -4,7 +4,9 @@ the next sizes, broadcast back to all ranks over the job's own process group.
 CPU mode blocks at every iteration boundary (NARX needs the newest CPU and memory state).
 GPU mode runs the exchange in a background thread over a separate gloo group while the next
 iteration computes, and applies the sizes one iteration late (LB-BSP Section 4): every rank
-applies them at the same iteration, so X = Σ x_r holds in every iteration.
+applies them at the same iteration, so X = Σ x_r holds in every iteration. Whatever the
+job's backend (NCCL for gradients on GPUs), the exchange's small Python objects travel on
+gloo: on the CPU, off the GPU streams the gradients use.
 """
 
 from __future__ import annotations
@@ -34,6 +36,16 @@ class Exchange:
     reports: list[WorkerReport]
     sizes: list[int]
     rejected: list[tuple[str, str]]
+
+
+def exchange_backend(job_backend: str, asynchronous: bool) -> str | None:
+    """The backend of a process group of the exchange's own, or None to use the job's.
+
+    A background exchange always gets a gloo group of its own (its collectives must not
+    interleave with the training's on the job's group); a blocking one shares the job's
+    group only where that is gloo already (NCCL would move every report through the GPU).
+    """
+    return "gloo" if asynchronous or job_backend != "gloo" else None
 
 
 class Coordinator:
@@ -78,10 +90,11 @@ class Coordinator:
         self.exchange_s = 0.0  # seconds this rank spent in exchanges (gather, decide, send)
         self._pending: concurrent.futures.Future[list[int]] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        own = exchange_backend(str(dist.get_backend(group)), asynchronous)
+        if own is not None:  # every rank makes it, in the same order: a collective call
+            ranks = None if group is None else dist.get_process_group_ranks(group)
+            self.group = dist.new_group(ranks=ranks, backend=own)
         if asynchronous:
-            # Its own gloo group: the background collectives must not interleave with the
-            # training's (NCCL or gloo) on the main group.
-            self.group = dist.new_group(backend="gloo")
             self._pool = concurrent.futures.ThreadPoolExecutor(1, "fedlb-coordinator")
 
     @property

@@ -2,8 +2,11 @@
 gloo), each rank emulating a machine of its own speed, balanced by a chosen policy.
 
 `launch(scenario)` starts `torchrun --standalone --nproc-per-node N` on this module; every
-rank runs `worker(scenario)`. Rank 0 writes iterations.jsonl (one line per iteration and
-rank) and summary.json into the scenario's `out` folder, and shows a table as it goes.
+rank runs `worker(scenario)` on its device (`device`: auto = cuda:LOCAL_RANK where there
+are GPUs) with gradients on `backend` (auto = NCCL when every rank has a GPU of its own,
+gloo otherwise); the coordinator's exchange is on gloo either way. Rank 0 writes
+iterations.jsonl (one line per iteration and rank) and summary.json into the scenario's
+`out` folder, and shows a table as it goes.
 Every output names its clock: `measured` (real compute, sleep-padded to each rank's
 profile).
 """
@@ -38,7 +41,13 @@ from fedlb.cluster import (
 )
 from fedlb.data import load_digits
 from fedlb.models import build_model
-from fedlb.training import BASE_SPEED, tensor_dataset
+from fedlb.training import (
+    BASE_SPEED,
+    DeviceError,
+    choose_device,
+    process_group_backend,
+    tensor_dataset,
+)
 
 from .clocks import GpuLikeTime, ideal_split
 from .load import CompetingLoad, MachineProbe
@@ -77,6 +86,8 @@ class ClusterScenario:
     saturation: int = 8
     load: float = 0.0
     seed: int = 0
+    device: str = "auto"
+    backend: str = "auto"
     out: str = ""
 
     @classmethod
@@ -100,7 +111,31 @@ class ClusterScenario:
             raise ClusterScenarioError("learning-rate must be a finite number > 0")
         if not 0 <= self.load <= 1:
             raise ClusterScenarioError(f"load must be a probability in [0, 1], got {self.load}")
+        self.placement()
         self.profiles()
+
+    def placement(self, local_rank: int = 0) -> tuple[torch.device, str]:
+        """(this rank's device, the gradients' backend); refuses what cannot run here."""
+        try:
+            device = choose_device(self.device, local_rank)
+        except DeviceError as error:
+            raise ClusterScenarioError(str(error)) from error
+        gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+        shared = math.ceil(self.nproc / gpus) if gpus else 1
+        backend = process_group_backend(device, shared) if self.backend == "auto" else self.backend
+        if backend not in ("gloo", "nccl"):
+            raise ClusterScenarioError(f"backend must be auto, gloo or nccl, got {self.backend!r}")
+        if backend == "nccl" and device.type != "cuda":
+            raise ClusterScenarioError(
+                "backend nccl needs GPUs (device cuda or auto on a machine with GPUs); this "
+                f"job's device is {device}: use backend gloo"
+            )
+        if backend == "nccl" and shared > 1:
+            raise ClusterScenarioError(
+                f"backend nccl needs a GPU per rank: {self.nproc} ranks, {gpus} GPU(s); use "
+                "backend gloo (CUDA tensors over gloo) or nproc <= the GPUs"
+            )
+        return device, backend
 
     def profiles(self) -> list[SpeedProfile]:
         try:
@@ -161,15 +196,19 @@ def _pace(scenario: ClusterScenario, rank: int, iteration: list[int], machine: l
 def worker(scenario: ClusterScenario) -> None:
     """One rank of the job (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
     torch.set_num_threads(1)  # N ranks share this machine's cores
-    dist.init_process_group("gloo")
+    device, backend = scenario.placement(int(os.environ.get("LOCAL_RANK", "0")))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
     rank = dist.get_rank()
     out = Path(scenario.out)
     if scenario.dataset != "digits":
         raise ClusterScenarioError("cluster experiments run on the embedded digits for now")
     data = load_digits()
     dataset = tensor_dataset(data.x, data.y)
+    network = build_model(scenario.model, tuple(data.x.shape[1:]), data.num_classes, scenario.seed)
     model = DistributedDataParallel(
-        build_model(scenario.model, tuple(data.x.shape[1:]), data.num_classes, scenario.seed)
+        network.to(device), device_ids=[device.index] if device.type == "cuda" else None
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=scenario.learning_rate)
     (out / f"rank-{rank}.pid").write_text(str(os.getpid()))
@@ -208,6 +247,8 @@ def worker(scenario: ClusterScenario) -> None:
                     "ideal_s": ideal,
                     "efficiency": ideal / slowest,
                     "policy": scenario.policy,
+                    "device": device.type,
+                    "backend": backend,
                     "clock": "measured (emulated speeds)",
                 }
             )
@@ -268,6 +309,8 @@ def worker(scenario: ClusterScenario) -> None:
         summary = {
             "scenario": dataclasses.asdict(scenario),
             "clock": "measured (emulated speeds)",
+            "device": str(device),
+            "backend": backend,
             "wall_s": wall,
             "mean_iteration_s": statistics.fmean(iteration_s[10:] or iteration_s),
             "ceiling": scenario.ceiling(),
@@ -293,6 +336,7 @@ def launch(scenario: ClusterScenario, out: Path, timeout: float | None = None) -
     scenario = dataclasses.replace(scenario, out=str(out.resolve()))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only: this is one machine
+    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     command = [
         sys.executable,
         "-m",

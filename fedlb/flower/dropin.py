@@ -34,7 +34,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord
 from flwr.clientapp.typing import ClientAppCallable, Mod
 from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
 
-from fedlb.training import EmulatedSpeed, Pace, ResizableBatchSampler, ResourceProbe
+from fedlb.training import EmulatedSpeed, Pace, ResizableBatchSampler, ResourceProbe, synchronize
 
 from .protocol import (
     NODE_EMULATED_SPEED,
@@ -279,14 +279,18 @@ class BalancedLoader:
     def _timed_pass(self, stream: Iterator[Any]) -> Iterator[Any]:
         """One pass: `steps_per_pass` batches. A step's time runs from asking for its
         batch to asking for the next (or the end of the pass): loading plus the app's own
-        forward, backward and optimizer step."""
+        forward, backward and optimizer step. On a GPU each boundary waits for the work
+        queued there (the app's loop need not call .item()): otherwise the host's clock
+        would time kernel launches, not the steps."""
         timing = self.timing
+        synchronize()
         last = time.perf_counter()
         for _ in range(self.steps_per_pass):
             batch = next(stream)
             try:
                 yield batch
             finally:  # also when the app's loop stops early
+                synchronize()
                 now = time.perf_counter()
                 elapsed = real = now - last
                 if timing.pace is not None:

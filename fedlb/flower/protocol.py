@@ -63,6 +63,7 @@ NODE_NUM_PARTITIONS = "num-partitions"
 NODE_DATA_PATH = "data-path"  # its own .npz instead of a partition
 NODE_EMULATED_SPEED = "emulated-speed"  # samples/s to emulate (0: real speed)
 NODE_THREADS = "threads"  # torch threads (0: torch's default)
+NODE_DEVICE = "device"  # where it trains: auto (a GPU if it has one), cpu, cuda, cuda:N
 NODE_HE_CONTEXT = "he-context"  # the silos' secret CKKS context file
 
 # fedlb's own silo app: its config and metric names (an app's own, not fedlb's protocol)

@@ -24,6 +24,7 @@ from fedlb.training import BASE_SPEED
 from .config import ConfigError, RunConfig, dataclass_arguments, read_toml
 from .protocol import (
     NODE_DATA_PATH,
+    NODE_DEVICE,
     NODE_EMULATED_SPEED,
     NODE_HE_CONTEXT,
     NODE_NUM_PARTITIONS,
@@ -209,6 +210,8 @@ class SiloSettings:
     emulated_speed: samples/s this silo emulates by padding its steps with sleep (0: its
         real speed); or slowdown: emulate a machine this many times slower than base_speed.
     threads: torch threads (0: torch's default; 1 when silos share a machine).
+    device: where it trains: auto (its GPU when it has one), cpu, cuda or cuda:N; HE and
+        the upload stay on the CPU.
     port: the SuperNode's local API port (0: a free one).
     workdir: its logs and Flower home ('' : runs/<silo name>).
     he_context: the silos' secret CKKS context (`fedlb keygen`'s silo.context).
@@ -224,6 +227,7 @@ class SiloSettings:
     slowdown: float | None = None
     base_speed: float = BASE_SPEED
     threads: int = 0
+    device: str = "auto"
     port: int = 0
     workdir: str = ""
     he_context: str = ""
@@ -313,7 +317,11 @@ class SiloSettings:
 
     def node_config(self) -> dict[str, Any]:
         """Its SuperNode's --node-config: what the silo's ClientApp reads (silo.py)."""
-        config: dict[str, Any] = {NODE_EMULATED_SPEED: self.speed, NODE_THREADS: self.threads}
+        config: dict[str, Any] = {
+            NODE_EMULATED_SPEED: self.speed,
+            NODE_THREADS: self.threads,
+            NODE_DEVICE: self.device,
+        }
         if self.partition_id is not None:
             config[NODE_PARTITION_ID] = self.partition_id
         if self.num_partitions is not None:

@@ -16,7 +16,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from torch.utils.data import DataLoader
 
-from fedlb.training import evaluate, tensor_dataset, train_epoch
+from fedlb.training import DeviceError, choose_device, evaluate, tensor_dataset, train_epoch
 
 from .config import RunConfig
 from .dropin import balanced_loader
@@ -26,6 +26,7 @@ from .protocol import (
     EVAL_LOSS,
     LEARNING_RATE,
     NODE_DATA_PATH,
+    NODE_DEVICE,
     NODE_EMULATED_SPEED,
     NODE_NUM_PARTITIONS,
     NODE_PARTITION_ID,
@@ -59,6 +60,7 @@ class NodeSettings:
     data_path: str | None  # its own data file instead of a partition
     emulated_speed: float  # samples/s to emulate; 0: real speed
     threads: int  # torch threads; 0: torch's default
+    device: str = "auto"  # where it trains (HE stays on the CPU)
 
 
 def node_settings(node_config: Mapping[str, Any]) -> NodeSettings:
@@ -92,12 +94,20 @@ def node_settings(node_config: Mapping[str, Any]) -> NodeSettings:
     threads = int(node_config.get(NODE_THREADS, 0))
     if threads < 0:
         raise SiloConfigError(f"node config threads must be >= 0, got {threads}")
+    device = node_config.get(NODE_DEVICE, "auto")
+    if not isinstance(device, str):
+        raise SiloConfigError(f"node config {NODE_DEVICE} must be a string, got {device!r}")
+    try:
+        choose_device(device)  # refused here, before any round, where there is no such GPU
+    except DeviceError as error:
+        raise SiloConfigError(f"node config {NODE_DEVICE}: {error}") from error
     return NodeSettings(
         partition_id=None if partition is None else int(partition),
         num_partitions=None if count is None else int(count),
         data_path=data_path,
         emulated_speed=speed,
         threads=threads,
+        device=device,
     )
 
 
@@ -126,6 +136,15 @@ def _silo(
     return config, data, node
 
 
+def _device(node: NodeSettings) -> torch.device:
+    """The silo's training device; a GPU becomes the current CUDA device, so that the
+    balanced loader's step timing waits for the work queued on it."""
+    device = choose_device(node.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
 def train_reply(msg: Message, context: Context, config: RunConfig | None = None) -> Message:
     """Train at the batch size and for the steps the server sent (through
     `balanced_loader`: `balance_mod()` must be among the ClientApp's mods) with the run's
@@ -139,13 +158,15 @@ def train_reply(msg: Message, context: Context, config: RunConfig | None = None)
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         raise SiloConfigError(f"the server sent {LEARNING_RATE}={lr!r}, not a finite number > 0")
 
+    device = _device(node)
     model = model_for(config, data.train)
     model.load_state_dict(next(iter(msg.content.array_records.values())).to_torch_state_dict())
+    model.to(device)
     evaluation: dict[str, float | int] = {}
     if orders.evaluate_first and len(data.test):
         # The server asks for the incoming global model's evaluation with this update:
         # a fixed per-round cost of this silo (balance_mod times it as one).
-        loss, accuracy = evaluate(model, tensor_dataset(data.test.x, data.test.y))
+        loss, accuracy = evaluate(model, tensor_dataset(data.test.x, data.test.y), device=device)
         evaluation = {EVAL_LOSS: loss, EVAL_ACC: accuracy, EVAL_EXAMPLES: len(data.test)}
 
     dataset = tensor_dataset(data.train.x, data.train.y)
@@ -158,7 +179,8 @@ def train_reply(msg: Message, context: Context, config: RunConfig | None = None)
     loader = balanced_loader(
         msg, DataLoader(dataset, batch_size=config.batch_size, shuffle=True), carry
     )
-    train_loss = train_epoch(model, loader, lr, config.momentum)
+    train_loss = train_epoch(model, loader, lr, config.momentum, device=device)
+    model.to("cpu")  # the update travels (and is encrypted) from host memory
     metrics = MetricRecord({"num-examples": len(data.train), TRAIN_LOSS: train_loss, **evaluation})
     return Message(
         RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg
@@ -167,11 +189,13 @@ def train_reply(msg: Message, context: Context, config: RunConfig | None = None)
 
 def evaluate_reply(msg: Message, context: Context, config: RunConfig | None = None) -> Message:
     """Evaluate the global model on this silo's held-out split."""
-    config, data, _ = _silo(context, config)
+    config, data, node = _silo(context, config)
     if len(data.test) == 0:
         raise SiloConfigError("this silo has no held-out samples: raise silo-test-fraction")
+    device = _device(node)
     model = model_for(config, data.test)
     model.load_state_dict(next(iter(msg.content.array_records.values())).to_torch_state_dict())
-    loss, accuracy = evaluate(model, tensor_dataset(data.test.x, data.test.y))
+    model.to(device)
+    loss, accuracy = evaluate(model, tensor_dataset(data.test.x, data.test.y), device=device)
     metrics = MetricRecord({"num-examples": len(data.test), EVAL_LOSS: loss, EVAL_ACC: accuracy})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)

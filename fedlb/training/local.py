@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from .device import to_device
+
 # (real seconds of one step, its batch size) -> seconds the step should appear to take.
 # None: real time. Emulated heterogeneity (a slow silo on a fast laptop) plugs in here.
 Pace = Callable[[float, int], float]
@@ -51,13 +53,17 @@ def train_epoch(
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     lr: float,
     momentum: float = 0.0,
+    device: torch.device | None = None,
 ) -> float:
     """SGD with cross-entropy over `batches` (fedlb's own silo loop: a fresh optimizer per
-    round, as Flower's examples do); the mean training loss."""
+    round, as Flower's examples do) on `device` (default: where the model is); the mean
+    training loss."""
     model.train()
     optimiser = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     loss_sum, steps = 0.0, 0
     for x, y in batches:
+        if device is not None:
+            x, y = to_device((x, y), device)
         optimiser.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()  # type: ignore[no-untyped-call]
@@ -70,14 +76,22 @@ def train_epoch(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: TensorDataset, batch_size: int = 512) -> tuple[float, float]:
-    """(mean cross-entropy loss, accuracy) of `model` on `data`."""
+def evaluate(
+    model: nn.Module,
+    data: TensorDataset,
+    batch_size: int = 512,
+    device: torch.device | None = None,
+) -> tuple[float, float]:
+    """(mean cross-entropy loss, accuracy) of `model` on `data`, computed on `device`
+    (default: the CPU; the model must be there already)."""
     if len(data) == 0:
         raise ValueError("cannot evaluate on an empty dataset")
     model.eval()
     loss_sum = 0.0
     correct = 0
     for x, y in DataLoader(data, batch_size=batch_size):
+        if device is not None:
+            x, y = to_device((x, y), device)
         logits = model(x)
         loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
         correct += int((logits.argmax(dim=1) == y).sum())

@@ -17,17 +17,29 @@ class ResourceSample:
     accel_mem: float | None
 
 
-def accelerator_memory(device: torch.device | None = None) -> float | None:
-    """Used fraction of the accelerator's memory (all processes on it), or None.
+def accelerator_memory(
+    device: torch.device | None = None, reset_peak: bool = False
+) -> float | None:
+    """Used fraction of the accelerator's memory, or None without one.
 
-    Device-wide, not this process's allocations: the 95% limit of the GPU tuner is about
-    what is left on the card, whoever holds the rest.
+    The larger of two readings: the card's memory in use by every process on it
+    (`mem_get_info`: the 95% limit of the GPU tuner is about what is left on the card,
+    whoever holds the rest), and this process's peak reserved since the last reset
+    (`max_memory_reserved`: at an iteration boundary the activations are freed, but the
+    next, larger batch needs room for them). `reset_peak` starts a new peak window.
     """
     if not torch.cuda.is_available():
         return None
-    index = device.index if device is not None and device.type == "cuda" else None
+    if device is not None and device.type != "cuda":
+        return None
+    index = device.index if device is not None else None
     free, total = torch.cuda.mem_get_info(index)
-    return 1.0 - free / total if total else None
+    if not total:
+        return None
+    peak = torch.cuda.max_memory_reserved(index) / total
+    if reset_peak:
+        torch.cuda.reset_peak_memory_stats(index)
+    return min(1.0, max(1.0 - free / total, peak))
 
 
 class ResourceProbe:
@@ -46,5 +58,5 @@ class ResourceProbe:
         return ResourceSample(
             cpu=min(1.0, max(0.0, psutil.cpu_percent(interval=None) / 100.0)),
             mem=min(1.0, max(0.0, psutil.virtual_memory().percent / 100.0)),
-            accel_mem=accelerator_memory(self.device),
+            accel_mem=accelerator_memory(self.device, reset_peak=True),
         )

@@ -21,11 +21,14 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
 def run_benchmark(
     title: str, description: str, setting: str, sections: Sequence[tuple[str, Section]]
 ) -> dict[str, Any]:
-    """Parse --quick and --json, print `title` with the machine and `setting` (versions,
+    """Parse --quick, --json and --only, print `title` with the machine and `setting` (versions,
     the clock), then every section as it completes; returns all figures."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument(
+        "--only", help="run only the sections whose heading contains this (any case)"
+    )
     args = parser.parse_args()
     machine = platform.processor() or platform.machine()
     print(
@@ -34,6 +37,8 @@ def run_benchmark(
     )
     figures: dict[str, Any] = {}
     for heading, section in sections:
+        if args.only and args.only.lower() not in heading.lower():
+            continue
         text, data = section(args.quick, figures)
         figures.update(data)
         print(f"## {heading}\n\n{text}\n", flush=True)

@@ -9,10 +9,17 @@ gRPC service (`serve`, `ManagerClient`) for workers of any framework.
 from .balancer import LoadBalancer
 from .coordinator import ClusterError, Coordinator, Exchange, exchange_backend
 from .hook import WeightedState, weighted_allreduce_hook
-from .policies import CLUSTER_POLICIES, DEFAULT_CLUSTER_POLICY, ClusterPolicy
+from .policies import (
+    BALANCING_POLICIES,
+    CLUSTER_POLICIES,
+    DEFAULT_CLUSTER_POLICY,
+    ClusterPolicy,
+    parse_policy,
+)
 from .service import ManagerClient, ManagerService, RequestError, serve
 
 __all__ = [
+    "BALANCING_POLICIES",
     "CLUSTER_POLICIES",
     "DEFAULT_CLUSTER_POLICY",
     "ClusterError",
@@ -25,6 +32,7 @@ __all__ = [
     "RequestError",
     "WeightedState",
     "exchange_backend",
+    "parse_policy",
     "serve",
     "weighted_allreduce_hook",
 ]

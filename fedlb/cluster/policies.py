@@ -1,6 +1,10 @@
 """Cluster policies by name: the one table of `fedlb cluster`, cluster scenarios and the
-manager service. Each is a tuner and an estimator from fedlb.balance's table, and whether
-sizes travel blocking (CPUs) or one iteration late (GPUs)."""
+manager service. A balancing policy (engine `bsp`: BSP with LoadBalancer) is a tuner and
+an estimator from fedlb.balance's table, and whether sizes travel blocking (CPUs) or one
+iteration late (GPUs). The straggler schemes the papers compare against run on engines of
+their own: `ps` (a parameter server on torch.distributed.rpc: asp, ssp:S, backup:K) and
+`eager` (eager-SGD's partial all-reduce). A policy with a parameter is written NAME:VALUE
+(`ssp:3`, `backup:2`); without one it takes its default."""
 
 from __future__ import annotations
 
@@ -13,9 +17,12 @@ from fedlb.balance import SpeedEstimator, Tuner, make_estimator, make_tuner
 @dataclass(frozen=True)
 class ClusterPolicy:
     description: str
-    tuner: str  # a name in fedlb.balance.TUNERS
+    tuner: str = "static"  # a name in fedlb.balance.TUNERS
     estimator: str = "ema"  # a name in fedlb.balance.ESTIMATORS
     asynchronous: bool = False  # sizes apply one iteration late (the exchange overlaps)
+    engine: str = "bsp"  # bsp (LoadBalancer), ps (parameter server), eager (partial all-reduce)
+    parameter: int | None = None  # the default of NAME:VALUE (ssp's bound, backup's k)
+    when: str = ""  # when a user would pick it (fedlb cluster --help, docs)
 
     def make_tuner(self) -> Tuner:
         return make_tuner(self.tuner)
@@ -36,5 +43,52 @@ CLUSTER_POLICIES = {
         asynchronous=True,
     ),
     "deadband": ClusterPolicy("the dynamic-batching controller", "deadband"),
+    "asp": ClusterPolicy(
+        "asynchronous parallel: workers push gradients to a parameter server and pull its "
+        "weights, no barrier",
+        engine="ps",
+    ),
+    "ssp": ClusterPolicy(
+        "stale synchronous parallel: as asp, but no worker runs more than S iterations "
+        "ahead of the slowest (ssp:S, default 5)",
+        engine="ps",
+        parameter=5,
+    ),
+    "backup": ClusterPolicy(
+        "synchronous SGD with K backup workers: each update averages the first n-K "
+        "gradients to arrive and drops the rest (backup:K, default 1)",
+        engine="ps",
+        parameter=1,
+    ),
+    "eager-solo": ClusterPolicy(
+        "eager-SGD: the first rank ready starts the all-reduce; the others add what they "
+        "have and send the rest later",
+        engine="eager",
+    ),
+    "eager-majority": ClusterPolicy(
+        "eager-SGD: a randomly drawn rank starts the all-reduce, so about half are ready",
+        engine="eager",
+    ),
 }
 DEFAULT_CLUSTER_POLICY = "lb-ema"
+BALANCING_POLICIES = tuple(n for n, p in CLUSTER_POLICIES.items() if p.engine == "bsp")
+
+
+def parse_policy(text: str) -> tuple[str, ClusterPolicy, int | None]:
+    """'ssp:3' -> ('ssp', its policy, 3); a name without a value takes the default.
+    Raises ValueError, naming the choices, for an unknown name or a bad value."""
+    name, colon, value = text.strip().partition(":")
+    policy = CLUSTER_POLICIES.get(name)
+    if policy is None:
+        raise ValueError(f"policy must be one of {', '.join(CLUSTER_POLICIES)}, got {text!r}")
+    if not colon:
+        return name, policy, policy.parameter
+    if policy.parameter is None:
+        raise ValueError(f"policy {name} takes no value, got {text!r}")
+    try:
+        number = int(value)
+    except ValueError as error:
+        raise ValueError(f"policy {name}:VALUE needs a whole number, got {text!r}") from error
+    if number < (0 if name == "ssp" else 1):
+        raise ValueError(f"policy {text!r}: the value must be >= {0 if name == 'ssp' else 1}")
+    return name, policy, number

@@ -17,7 +17,7 @@ import grpc
 
 from fedlb.balance.reports import LONGEST_S
 
-from .policies import CLUSTER_POLICIES, DEFAULT_CLUSTER_POLICY
+from .policies import BALANCING_POLICIES, DEFAULT_CLUSTER_POLICY
 
 MAX_REQUEST_BYTES = 256 * 1024  # a Register of 1024 workers with 128-character names fits
 MAX_NAME_CHARS = 128
@@ -186,9 +186,11 @@ def parse_register(request: dict[str, Any], max_job_workers: int) -> RegisterReq
         raise RequestError(f"workers must be distinct names; {_show(twice)} is there twice")
     batch = _whole(request, "batch_size", 1, MAX_BATCH_SIZE)
     policy = request.get("policy", DEFAULT_CLUSTER_POLICY)
-    if not isinstance(policy, str) or policy not in CLUSTER_POLICIES:
+    if not isinstance(policy, str) or policy not in BALANCING_POLICIES:
+        # the manager serves batch sizes: only the balancing policies (asp, eager, ... are
+        # training schemes of their own, run by fedlb cluster)
         raise RequestError(
-            f"policy must be one of {', '.join(CLUSTER_POLICIES)}, got {_show(policy)}"
+            f"policy must be one of {', '.join(BALANCING_POLICIES)}, got {_show(policy)}"
         )
     return RegisterRequest(job, tuple(workers), batch, policy)
 

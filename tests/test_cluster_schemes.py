@@ -1,0 +1,205 @@
+"""The straggler schemes cluster mode compares LB-BSP with, on real processes: a parameter
+server on torch.distributed.rpc (asp, ssp, backup) and eager-SGD's partial all-reduce on
+gloo. Small models and emulated speeds (sleep padding): each test takes a few seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from fedlb.cluster import parse_policy
+from fedlb.cluster.eager import PartialAllreduce
+from fedlb.cluster.ps import ParameterServer, init_ps_rpc, serve, work
+
+WORKERS = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _batches(rank: int):
+    generator = torch.Generator().manual_seed(rank)
+    while True:
+        yield torch.randn(4, 6, generator=generator), torch.randint(0, 3, (4,), generator=generator)
+
+
+def _slow(seconds: float):
+    return lambda real_s, batch: max(real_s, seconds)
+
+
+# ---- parameter server -------------------------------------------------------------------
+
+
+def _ps_rank(
+    rank: int,
+    port: int,
+    kind: str,
+    parameter: int | None,
+    updates: int,
+    out: str,
+    slow: float,
+):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_ps_rpc(rank, WORKERS + 1, timeout_s=60)
+    if rank == 0:
+        server = ParameterServer(
+            _model(), 0.1, kind, parameter, list(range(1, WORKERS + 1)), updates
+        )
+        serve(server)
+        log = server.log
+        with open(out, "w") as handle:
+            json.dump(
+                {
+                    "clocks": server.clocks,
+                    "pulls": log.pulls,
+                    "arrivals": log.arrivals,
+                    "aggregated": log.aggregated,
+                    "dropped": log.dropped,
+                    "version": server.version,
+                },
+                handle,
+            )
+    else:
+        # worker 3 is `slow` times slower than workers 1 and 2
+        work(rank, _model(), _batches(rank), _slow(0.02 * (slow if rank == WORKERS else 1)))
+    os._exit(0)
+
+
+def _run_ps(tmp_path, kind, parameter, updates, slow=5.0):
+    out = tmp_path / "server.json"
+    mp.spawn(
+        _ps_rank,
+        args=(_free_port(), kind, parameter, updates, str(out), slow),
+        nprocs=WORKERS + 1,
+    )
+    return json.loads(out.read_text())
+
+
+def test_asp_workers_run_without_a_barrier(tmp_path):
+    seen = _run_ps(tmp_path, "asp", None, 110)
+    clocks = {int(k): v for k, v in seen["clocks"].items()}
+    assert sum(clocks.values()) == 110 == seen["version"]  # every push is one update
+    # The fast workers ran ahead of the slow one: no global barrier held them.
+    assert min(clocks[1], clocks[2]) >= 2 * clocks[3]
+    assert seen["pulls"] == []  # asp never checks clocks
+
+
+def test_ssp_holds_its_staleness_bound(tmp_path):
+    seen = _run_ps(tmp_path, "ssp", 2, 60)
+    gaps = [clock - slowest for _, clock, slowest in seen["pulls"]]
+    assert max(gaps) == 2  # the fast workers reached the bound ...
+    assert all(gap <= 2 for gap in gaps)  # ... and never passed it
+    clocks = seen["clocks"].values()
+    assert max(clocks) - min(clocks) <= 3  # one push past a pull's check at most
+
+
+@pytest.mark.parametrize("slow", [1.0, 1.5])
+def test_backup_aggregates_the_first_n_minus_k_and_drops_exactly_the_k_latest(tmp_path, slow):
+    seen = _run_ps(tmp_path, "backup", 1, 20, slow)
+    assert seen["version"] == 20
+    for version, contributors in seen["aggregated"].items():
+        arrivals = seen["arrivals"][version]
+        assert contributors == arrivals[: WORKERS - 1]  # the first n - k to arrive
+        assert seen["dropped"].get(version, []) == arrivals[WORKERS - 1 :]  # the rest
+        assert len(arrivals) <= WORKERS
+    dropped = [w for late in seen["dropped"].values() for w in late]
+    if slow == 1.0:  # all three compute on every version: exactly k = 1 dropped from each
+        assert all(len(seen["dropped"].get(str(v), [])) == 1 for v in range(19))
+    else:  # worker 3 is the slow one: only its gradients arrive too late
+        assert set(dropped) == {WORKERS}
+        assert len(dropped) >= 8
+
+
+def test_bad_scheme_parameters_are_refused():
+    with pytest.raises(ValueError, match="1 <= K < the 3 workers"):
+        ParameterServer(_model(), 0.1, "backup", 3, [1, 2, 3], 10)
+    with pytest.raises(ValueError, match="staleness bound"):
+        ParameterServer(_model(), 0.1, "ssp", -1, [1, 2, 3], 10)
+    assert parse_policy("ssp") == ("ssp", parse_policy("ssp")[1], 5)
+    assert parse_policy("backup:2")[2] == 2
+    with pytest.raises(ValueError, match="takes no value"):
+        parse_policy("asp:3")
+    with pytest.raises(ValueError, match="policy must be one of"):
+        parse_policy("hogwild")
+    with pytest.raises(ValueError, match="whole number"):
+        parse_policy("ssp:x")
+
+
+# ---- eager-SGD ----------------------------------------------------------------------------
+
+
+def _eager_rank(rank: int, store_path: str, mode: str, collectives: int, out: str):
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    store = dist.FileStore(store_path, WORKERS)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORKERS)
+    model = _model()
+    size = sum(p.numel() for p in model.parameters())
+    allreduce = PartialAllreduce(size, mode, collectives, store, seed=5, timeout_s=60)
+    batches = _batches(rank)
+    pace = _slow(0.1 if rank == WORKERS - 1 else 0.01)  # the last rank is 10x slower
+    results = []
+    going_on = True
+    while going_on:
+        x, y = next(batches)
+        began = time.perf_counter()
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        gradient = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        time.sleep(max(0.0, pace(time.perf_counter() - began, 4) - (time.perf_counter() - began)))
+        got, going_on = allreduce.exchange(gradient)
+        results += got
+    results += allreduce.finish()
+    log = allreduce.log
+    torch.save(
+        {
+            "results": len(results),
+            "applied": log.applied_sum,
+            "deposited": log.deposited_sum,
+            "count": log.deposited,
+            "contributors": log.contributors,
+            "final": torch.stack(results).sum(dim=0),
+        },
+        f"{out}-{rank}.pt",
+    )
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("mode", ["solo", "majority"])
+def test_eager_applies_every_gradient_eventually(tmp_path, mode):
+    collectives = 30
+    out = str(tmp_path / "rank")
+    mp.spawn(_eager_rank, args=(str(tmp_path / "store"), mode, collectives, out), nprocs=WORKERS)
+    ranks = [torch.load(f"{out}-{r}.pt") for r in range(WORKERS)]
+    # Every rank applied the same results (replicas stay identical): the 30 partial
+    # collectives and the flush.
+    assert all(r["results"] == collectives + 1 for r in ranks)
+    for r in ranks[1:]:
+        assert torch.allclose(r["final"], ranks[0]["final"])
+    # Nothing is lost: the sum of all results is the sum of every gradient computed.
+    computed = sum(r["deposited"] for r in ranks)
+    assert torch.allclose(ranks[0]["applied"], computed, atol=1e-5)
+    contributors = ranks[0]["contributors"]
+    assert sum(contributors) == sum(r["count"] for r in ranks)
+    # Partial: the slow rank missed collectives, contributing later (or in the flush).
+    assert ranks[-1]["count"] < ranks[0]["count"]
+    assert min(contributors[:collectives]) < WORKERS

@@ -37,7 +37,14 @@ def cluster(
     scenario: Annotated[Path | None, typer.Argument(help="Cluster scenario TOML.")] = None,
     nproc: Annotated[int | None, typer.Option(help="Ranks (processes) on this machine.")] = None,
     policies: Annotated[
-        str | None, typer.Option(help="Comma list of: " + ", ".join(CLUSTER_POLICIES))
+        str | None,
+        typer.Option(
+            help="Comma list of: "
+            + "; ".join(
+                f"{name}{'' if p.parameter is None else f'[:{p.parameter}]'} ({p.description})"
+                for name, p in CLUSTER_POLICIES.items()
+            )
+        ),
     ] = None,
     iterations: Annotated[int | None, typer.Option(help="Iterations per policy.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="B0 per rank; X = nproc x B0.")] = None,
@@ -99,7 +106,7 @@ def cluster(
     )
     summaries: dict[str, dict[str, Any]] = {}
     for name, job in jobs.items():
-        folder = out / name
+        folder = out / name.replace(":", "-")
         code = launch(job, folder, timeout)
         if code != 0:
             # escaped: gloo's messages hold [file:line] parts that rich would read as markup
@@ -108,29 +115,45 @@ def cluster(
             console.print(f"log: {folder / 'torchrun.log'}")
             raise typer.Exit(1)
         summaries[name] = json.loads((folder / "summary.json").read_text())
+        summary = summaries[name]
+        accuracy = summary["final_accuracy"]
         console.print(
-            f"  {name}: {summaries[name]['mean_iteration_s'] * 1000:.1f} ms per iteration, "
-            f"sizes {summaries[name]['final_sizes']}"
+            f"  {name}: {summary['mean_update_s'] * 1000:.1f} ms per update, "
+            f"{summary['updates']} updates in {summary['wall_s']:.1f} s"
+            + ("" if accuracy is None else f", accuracy {accuracy:.3f}")
         )
     table = Table(
-        title="iteration time, clock: measured (emulated speeds)",
+        title="time per update and accuracy, clock: measured (emulated speeds)",
         caption=f"ceiling these speeds allow over BSP: {first.ceiling():.2f}x (compute only)",
         title_justify="left",
         caption_justify="left",
     )
-    for column in ("policy", "ms / iteration", "speedup vs bsp", "E (steady)", "final sizes"):
+    target = first.target_accuracy
+    columns = ["policy", "ms / update", "speedup vs bsp", "E (steady)", "final acc"]
+    if target:
+        columns += [f"s to {target:g}", f"updates to {target:g}"]
+    columns.append("final sizes")
+    for column in columns:
         table.add_column(column, justify="left" if column == "policy" else "right")
-    base = summaries.get("bsp", {}).get("mean_iteration_s")
+    base = summaries.get("bsp", {}).get("mean_update_s")
     for name, summary in summaries.items():
-        speedup = base / summary["mean_iteration_s"] if base else None
-        steady = summary["steady_efficiency"]
-        table.add_row(
+        speedup = base / summary["mean_update_s"] if base else None
+        steady = summary.get("steady_efficiency")
+        row = [
             name,
-            f"{summary['mean_iteration_s'] * 1000:.1f}",
+            f"{summary['mean_update_s'] * 1000:.1f}",
             "–" if speedup is None else f"{speedup:.2f}x",
             "–" if steady is None else f"{steady:.3f}",
-            str(summary["final_sizes"]),
-        )
+            f"{summary['final_accuracy']:.3f}",
+        ]
+        if target:
+            seconds, updates = summary["time_to_target_s"], summary["updates_to_target"]
+            row += [
+                "–" if seconds is None else f"{seconds:.1f}",
+                "–" if updates is None else str(updates),
+            ]
+        row.append(str(summary.get("final_sizes", "–")))
+        table.add_row(*row)
     console.print(table)
     console.print(f"results: {out}/<policy>/iterations.jsonl, summary.json, torchrun.log")
 

@@ -3,11 +3,15 @@
 `weighted_allreduce_hook` (a DDP comm hook: g = Σ x_r g_r / X), `Coordinator` (reports
 gathered to rank 0, sizes broadcast; blocking on CPU, one iteration late on GPU), and
 `LoadBalancer`, which puts both into a user's own training loop; the same manager as a
-gRPC service (`serve`, `ManagerClient`) for workers of any framework.
+gRPC service (`serve`, `ManagerClient`) for workers of any framework. The straggler
+schemes LB-BSP is compared with: a parameter server on torch.distributed.rpc
+(`ParameterServer`, `serve_parameters`, `work`: asp, ssp, backup) and eager-SGD's
+partial all-reduce (`PartialAllreduce`).
 """
 
 from .balancer import LoadBalancer
 from .coordinator import ClusterError, Coordinator, Exchange, exchange_backend
+from .eager import EAGER_MODES, PartialAllreduce
 from .hook import WeightedState, weighted_allreduce_hook
 from .policies import (
     BALANCING_POLICIES,
@@ -16,12 +20,16 @@ from .policies import (
     ClusterPolicy,
     parse_policy,
 )
+from .ps import PS_KINDS, ParameterServer, Snapshot, init_ps_rpc, work
+from .ps import serve as serve_parameters
 from .service import ManagerClient, ManagerService, RequestError, serve
 
 __all__ = [
     "BALANCING_POLICIES",
     "CLUSTER_POLICIES",
     "DEFAULT_CLUSTER_POLICY",
+    "EAGER_MODES",
+    "PS_KINDS",
     "ClusterError",
     "ClusterPolicy",
     "Coordinator",
@@ -29,10 +37,16 @@ __all__ = [
     "LoadBalancer",
     "ManagerClient",
     "ManagerService",
+    "ParameterServer",
+    "PartialAllreduce",
     "RequestError",
+    "Snapshot",
     "WeightedState",
     "exchange_backend",
+    "init_ps_rpc",
     "parse_policy",
     "serve",
+    "serve_parameters",
     "weighted_allreduce_hook",
+    "work",
 ]

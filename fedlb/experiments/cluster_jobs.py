@@ -1,29 +1,52 @@
-"""The per-rank bodies of the cluster straggler schemes that do not run on LoadBalancer:
-the parameter server (asp, ssp:S, backup:K) and eager-SGD (eager-solo, eager-majority).
+"""The per-rank bodies of the cluster jobs: BSP balanced by LoadBalancer (bsp, lb-ema,
+lb-narx, lb-gpu, deadband), the parameter server (asp, ssp:S, backup:K) and eager-SGD
+(eager-solo, eager-majority).
 
 Each returns what `cluster_run` writes: rows (one per rank and iteration), snapshots of the
 weights over wall time (taken on the server or rank 0 and evaluated after the job, off the
 timed run), and the job's counts. Clock: measured (real compute, sleep-padded to each
-rank's emulated speed), as for the BSP policies.
+rank's emulated speed).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed import Store, TCPStore  # type: ignore[attr-defined]
+from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.utils.data import TensorDataset
 
-from fedlb.cluster.eager import PartialAllreduce
-from fedlb.cluster.ps import ParameterServer, Snapshot, init_ps_rpc, serve, work
+from fedlb.balance import ideal_round_time
+from fedlb.cluster import (
+    Exchange,
+    LoadBalancer,
+    ParameterServer,
+    PartialAllreduce,
+    Snapshot,
+    init_ps_rpc,
+    serve_parameters,
+    work,
+)
 from fedlb.training import Pace
+
+from .clocks import GpuLikeTime, ideal_split
+from .load import CompetingLoad, MachineProbe
+
+if TYPE_CHECKING:
+    from .cluster_run import ClusterScenario
+
+log = logging.getLogger("fedlb.cluster")
 
 MEASURED = "measured (emulated speeds)"
 
@@ -84,7 +107,7 @@ def ps_job(
             snapshot_s,
         )
         started = time.perf_counter()
-        serve(server)
+        serve_parameters(server)
         outcome.wall_s = time.perf_counter() - started
         outcome.snapshots = server.snapshots
         outcome.updates = server.version
@@ -195,4 +218,126 @@ def eager_job(
         "wait_s": allreduce.log.wait_s,
         "deposited": allreduce.log.deposited,
     }
+    return outcome
+
+
+def bsp_job(
+    scenario: ClusterScenario,
+    rank: int,
+    network: nn.Module,
+    dataset: TensorDataset,
+    device: torch.device,
+    backend: str,
+    pace: Pace | None,
+    load: CompetingLoad | None,
+    slowdown: list[float],
+) -> JobOutcome:
+    """One rank of a BSP job balanced by LoadBalancer (bsp, lb-ema, lb-narx, lb-gpu,
+    deadband): DDP with the weighted all-reduce, sizes from rank 0's manager."""
+    dist.init_process_group(backend)
+    model = DistributedDataParallel(
+        network, device_ids=[device.index] if device.type == "cuda" else None
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=scenario.learning_rate)
+    outcome = JobOutcome()
+    iteration_s: list[float] = []
+
+    def record(exchange: Exchange) -> None:
+        speeds = {r.worker: r.speed for r in exchange.reports}
+        slowest = max(r.compute_s for r in exchange.reports)
+        total = sum(r.batch_size for r in exchange.reports)
+        if scenario.gpu_like:  # t(B) is not linear: T* of the GPU-like curves
+            models = {
+                str(k): GpuLikeTime(
+                    p.speed_at(exchange.iteration),
+                    launch=scenario.launch,
+                    saturation=scenario.saturation,
+                )
+                for k, p in enumerate(scenario.profiles())
+            }
+            ideal = ideal_split(models, total)[1]
+        else:
+            ideal = ideal_round_time(speeds, total)
+        for r in exchange.reports:
+            outcome.rows.append(
+                {
+                    "iteration": exchange.iteration,
+                    "rank": int(r.worker),
+                    "batch_size": r.batch_size,
+                    "compute_s": r.compute_s,
+                    "cpu": r.cpu,
+                    "mem": r.mem,
+                    "next_batch_size": exchange.sizes[int(r.worker)],
+                    "slowest_compute_s": slowest,
+                    "ideal_s": ideal,
+                    "efficiency": ideal / slowest,
+                    "policy": scenario.policy,
+                    "clock": MEASURED,
+                }
+            )
+
+    balancer = LoadBalancer(
+        model,
+        dataset,
+        scenario.batch_size,
+        scenario.tuner(),
+        scenario.estimator(),
+        asynchronous=scenario.gpu_like,
+        pace=pace,
+        seed=scenario.seed,
+        on_exchange=record if rank == 0 else None,
+        probe=MachineProbe(load.pid) if load else None,
+    )
+    started = last = last_snapshot = time.perf_counter()
+    total = scenario.batch_size * dist.get_world_size()
+
+    def snapshot(updates: int) -> None:
+        outcome.snapshots.append(
+            Snapshot(
+                time.perf_counter() - started,
+                updates,
+                updates * total,
+                parameters_to_vector(network.parameters()).detach().cpu().clone(),
+            )
+        )
+
+    if rank == 0:
+        snapshot(0)
+    for step, (x, y) in enumerate(balancer.batches(scenario.iterations), start=1):
+        # The load's state now, right after the boundary's resource sample, sets this
+        # iteration's speed: resources measured at k drive iteration k + 1 (Sec. 3.2.2).
+        slowdown[0] = load.slowdown() if load is not None else 1.0
+        loss: torch.Tensor = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        outcome.losses.append(loss.item())
+        now = time.perf_counter()
+        iteration_s.append(now - last)  # the BSP iteration as this rank lived it
+        last = now
+        if rank == 0 and (
+            now - last_snapshot >= scenario.snapshot_s or step == scenario.iterations
+        ):
+            snapshot(step)
+            last_snapshot = now
+        if rank == 0 and step % 10 == 0:
+            log.info("iteration %d: sizes %s, loss %.3f", step, balancer.coordinator.sizes, loss)
+    balancer.close()
+    outcome.wall_s = time.perf_counter() - started
+    outcome.updates = scenario.iterations
+    coordinator = balancer.coordinator
+    steady = [r["efficiency"] for r in outcome.rows if r["iteration"] > 10 and r["rank"] == 0]
+    outcome.extra = {
+        "mean_iteration_s": statistics.fmean(iteration_s[10:] or iteration_s),
+        "steady_efficiency": statistics.fmean(steady) if steady else None,
+        "final_sizes": coordinator.sizes,
+        # rank 0: the manager's decisions, and whole exchanges (waits for ranks included)
+        "controller_s_per_iteration": coordinator.step_s / scenario.iterations,
+        "exchange_s_per_iteration": coordinator.exchange_s / scenario.iterations,
+    }
+    dist.barrier()
+    # The DDP model (its reducer holds gloo work) goes before the group: one outliving its
+    # process group can abort the rank at exit, failing a finished job.
+    del balancer, model, optimizer
+    dist.destroy_process_group()
     return outcome

@@ -18,39 +18,42 @@ import json
 import logging
 import math
 import os
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
+from torch import nn
+from torch.nn.utils import vector_to_parameters
+from torch.utils.data import DataLoader, TensorDataset
 
 from fedlb.balance import SpeedEstimator, Tuner, ideal_round_time
 from fedlb.cluster import (
-    CLUSTER_POLICIES,
     DEFAULT_CLUSTER_POLICY,
     ClusterError,
-    Exchange,
-    LoadBalancer,
+    Snapshot,
+    parse_policy,
 )
-from fedlb.data import load_digits
-from fedlb.models import build_model
+from fedlb.data import DATASETS, LabelledData, federation_pool
+from fedlb.models import MODELS, build_model
 from fedlb.training import (
     BASE_SPEED,
     DeviceError,
+    Pace,
+    ResizableBatchSampler,
     choose_device,
+    evaluate,
     process_group_backend,
     tensor_dataset,
 )
 
-from .clocks import GpuLikeTime, ideal_split
-from .load import CompetingLoad, MachineProbe
+from .clocks import GpuLikeTime
+from .cluster_jobs import MEASURED, JobOutcome, bsp_job, eager_job, job_store, ps_job
+from .load import CompetingLoad
 from .profiles import SpeedProfile, preset
 from .scenario import scenario_arguments
 
@@ -73,6 +76,7 @@ class ClusterScenario:
     name: str = "cluster"
     nproc: int = 4
     dataset: str = "digits"
+    data_dir: str = ""
     model: str = "mlp"
     iterations: int = 60
     batch_size: int = 32
@@ -88,6 +92,9 @@ class ClusterScenario:
     seed: int = 0
     device: str = "auto"
     backend: str = "auto"
+    snapshot_s: float = 1.0
+    eval_samples: int = 2000
+    target_accuracy: float = 0.0
     out: str = ""
 
     @classmethod
@@ -103,9 +110,29 @@ class ClusterScenario:
     def check(self) -> None:
         if min(self.nproc, self.iterations, self.batch_size) < 1:
             raise ClusterScenarioError("nproc, iterations and batch-size must be >= 1")
-        if self.policy not in CLUSTER_POLICIES:
+        try:
+            name, policy, parameter = parse_policy(self.policy)
+        except ValueError as error:
+            raise ClusterScenarioError(str(error)) from error
+        if name == "backup" and parameter is not None and parameter >= self.nproc:
             raise ClusterScenarioError(
-                f"policy must be one of {', '.join(CLUSTER_POLICIES)}, got {self.policy!r}"
+                f"{self.policy}: K backup workers must be fewer than the {self.nproc} workers"
+            )
+        if policy.engine != "bsp" and self.backend == "nccl":
+            raise ClusterScenarioError(
+                f"{self.policy} runs on the CPU for now (backend gloo / RPC): drop backend nccl"
+            )
+        if self.dataset not in DATASETS:
+            raise ClusterScenarioError(
+                f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}"
+            )
+        if self.model not in MODELS:
+            raise ClusterScenarioError(
+                f"model must be one of {', '.join(MODELS)}, got {self.model!r}"
+            )
+        if self.snapshot_s <= 0 or self.eval_samples < 1 or not 0 <= self.target_accuracy <= 1:
+            raise ClusterScenarioError(
+                "snapshot-s must be > 0, eval-samples >= 1, target-accuracy in [0, 1]"
             )
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             raise ClusterScenarioError("learning-rate must be a finite number > 0")
@@ -158,13 +185,18 @@ class ClusterScenario:
     @property
     def gpu_like(self) -> bool:
         """The GPU policy (sizes one iteration late) runs on GPU-like time curves."""
-        return CLUSTER_POLICIES[self.policy].asynchronous
+        return parse_policy(self.policy)[1].asynchronous
+
+    @property
+    def processes(self) -> int:
+        """torchrun's processes: the workers, and a parameter server's own process."""
+        return self.nproc + (parse_policy(self.policy)[1].engine == "ps")
 
     def tuner(self) -> Tuner:
-        return CLUSTER_POLICIES[self.policy].make_tuner()
+        return parse_policy(self.policy)[1].make_tuner()
 
     def estimator(self) -> Callable[[], SpeedEstimator]:
-        policy = CLUSTER_POLICIES[self.policy]
+        policy = parse_policy(self.policy)[1]
         return policy.make_estimator(self.narx_warmup if policy.estimator == "narx" else None)
 
     def ceiling(self) -> float:
@@ -178,13 +210,16 @@ class ClusterScenario:
         return uniform / ideal
 
 
-def _pace(scenario: ClusterScenario, rank: int, iteration: list[int], machine: list[float]) -> Any:
-    """The rank's emulated time for a batch: its profile's speed this iteration, times the
-    machine's state when the iteration began (machine[0], from the competing load)."""
-    profile = scenario.profiles()[rank]
+def _pace(scenario: ClusterScenario, worker: int, machine: Callable[[], float]) -> Pace:
+    """Worker `worker`'s emulated time for a batch: its profile's speed at its current
+    iteration (each call is one iteration), times the machine's state (`machine()`: the
+    competing load's slowdown, 1 without one)."""
+    profile = scenario.profiles()[worker]
+    iteration = [0]
 
     def pace(real_s: float, batch: int) -> float:
-        speed = profile.speed_at(iteration[0]) * machine[0]
+        iteration[0] += 1
+        speed = profile.speed_at(iteration[0]) * machine()
         if scenario.gpu_like:
             gpu = GpuLikeTime(speed, launch=scenario.launch, saturation=scenario.saturation)
             return max(real_s, gpu.compute_s(batch))
@@ -193,141 +228,155 @@ def _pace(scenario: ClusterScenario, rank: int, iteration: list[int], machine: l
     return pace
 
 
+def _batches(
+    dataset: TensorDataset, batch_size: int, seed: int, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless batches drawn from the whole dataset, seeded per worker."""
+    sampler = ResizableBatchSampler(dataset, batch_size, seed=seed)
+    for x, y in DataLoader(dataset, batch_sampler=sampler):
+        yield x.to(device), y.to(device)
+
+
+def evaluate_snapshots(
+    model: nn.Module, snapshots: list[Snapshot], test: TensorDataset
+) -> list[dict[str, float]]:
+    """Each snapshot's test accuracy and loss (after the job: the timed run paid none)."""
+    curve = []
+    for snap in snapshots:
+        vector_to_parameters(snap.weights, model.parameters())
+        loss, accuracy = evaluate(model, test)
+        curve.append(
+            {
+                "seconds": snap.seconds,
+                "updates": snap.updates,
+                "samples": snap.samples,
+                "accuracy": accuracy,
+                "loss": loss,
+            }
+        )
+    return curve
+
+
+def to_target(curve: list[dict[str, float]], target: float) -> dict[str, float] | None:
+    """The first point of the curve at or above `target` accuracy (None: never)."""
+    return next((point for point in curve if point["accuracy"] >= target), None)
+
+
 def worker(scenario: ClusterScenario) -> None:
     """One rank of the job (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
     torch.set_num_threads(1)  # N ranks share this machine's cores
+    rank = int(os.environ["RANK"])
     device, backend = scenario.placement(int(os.environ.get("LOCAL_RANK", "0")))
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend)
-    rank = dist.get_rank()
     out = Path(scenario.out)
-    if scenario.dataset != "digits":
-        raise ClusterScenarioError("cluster experiments run on the embedded digits for now")
-    data = load_digits()
-    dataset = tensor_dataset(data.x, data.y)
-    network = build_model(scenario.model, tuple(data.x.shape[1:]), data.num_classes, scenario.seed)
-    model = DistributedDataParallel(
-        network.to(device), device_ids=[device.index] if device.type == "cuda" else None
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=scenario.learning_rate)
     (out / f"rank-{rank}.pid").write_text(str(os.getpid()))
-    iteration = [1]
-    rows: list[dict[str, Any]] = []
-    losses: list[float] = []
-    iteration_s: list[float] = []
-
-    def record(exchange: Exchange) -> None:
-        speeds = {r.worker: r.speed for r in exchange.reports}
-        slowest = max(r.compute_s for r in exchange.reports)
-        total = sum(r.batch_size for r in exchange.reports)
-        if scenario.gpu_like:  # t(B) is not linear: T* of the GPU-like curves
-            models = {
-                str(k): GpuLikeTime(
-                    p.speed_at(exchange.iteration),
-                    launch=scenario.launch,
-                    saturation=scenario.saturation,
-                )
-                for k, p in enumerate(scenario.profiles())
-            }
-            ideal = ideal_split(models, total)[1]
-        else:
-            ideal = ideal_round_time(speeds, total)
-        for r in exchange.reports:
-            rows.append(
-                {
-                    "iteration": exchange.iteration,
-                    "rank": int(r.worker),
-                    "batch_size": r.batch_size,
-                    "compute_s": r.compute_s,
-                    "cpu": r.cpu,
-                    "mem": r.mem,
-                    "next_batch_size": exchange.sizes[int(r.worker)],
-                    "slowest_compute_s": slowest,
-                    "ideal_s": ideal,
-                    "efficiency": ideal / slowest,
-                    "policy": scenario.policy,
-                    "device": device.type,
-                    "backend": backend,
-                    "clock": "measured (emulated speeds)",
-                }
-            )
-
-    load = None
-    machine = [1.0]  # the competing load's slowdown as the iteration began
-    if scenario.load > 0:
-        load = CompetingLoad(scenario.load, seed=scenario.seed * 100 + rank)
-        load.start()
-    balancer = LoadBalancer(
-        model,
-        dataset,
-        scenario.batch_size,
-        scenario.tuner(),
-        scenario.estimator(),
-        asynchronous=CLUSTER_POLICIES[scenario.policy].asynchronous,
-        pace=_pace(scenario, rank, iteration, machine),
-        seed=scenario.seed,
-        on_exchange=record if rank == 0 else None,
-        probe=MachineProbe(load.pid) if load else None,
+    train, test = federation_pool(scenario.dataset, scenario.data_dir, 0, 0.2, scenario.seed)
+    dataset = tensor_dataset(train.x, train.y)
+    network = build_model(
+        scenario.model, tuple(train.x.shape[1:]), train.num_classes, scenario.seed
     )
-    started = time.perf_counter()
+    name, policy, parameter = parse_policy(scenario.policy)
+    # the parameter server is rank 0 of a ps job; its workers are ranks 1..nproc
+    worker_index = rank - 1 if policy.engine == "ps" else rank
+    load = None
+    if scenario.load > 0 and worker_index >= 0:
+        load = CompetingLoad(scenario.load, seed=scenario.seed * 100 + worker_index)
+        load.start()
+    slowdown = [1.0]  # bsp: the load's state as the iteration began (its loop sets it)
+
+    def machine() -> float:
+        if policy.engine == "bsp":
+            return slowdown[0]
+        return load.slowdown() if load is not None else 1.0
+
+    pace = _pace(scenario, worker_index, machine) if worker_index >= 0 else None
+    batches = _batches(dataset, scenario.batch_size, scenario.seed * 1009 + rank, device)
     try:
-        last = time.perf_counter()
-        for x, y in balancer.batches(scenario.iterations):
-            # The load's state now, right after the boundary's resource sample, sets this
-            # iteration's speed: resources measured at k drive iteration k + 1 (Sec. 3.2.2).
-            machine[0] = load.slowdown() if load is not None else 1.0
-            loss: torch.Tensor = torch.nn.functional.cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-            losses.append(loss.item())
-            now = time.perf_counter()
-            iteration_s.append(now - last)  # the BSP iteration as this rank lived it
-            last = now
-            iteration[0] += 1
-            if rank == 0 and iteration[0] % 10 == 1:
-                log.info(
-                    "iteration %d: sizes %s, loss %.3f",
-                    iteration[0] - 1,
-                    balancer.coordinator.sizes,
-                    losses[-1],
-                )
-        balancer.close()
-    except ClusterError as error:
-        print(f"fedlb cluster: {error}", file=sys.stderr, flush=True)
+        if policy.engine == "bsp":
+            outcome = bsp_job(
+                scenario, rank, network.to(device), dataset, device, backend, pace, load, slowdown
+            )
+        elif policy.engine == "ps":
+            kind = name
+            updates = scenario.iterations * (scenario.nproc if kind != "backup" else 1)
+            outcome = ps_job(
+                scenario.policy,
+                kind,
+                parameter,
+                rank,
+                scenario.nproc + 1,
+                network,
+                batches,
+                scenario.learning_rate,
+                updates,
+                scenario.snapshot_s,
+                pace,
+                scenario.batch_size,
+            )
+        else:
+            dist.init_process_group(backend)
+            outcome = eager_job(
+                scenario.policy,
+                name.removeprefix("eager-"),
+                rank,
+                network.to(device),
+                batches,
+                scenario.learning_rate,
+                scenario.iterations,
+                scenario.snapshot_s,
+                pace,
+                scenario.batch_size,
+                job_store(),
+                scenario.seed,
+            )
+            dist.barrier()
+            dist.destroy_process_group()
+    except (ClusterError, RuntimeError) as error:
+        print(f"fedlb cluster: rank {rank}: {error}", file=sys.stderr, flush=True)
         raise SystemExit(1) from error
     finally:
         if load is not None:
             load.stop()
-    wall = time.perf_counter() - started
+    with (out / f"iterations-rank-{rank}.jsonl").open("w") as handle:
+        for row in outcome.rows:
+            handle.write(json.dumps({**row, "device": device.type, "backend": backend}) + "\n")
     if rank == 0:
-        with (out / "iterations.jsonl").open("w") as handle:
-            for row in rows:
-                handle.write(json.dumps(row) + "\n")
-        steady = [r["efficiency"] for r in rows if r["iteration"] > 10 and r["rank"] == 0]
-        summary = {
-            "scenario": dataclasses.asdict(scenario),
-            "clock": "measured (emulated speeds)",
-            "device": str(device),
-            "backend": backend,
-            "wall_s": wall,
-            "mean_iteration_s": statistics.fmean(iteration_s[10:] or iteration_s),
-            "ceiling": scenario.ceiling(),
-            "steady_efficiency": statistics.fmean(steady) if steady else None,
-            "final_sizes": balancer.coordinator.sizes,
-            # rank 0: the manager's decisions, and whole exchanges (waits for ranks included)
-            "controller_s_per_iteration": balancer.coordinator.step_s / scenario.iterations,
-            "exchange_s_per_iteration": balancer.coordinator.exchange_s / scenario.iterations,
-            "first_losses": losses[:10],
-            "last_losses": losses[-10:],
-        }
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    dist.barrier()
-    # The DDP model (its reducer holds gloo work) goes before the group: one outliving its
-    # process group can abort the rank at exit, failing a finished job.
-    del balancer, model, optimizer
-    dist.destroy_process_group()
+        _summarise(scenario, outcome, network.to("cpu"), test, device, backend)
+
+
+def _summarise(
+    scenario: ClusterScenario,
+    outcome: JobOutcome,
+    network: nn.Module,
+    test: LabelledData,
+    device: torch.device,
+    backend: str,
+) -> None:
+    """summary.json: the job's hardware side (time per update) and statistical side
+    (accuracy over time and updates, from the snapshots)."""
+    held_out = tensor_dataset(test.x[: scenario.eval_samples], test.y[: scenario.eval_samples])
+    curve = evaluate_snapshots(network, outcome.snapshots, held_out)
+    target = to_target(curve, scenario.target_accuracy) if scenario.target_accuracy else None
+    summary = {
+        "scenario": dataclasses.asdict(scenario),
+        "clock": MEASURED,
+        "device": str(device),
+        "backend": backend,
+        "wall_s": outcome.wall_s,
+        "updates": outcome.updates,
+        "mean_update_s": outcome.wall_s / outcome.updates if outcome.updates else None,
+        "ceiling": scenario.ceiling(),
+        "final_accuracy": curve[-1]["accuracy"] if curve else None,
+        "target_accuracy": scenario.target_accuracy or None,
+        "time_to_target_s": None if target is None else target["seconds"],
+        "updates_to_target": None if target is None else target["updates"],
+        "accuracy": curve,
+        "first_losses": outcome.losses[:10],
+        "last_losses": outcome.losses[-10:],
+        **outcome.extra,
+    }
+    (Path(scenario.out) / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
 def launch(scenario: ClusterScenario, out: Path, timeout: float | None = None) -> int:
@@ -342,7 +391,7 @@ def launch(scenario: ClusterScenario, out: Path, timeout: float | None = None) -
         "-m",
         "torch.distributed.run",
         "--standalone",
-        f"--nproc-per-node={scenario.nproc}",
+        f"--nproc-per-node={scenario.processes}",
         "--module",
         "fedlb.experiments.cluster_run",
         json.dumps(scenario.to_mapping()),
@@ -353,11 +402,17 @@ def launch(scenario: ClusterScenario, out: Path, timeout: float | None = None) -
         )
         (out / "torchrun.pid").write_text(str(process.pid))
         try:
-            return process.wait(timeout=timeout)
+            code = process.wait(timeout=timeout)
         except (subprocess.TimeoutExpired, KeyboardInterrupt):
             os.killpg(process.pid, 9)
             process.wait()
             raise
+    parts = sorted(out.glob("iterations-rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[-1]))
+    with (out / "iterations.jsonl").open("w") as merged:
+        for part in parts:
+            merged.write(part.read_text())
+            part.unlink()
+    return code
 
 
 def _exit_now(code: int) -> None:

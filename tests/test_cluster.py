@@ -97,7 +97,10 @@ def test_four_ranks_converge_to_their_speeds_under_torchrun(tmp_path):
             os.kill(int(pid_file.read_text()), 0)
 
 
-def test_a_rank_that_dies_fails_the_job_with_a_clear_message(tmp_path):
+@pytest.mark.parametrize("policy", ["lb-ema", "asp", "eager-solo"])
+def test_a_rank_that_dies_fails_the_job_with_a_clear_message(tmp_path, policy):
+    """BSP, the parameter server and eager-SGD alike: a killed worker stops the job with
+    its reason, no rank hangs or is left behind."""
     import signal
     import subprocess
     import sys
@@ -109,7 +112,7 @@ def test_a_rank_that_dies_fails_the_job_with_a_clear_message(tmp_path):
         "fedlb.cli",
         "cluster",
         "--policies",
-        "lb-ema",
+        policy,
         "--iterations",
         "100000",
         "--out",
@@ -117,7 +120,7 @@ def test_a_rank_that_dies_fails_the_job_with_a_clear_message(tmp_path):
     ]
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        victim = tmp_path / "lb-ema" / "rank-2.pid"
+        victim = tmp_path / policy / "rank-2.pid"
         deadline = time.monotonic() + 120
         while not victim.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -132,7 +135,7 @@ def test_a_rank_that_dies_fails_the_job_with_a_clear_message(tmp_path):
     assert "the job failed" in flat
     # torchrun's root cause, or a surviving rank's own report of the lost peer
     assert "rank 2 was killed by signal 9" in flat or "has probably died" in flat, flat
-    for pid_file in (tmp_path / "lb-ema").glob("rank-*.pid"):
+    for pid_file in (tmp_path / policy).glob("rank-*.pid"):
         with pytest.raises(ProcessLookupError):
             os.kill(int(pid_file.read_text()), 0)
 
@@ -201,3 +204,32 @@ def test_the_shipped_cluster_scenarios_parse():
         values = read_toml(path, "cluster scenario")
         for policy in str(values.pop("policies")).split(","):
             assert ClusterScenario.from_mapping({**values, "policy": policy}).nproc >= 1
+
+
+def test_stopping_fedlb_cluster_stops_its_job(tmp_path):
+    """SIGTERM to `fedlb cluster` (a scheduler, `timeout`) takes the torchrun job with it:
+    its ranks run in sessions of their own, so they are stopped by their PIDs too."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    command = [sys.executable, "-m", "fedlb.cli", "cluster", "--policies", "asp"]
+    command += ["--iterations", "100000", "--out", str(tmp_path)]
+    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        folder = tmp_path / "asp"
+        deadline = time.monotonic() + 120
+        while len(list(folder.glob("rank-*.pid"))) < 5 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    pids = [int(p.read_text()) for p in (tmp_path / "asp").glob("rank-*.pid")]
+    assert len(pids) == 5  # the parameter server and 4 workers
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

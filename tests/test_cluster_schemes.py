@@ -57,11 +57,11 @@ def _ps_rank(
 ):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    init_ps_rpc(rank, WORKERS + 1, timeout_s=60)
     if rank == 0:
         server = ParameterServer(
             _model(), 0.1, kind, parameter, list(range(1, WORKERS + 1)), updates
         )
+        init_ps_rpc(rank, WORKERS + 1, server, timeout_s=60)
         serve(server)
         log = server.log
         with open(out, "w") as handle:
@@ -77,6 +77,7 @@ def _ps_rank(
                 handle,
             )
     else:
+        init_ps_rpc(rank, WORKERS + 1, timeout_s=60)
         # worker 3 is `slow` times slower than workers 1 and 2
         work(rank, _model(), _batches(rank), _slow(0.02 * (slow if rank == WORKERS else 1)))
     os._exit(0)

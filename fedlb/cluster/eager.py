@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]
 
+from .coordinator import ClusterError
+
 EAGER_MODES = ("solo", "majority")
 POLL_S = 0.002  # how often a waiting progress thread looks for another rank's activation
 
@@ -139,9 +141,15 @@ class PartialAllreduce:
             self.timeout_s * 2,
         )
         if self._error is not None:
-            raise RuntimeError(f"rank {self.rank}: eager all-reduce failed: {self._error}")
+            raise ClusterError(
+                f"rank {self.rank}: the eager all-reduce failed ({self._error}); a rank has "
+                "probably died, so the job stops"
+            )
         if not ok:
-            raise RuntimeError(f"rank {self.rank}: no collective for {self.timeout_s * 2:.0f} s")
+            raise ClusterError(
+                f"rank {self.rank}: no collective for {self.timeout_s * 2:.0f} s; a rank has "
+                "probably died or hangs, so the job stops"
+            )
 
     # ---- the progress thread --------------------------------------------------------------
 

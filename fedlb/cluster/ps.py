@@ -209,9 +209,16 @@ def _push(worker: int, version: int, gradient: torch.Tensor, samples: int) -> No
     _server().push(worker, version, gradient, samples)
 
 
-def init_ps_rpc(rank: int, world: int, timeout_s: float = 120.0) -> None:
+def init_ps_rpc(
+    rank: int, world: int, server: ParameterServer | None = None, timeout_s: float = 120.0
+) -> None:
     """Join the job's RPC group (torchrun's MASTER_ADDR/PORT); enough RPC threads that
-    every worker's waiting pull and a push can be served at once."""
+    every worker's waiting pull and a push can be served at once. Rank 0 passes its
+    `server`: it is in place before any worker can reach it."""
+    global _SERVER
+    if (rank == 0) != (server is not None):
+        raise ValueError("rank 0, and only rank 0, serves the parameters: pass its server")
+    _SERVER = server
     options = rpc.TensorPipeRpcBackendOptions(
         num_worker_threads=max(16, 2 * world + 4), rpc_timeout=timeout_s
     )
@@ -221,10 +228,10 @@ def init_ps_rpc(rank: int, world: int, timeout_s: float = 120.0) -> None:
 
 
 def serve(server: ParameterServer) -> None:
-    """Rank 0: serve `server` until the job is over, then leave the RPC group (which
-    waits for every worker to leave it too)."""
-    global _SERVER
-    _SERVER = server
+    """Rank 0, after `init_ps_rpc(0, world, server)`: serve until the job is over, then
+    leave the RPC group (which waits for every worker to leave it too)."""
+    if _SERVER is not server:
+        raise RuntimeError("call init_ps_rpc(0, world, server) with this server first")
     server.wait_done()
     rpc.shutdown()
 

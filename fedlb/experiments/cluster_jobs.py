@@ -94,18 +94,11 @@ def ps_job(
     batch_size: int,
 ) -> JobOutcome:
     """Rank 0 serves the parameters, ranks 1..world-1 work (torchrun's env for RPC)."""
-    init_ps_rpc(rank, world)
     outcome = JobOutcome()
     if rank == 0:
-        server = ParameterServer(
-            model,
-            lr,
-            kind,
-            parameter,
-            list(range(1, world)),
-            max_updates,
-            snapshot_s,
-        )
+        workers = list(range(1, world))
+        server = ParameterServer(model, lr, kind, parameter, workers, max_updates, snapshot_s)
+        init_ps_rpc(rank, world, server)
         started = time.perf_counter()
         serve_parameters(server)
         outcome.wall_s = time.perf_counter() - started
@@ -120,6 +113,7 @@ def ps_job(
             "pull_wait_s": seen.wait_s,
         }
         return outcome
+    init_ps_rpc(rank, world)
     done = work(rank, model, batches, pace)
     outcome.rows = _rows(policy, rank, done.compute_s, batch_size)
     outcome.losses = done.losses

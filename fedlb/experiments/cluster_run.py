@@ -18,8 +18,10 @@ import json
 import logging
 import math
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,8 +334,9 @@ def worker(scenario: ClusterScenario) -> None:
             )
             dist.barrier()
             dist.destroy_process_group()
-    except (ClusterError, RuntimeError) as error:
-        print(f"fedlb cluster: rank {rank}: {error}", file=sys.stderr, flush=True)
+    except (ClusterError, RuntimeError) as error:  # RPC's failures are RuntimeErrors
+        reason = str(error) if isinstance(error, ClusterError) else f"rank {rank}: {error}"
+        print(f"fedlb cluster: {reason}", file=sys.stderr, flush=True)
         raise SystemExit(1) from error
     finally:
         if load is not None:
@@ -401,18 +404,48 @@ def launch(scenario: ClusterScenario, out: Path, timeout: float | None = None) -
             command, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
         (out / "torchrun.pid").write_text(str(process.pid))
+        replaced = None
+        if threading.current_thread() is threading.main_thread():
+            # stopped by SIGTERM (a scheduler, `timeout`): the job goes too, not left running
+            replaced = signal.signal(signal.SIGTERM, _interrupt)
         try:
             code = process.wait(timeout=timeout)
         except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            os.killpg(process.pid, 9)
-            process.wait()
+            _stop(process, out)
             raise
+        finally:
+            if replaced is not None:
+                signal.signal(signal.SIGTERM, replaced)
     parts = sorted(out.glob("iterations-rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[-1]))
     with (out / "iterations.jsonl").open("w") as merged:
         for part in parts:
             merged.write(part.read_text())
             part.unlink()
     return code
+
+
+def _stop(process: subprocess.Popen[bytes], out: Path) -> None:
+    """Stop a job: torchrun first (it stops its ranks, which run in sessions of their
+    own), then whatever is left, by the PIDs the ranks wrote (only processes that are
+    still this module's ranks)."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    for pid_file in out.glob("rank-*.pid"):
+        pid = int(pid_file.read_text())
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue  # gone
+        if b"fedlb.experiments.cluster_run" in command:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _exit_now(code: int) -> None:

@@ -170,7 +170,9 @@ def eager_job(
             Snapshot(
                 time.perf_counter() - started,
                 applied,
-                applied * batch_size * allreduce.world,
+                # the gradients in the results applied so far (the flush has no count of
+                # its own beyond the collectives')
+                sum(allreduce.log.contributors[:applied]) * batch_size,
                 parameters_to_vector(model.parameters()).detach().clone(),
             )
         )
@@ -205,7 +207,7 @@ def eager_job(
         snapshot()
     outcome.rows = _rows(policy, rank, compute, batch_size)
     outcome.updates = applied
-    outcome.samples = allreduce.log.deposited * batch_size  # this rank's; summed by the caller
+    outcome.samples = sum(allreduce.log.contributors) * batch_size
     contributors = allreduce.log.contributors
     outcome.extra = {
         "mean_contributors": sum(contributors) / len(contributors) if contributors else None,

@@ -374,6 +374,7 @@ def _summarise(
         "target_accuracy": scenario.target_accuracy or None,
         "time_to_target_s": None if target is None else target["seconds"],
         "updates_to_target": None if target is None else target["updates"],
+        "samples_to_target": None if target is None else target["samples"],
         "accuracy": curve,
         "first_losses": outcome.losses[:10],
         "last_losses": outcome.losses[-10:],

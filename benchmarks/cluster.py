@@ -374,8 +374,8 @@ def schemes_to_accuracy(quick: bool, figures: dict[str, Any]) -> tuple[str, dict
         "hardware efficiency); X-steps: samples in the applied updates until the target, in "
         "units of X (the statistical efficiency); acc at equal time: each scheme's accuracy "
         "when BSP's run ended (its last, for a run that ended sooner). Means over seeds; "
-        "'–' where a seed did not reach the target. Accuracy is evaluated after each run on snapshots of the "
-        "weights taken every 0.5 s (2,000 test images). Plots: "
+        "'–' where a seed did not reach the target. Accuracy is evaluated after each run on "
+        "snapshots of the weights taken every 0.5 s (2,000 test images). Plots: "
         + ", ".join(str(RUNS / "schemes" / f"accuracy-{s}.png") for s in settings)
         + "."
     )

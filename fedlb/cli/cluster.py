@@ -59,6 +59,11 @@ def cluster(
         float | None,
         typer.Option(help="Competing load per rank: chance per 0.1 s it starts or stops."),
     ] = None,
+    dataset: Annotated[str | None, typer.Option(help="Dataset (fedlb's table).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model: mlp, lenet5, cnn, ...")] = None,
+    target_accuracy: Annotated[
+        float | None, typer.Option(help="Report time and updates to this test accuracy.")
+    ] = None,
     device: Annotated[
         str | None,
         typer.Option(help="Each rank's device: auto (cuda:LOCAL_RANK if any), cpu, cuda."),
@@ -88,6 +93,9 @@ def cluster(
         "base-speed": base_speed,
         "traces": traces,
         "load": load,
+        "dataset": dataset,
+        "model": model,
+        "target-accuracy": target_accuracy,
         "device": device,
         "backend": backend,
     }

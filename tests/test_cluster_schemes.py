@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from fedlb.cluster import parse_policy
+from fedlb.cluster import LocalSGD, parse_policy
 from fedlb.cluster.eager import PartialAllreduce
 from fedlb.cluster.ps import ParameterServer, init_ps_rpc, serve, work
 
@@ -204,3 +204,51 @@ def test_eager_applies_every_gradient_eventually(tmp_path, mode):
     # Partial: the slow rank missed collectives, contributing later (or in the flush).
     assert ranks[-1]["count"] < ranks[0]["count"]
     assert min(contributors[:collectives]) < WORKERS
+
+
+# ---- local SGD ----------------------------------------------------------------------------
+
+
+def _local_rank(rank: int, store_path: str, out: str):
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=3)
+    model = _model()
+    local = LocalSGD(model, local_steps=3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = _batches(rank)
+    checks = []
+    for _ in range(7):  # averages after steps 3 and 6, and at finish() (step 7)
+        x, y = next(batches)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        before = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+        everyone = [torch.zeros_like(before) for _ in range(3)]
+        dist.all_gather(everyone, before)
+        averaged = local.step()
+        after = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+        mean = torch.stack(everyone).mean(dim=0)
+        checks.append(
+            (averaged, torch.allclose(after, mean, atol=1e-6), torch.equal(after, before))
+        )
+    local.finish()
+    final = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    torch.save({"checks": checks, "final": final, "averages": local.averages}, f"{out}-{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_local_sgd_averages_exactly_every_tau_steps(tmp_path):
+    out = str(tmp_path / "rank")
+    mp.spawn(_local_rank, args=(str(tmp_path / "store"), out), nprocs=3)
+    ranks = [torch.load(f"{out}-{r}.pt") for r in range(3)]
+    for r in ranks:
+        assert [c[0] for c in r["checks"]] == [False, False, True, False, False, True, False]
+        for averaged, is_mean, unchanged in r["checks"]:
+            assert is_mean if averaged else unchanged  # averaged to the mean, or left alone
+        assert r["averages"] == 3
+        assert torch.allclose(r["final"], ranks[0]["final"])  # one model at the end
+    with pytest.raises(ValueError, match="local_steps must be"):
+        LocalSGD(_model(), 0)

@@ -6,13 +6,14 @@ gathered to rank 0, sizes broadcast; blocking on CPU, one iteration late on GPU)
 gRPC service (`serve`, `ManagerClient`) for workers of any framework. The straggler
 schemes LB-BSP is compared with: a parameter server on torch.distributed.rpc
 (`ParameterServer`, `serve_parameters`, `work`: asp, ssp, backup) and eager-SGD's
-partial all-reduce (`PartialAllreduce`).
+partial all-reduce (`PartialAllreduce`); local SGD (`LocalSGD`).
 """
 
 from .balancer import LoadBalancer
 from .coordinator import ClusterError, Coordinator, Exchange, exchange_backend
 from .eager import EAGER_MODES, PartialAllreduce
 from .hook import WeightedState, weighted_allreduce_hook
+from .local import LocalSGD
 from .policies import (
     BALANCING_POLICIES,
     CLUSTER_POLICIES,
@@ -35,6 +36,7 @@ __all__ = [
     "Coordinator",
     "Exchange",
     "LoadBalancer",
+    "LocalSGD",
     "ManagerClient",
     "ManagerService",
     "ParameterServer",

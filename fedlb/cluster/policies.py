@@ -2,9 +2,10 @@
 manager service. A balancing policy (engine `bsp`: BSP with LoadBalancer) is a tuner and
 an estimator from fedlb.balance's table, and whether sizes travel blocking (CPUs) or one
 iteration late (GPUs). The straggler schemes the papers compare against run on engines of
-their own: `ps` (a parameter server on torch.distributed.rpc: asp, ssp:S, backup:K) and
-`eager` (eager-SGD's partial all-reduce). A policy with a parameter is written NAME:VALUE
-(`ssp:3`, `backup:2`); without one it takes its default."""
+their own: `ps` (a parameter server on torch.distributed.rpc: asp, ssp:S, backup:K),
+`eager` (eager-SGD's partial all-reduce) and `local` (local SGD's periodic averaging). A
+policy with a parameter is written NAME:VALUE (`ssp:3`, `backup:2`); without one it takes
+its default."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class ClusterPolicy:
     tuner: str = "static"  # a name in fedlb.balance.TUNERS
     estimator: str = "ema"  # a name in fedlb.balance.ESTIMATORS
     asynchronous: bool = False  # sizes apply one iteration late (the exchange overlaps)
-    engine: str = "bsp"  # bsp (LoadBalancer), ps (parameter server), eager (partial all-reduce)
+    engine: str = "bsp"  # bsp (LoadBalancer), ps (parameter server), eager, local (local SGD)
     parameter: int | None = None  # the default of NAME:VALUE (ssp's bound, backup's k)
     when: str = ""  # when a user would pick it (fedlb cluster --help, docs)
 
@@ -69,6 +70,12 @@ CLUSTER_POLICIES = {
         "eager-SGD: a randomly drawn rank starts the all-reduce, so about half are ready",
         engine="eager",
     ),
+    "local-sgd": ClusterPolicy(
+        "local SGD: each worker takes H steps on its own replica, then the replicas are "
+        "averaged (local-sgd:H, default 8)",
+        engine="local",
+        parameter=8,
+    ),
 }
 DEFAULT_CLUSTER_POLICY = "lb-ema"
 BALANCING_POLICIES = tuple(n for n, p in CLUSTER_POLICIES.items() if p.engine == "bsp")
@@ -89,6 +96,6 @@ def parse_policy(text: str) -> tuple[str, ClusterPolicy, int | None]:
         number = int(value)
     except ValueError as error:
         raise ValueError(f"policy {name}:VALUE needs a whole number, got {text!r}") from error
-    if number < (0 if name == "ssp" else 1):
+    if number < (0 if name == "ssp" else 1):  # ssp:0 is a valid bound; the others count
         raise ValueError(f"policy {text!r}: the value must be >= {0 if name == 'ssp' else 1}")
     return name, policy, number

@@ -31,6 +31,7 @@ from fedlb.balance import ideal_round_time
 from fedlb.cluster import (
     Exchange,
     LoadBalancer,
+    LocalSGD,
     ParameterServer,
     PartialAllreduce,
     Snapshot,
@@ -214,6 +215,67 @@ def eager_job(
         "wait_s": allreduce.log.wait_s,
         "deposited": allreduce.log.deposited,
     }
+    return outcome
+
+
+def local_job(
+    policy: str,
+    local_steps: int,
+    rank: int,
+    model: nn.Module,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    lr: float,
+    iterations: int,
+    snapshot_s: float,
+    pace: Pace | None,
+    batch_size: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
+) -> JobOutcome:
+    """One rank of local SGD: `iterations` local steps on its replica, averaged every
+    `local_steps` (and once at the end). Snapshots: rank 0's averaged model."""
+    world = dist.get_world_size()
+    local = LocalSGD(model, local_steps)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    outcome = JobOutcome()
+    compute: list[float] = []
+    started = last_snapshot = time.perf_counter()
+
+    def snapshot(steps: int) -> None:
+        outcome.snapshots.append(
+            Snapshot(
+                time.perf_counter() - started,
+                steps,
+                steps * batch_size * world,
+                parameters_to_vector(model.parameters()).detach().cpu().clone(),
+            )
+        )
+
+    if rank == 0:
+        snapshot(0)
+    for step in range(1, iterations + 1):
+        x, y = next(batches)
+        began = time.perf_counter()
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        real = time.perf_counter() - began
+        if pace is not None and (remaining := pace(real, len(y)) - real) > 0:
+            time.sleep(remaining)
+        compute.append(time.perf_counter() - began)
+        outcome.losses.append(float(loss.detach()))
+        averaged = local.step()
+        now = time.perf_counter()
+        if rank == 0 and averaged and now - last_snapshot >= snapshot_s:
+            snapshot(step)
+            last_snapshot = now
+    local.finish()
+    outcome.wall_s = time.perf_counter() - started
+    if rank == 0:
+        snapshot(iterations)
+    outcome.rows = _rows(policy, rank, compute, batch_size)
+    outcome.updates = iterations
+    outcome.extra = {"averages": local.averages}
     return outcome
 
 

@@ -54,7 +54,15 @@ from fedlb.training import (
 )
 
 from .clocks import GpuLikeTime
-from .cluster_jobs import MEASURED, JobOutcome, bsp_job, eager_job, job_store, ps_job
+from .cluster_jobs import (
+    MEASURED,
+    JobOutcome,
+    bsp_job,
+    eager_job,
+    job_store,
+    local_job,
+    ps_job,
+)
 from .load import CompetingLoad
 from .profiles import SpeedProfile, preset
 from .scenario import scenario_arguments
@@ -316,6 +324,23 @@ def worker(scenario: ClusterScenario) -> None:
                 pace,
                 scenario.batch_size,
             )
+        elif policy.engine == "local":
+            dist.init_process_group(backend)
+            assert parameter is not None
+            outcome = local_job(
+                scenario.policy,
+                parameter,
+                rank,
+                network.to(device),
+                batches,
+                scenario.learning_rate,
+                scenario.iterations,
+                scenario.snapshot_s,
+                pace,
+                scenario.batch_size,
+            )
+            dist.barrier()
+            dist.destroy_process_group()
         else:
             dist.init_process_group(backend)
             outcome = eager_job(

@@ -252,3 +252,68 @@ def test_local_sgd_averages_exactly_every_tau_steps(tmp_path):
         assert torch.allclose(r["final"], ranks[0]["final"])  # one model at the end
     with pytest.raises(ValueError, match="local_steps must be"):
         LocalSGD(_model(), 0)
+
+
+# ---- the data-partition manager ---------------------------------------------------------
+
+SHARD = 60
+
+
+def _partition_rank(rank: int, store_path: str, threshold: float, out: str):
+    from fedlb.cluster import DataPartitionManager, Shard
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=3)
+    ids = torch.arange(rank * SHARD, (rank + 1) * SHARD)
+    shard = Shard(ids.float().unsqueeze(1).repeat(1, 2), ids % 7, ids)  # x carries the id
+    batch = (4, 8, 16)[rank]  # fixed unequal batches, as LB-BSP's would be
+    manager = DataPartitionManager(shard, batch, threshold=threshold, check_every=5, seed=1)
+    for _ in range(200):
+        x, y = manager.next_batch()
+        assert torch.equal(x[:, 0].long() % 7, y)  # samples and labels move together
+        manager.step(batch)
+    manager.close()
+    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(3)]
+    dist.all_gather(sizes, torch.tensor([len(manager.shard)]))
+    largest = int(max(s.item() for s in sizes))
+    padded = torch.full((largest,), -1, dtype=torch.long)
+    padded[: len(manager.shard)] = manager.shard.ids
+    everyone = [torch.zeros(largest, dtype=torch.long) for _ in range(3)]
+    dist.all_gather(everyone, padded)
+    if rank == 0:
+        held = torch.cat([e[e >= 0] for e in everyone])
+        torch.save(
+            {
+                "held": held,
+                "sizes": [int(s.item()) for s in sizes],
+                "gaps": manager.gaps,
+                "moves": [(m.source, m.target, m.count, m.bytes) for m in manager.moves],
+            },
+            out,
+        )
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("threshold", [2.0, 1e9])
+def test_the_partition_manager_keeps_shards_at_one_pace_and_loses_no_sample(tmp_path, threshold):
+    out = tmp_path / "result.pt"
+    mp.spawn(_partition_rank, args=(str(tmp_path / "store"), threshold, str(out)), nprocs=3)
+    result = torch.load(out)
+    held = result["held"]
+    assert len(held) == 3 * SHARD  # counts conserved ...
+    assert torch.equal(torch.sort(held).values, torch.arange(3 * SHARD))  # ... none lost or doubled
+    if threshold > 1e6:  # without moves rank 2 passes over its shard 4x as often as rank 0
+        assert result["moves"] == []
+        assert max(result["gaps"]) > 30
+        return
+    assert result["moves"]  # samples went from the slow (small-batch) ranks to the fast one
+    assert result["sizes"][2] > result["sizes"][1] > result["sizes"][0]
+    # the gap stays near the threshold: it can grow by what two check windows add
+    # (the move is decided at one check and lands at the next)
+    drift = 2 * 5 * 16 / SHARD
+    assert max(result["gaps"]) <= 2.0 + drift
+    assert result["gaps"][-1] <= 2.0 + drift
+    assert all(size == count * (2 * 4 + 8 + 8) for _, _, count, size in result["moves"])

@@ -6,7 +6,8 @@ gathered to rank 0, sizes broadcast; blocking on CPU, one iteration late on GPU)
 gRPC service (`serve`, `ManagerClient`) for workers of any framework. The straggler
 schemes LB-BSP is compared with: a parameter server on torch.distributed.rpc
 (`ParameterServer`, `serve_parameters`, `work`: asp, ssp, backup) and eager-SGD's
-partial all-reduce (`PartialAllreduce`); local SGD (`LocalSGD`).
+partial all-reduce (`PartialAllreduce`); local SGD (`LocalSGD`). For ranks that hold only
+a local shard, `DataPartitionManager` keeps the shards traversed at one pace.
 """
 
 from .balancer import LoadBalancer
@@ -14,6 +15,7 @@ from .coordinator import ClusterError, Coordinator, Exchange, exchange_backend
 from .eager import EAGER_MODES, PartialAllreduce
 from .hook import WeightedState, weighted_allreduce_hook
 from .local import LocalSGD
+from .partition import DataPartitionManager, MoveRecord, Shard
 from .policies import (
     BALANCING_POLICIES,
     CLUSTER_POLICIES,
@@ -34,14 +36,17 @@ __all__ = [
     "ClusterError",
     "ClusterPolicy",
     "Coordinator",
+    "DataPartitionManager",
     "Exchange",
     "LoadBalancer",
     "LocalSGD",
     "ManagerClient",
     "ManagerService",
+    "MoveRecord",
     "ParameterServer",
     "PartialAllreduce",
     "RequestError",
+    "Shard",
     "Snapshot",
     "WeightedState",
     "exchange_backend",

@@ -12,14 +12,16 @@
 `LoadBalancer` registers the weighted all-reduce hook on the DDP model, draws each rank's
 batches from the whole dataset with a resizable sampler, and at every iteration boundary
 (when the loop asks for the next batch) reports the iteration to the coordinator and applies
-the size it gets back. Batches come on the model's device (a GPU model gets CUDA
+the size it gets back. Where each rank holds only a shard of the data, pass a
+`DataPartitionManager` instead of the dataset: batches come from the shard, and the manager
+keeps the shards traversed at one pace. Batches come on the model's device (a GPU model gets CUDA
 tensors; a rank's GPU is `choose_device("auto")`: cuda:LOCAL_RANK). Compute is timed with
 CUDA events there, up to the last gradient bucket: the all-reduce's wait is not in it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -31,13 +33,15 @@ from fedlb.training import ComputeTimer, ResizableBatchSampler, ResourceProbe, t
 
 from .coordinator import Coordinator, Exchange
 from .hook import WeightedState, weighted_allreduce_hook
+from .partition import DataPartitionManager
 
 
 class LoadBalancer:
     """Args:
     model: your DistributedDataParallel model (the hook is registered on it).
-    dataset: the whole dataset; every rank samples from all of it (seeded per rank).
-    batch_size: B0, every rank's starting size; X = world x B0 is kept.
+    dataset: the whole dataset, every rank sampling from all of it (seeded per rank); or a
+        DataPartitionManager over this rank's own shard.
+    batch_size: B0, every rank's starting size (X = world x B0 is kept), or one per rank.
     tuner, estimator: the balancing policy (default Proportional with EMA).
     asynchronous: GPU mode: sizes applied one iteration late, exchange off the
         critical path.
@@ -53,8 +57,8 @@ class LoadBalancer:
     def __init__(
         self,
         model: DistributedDataParallel,
-        dataset: Dataset[Any],
-        batch_size: int,
+        dataset: Dataset[Any] | DataPartitionManager,
+        batch_size: int | Sequence[int],
         tuner: Tuner | None = None,
         estimator: Callable[[], SpeedEstimator] = EMA,
         *,
@@ -71,13 +75,16 @@ class LoadBalancer:
         )
         rank = self.coordinator.rank
         self.device = device if device is not None else next(model.parameters()).device
-        self.state = WeightedState(
-            pace=pace, batch_size=batch_size, timer=ComputeTimer(self.device)
-        )
-        self._set_size(batch_size)
+        own = self.coordinator.batch_size
+        self.state = WeightedState(pace=pace, batch_size=own, timer=ComputeTimer(self.device))
+        self._set_size(own)
         model.register_comm_hook(self.state, weighted_allreduce_hook)
-        self.sampler = ResizableBatchSampler(dataset, batch_size, seed=seed * 1009 + rank)  # type: ignore[arg-type]
-        self.loader = DataLoader(dataset, batch_sampler=self.sampler, **loader_args)
+        self.partitions = dataset if isinstance(dataset, DataPartitionManager) else None
+        if not isinstance(dataset, DataPartitionManager):
+            self.sampler = ResizableBatchSampler(dataset, own, seed=seed * 1009 + rank)  # type: ignore[arg-type]
+            self.loader = DataLoader(dataset, batch_sampler=self.sampler, **loader_args)
+        else:
+            dataset.batch_size = own
         self.probe = probe or ResourceProbe(self.device)
         self.iteration = 0
         self.last_report: WorkerReport | None = None
@@ -89,7 +96,7 @@ class LoadBalancer:
     def batches(self, iterations: int) -> Iterator[Any]:
         """`iterations` batches; the boundary work happens when the next one is asked for
         (and after the last), so the loop body stays yours."""
-        stream = iter(self.loader)
+        stream = self.partitions.batches() if self.partitions else iter(self.loader)
         for _ in range(iterations):
             batch = to_device(next(stream), self.device)
             self.state.begin()
@@ -116,10 +123,15 @@ class LoadBalancer:
         )
         self.last_report = report
         size = self.coordinator.step(report)
-        self.sampler.batch_size = size
+        if self.partitions is not None:
+            self.partitions.step(size)
+        else:
+            self.sampler.batch_size = size
         self._set_size(size)
         self.iteration += 1
         return size
 
     def close(self) -> None:
         self.coordinator.close()
+        if self.partitions is not None:
+            self.partitions.close()

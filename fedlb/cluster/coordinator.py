@@ -14,7 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -50,7 +50,8 @@ def exchange_backend(job_backend: str, asynchronous: bool) -> str | None:
 
 class Coordinator:
     """Args:
-    batch_size: every rank's starting size B0; X = world size x B0 is kept.
+    batch_size: every rank's starting size B0 (X = world size x B0 is kept), or one
+        starting size per rank (X = their sum).
     tuner, estimator: rank 0's BatchSizeManager's (default Proportional, EMA).
     asynchronous: GPU mode (exchange in the background, sizes one iteration late).
     group: the process group (default: the whole job).
@@ -59,7 +60,7 @@ class Coordinator:
 
     def __init__(
         self,
-        batch_size: int,
+        batch_size: int | Sequence[int],
         tuner: Tuner | None = None,
         estimator: Callable[[], SpeedEstimator] = EMA,
         *,
@@ -71,13 +72,16 @@ class Coordinator:
             raise ClusterError("torch.distributed is not initialised: launch with torchrun")
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        self.sizes = [batch_size] * self.world
-        self.total = batch_size * self.world
+        sizes = [batch_size] * self.world if isinstance(batch_size, int) else list(batch_size)
+        if len(sizes) != self.world or min(sizes) < 1:
+            raise ClusterError(f"need one batch size >= 1 per rank ({self.world}), got {sizes}")
+        self.sizes = sizes
+        self.total = sum(sizes)
         self.group = group
         self.on_exchange = on_exchange
         self.manager = (
             BatchSizeManager(
-                {str(r): batch_size for r in range(self.world)},
+                {str(r): sizes[r] for r in range(self.world)},
                 tuner if tuner is not None else Proportional(),
                 estimator,
             )

@@ -29,6 +29,7 @@ from torch.utils.data import TensorDataset
 
 from fedlb.balance import ideal_round_time
 from fedlb.cluster import (
+    DataPartitionManager,
     Exchange,
     LoadBalancer,
     LocalSGD,
@@ -283,7 +284,7 @@ def bsp_job(
     scenario: ClusterScenario,
     rank: int,
     network: nn.Module,
-    dataset: TensorDataset,
+    data: TensorDataset | Callable[[], DataPartitionManager],
     device: torch.device,
     backend: str,
     pace: Pace | None,
@@ -291,8 +292,11 @@ def bsp_job(
     slowdown: list[float],
 ) -> JobOutcome:
     """One rank of a BSP job balanced by LoadBalancer (bsp, lb-ema, lb-narx, lb-gpu,
-    deadband): DDP with the weighted all-reduce, sizes from rank 0's manager."""
+    deadband): DDP with the weighted all-reduce, sizes from rank 0's manager. `data`: the
+    whole dataset, or (shard-local data) what makes this rank's partition manager once
+    the process group is up."""
     dist.init_process_group(backend)
+    dataset = data if isinstance(data, TensorDataset) else data()
     model = DistributedDataParallel(
         network, device_ids=[device.index] if device.type == "cuda" else None
     )
@@ -337,7 +341,7 @@ def bsp_job(
     balancer = LoadBalancer(
         model,
         dataset,
-        scenario.batch_size,
+        scenario.initial_sizes(),
         scenario.tuner(),
         scenario.estimator(),
         asynchronous=scenario.gpu_like,
@@ -347,7 +351,7 @@ def bsp_job(
         probe=MachineProbe(load.pid) if load else None,
     )
     started = last = last_snapshot = time.perf_counter()
-    total = scenario.batch_size * dist.get_world_size()
+    total = sum(scenario.initial_sizes())
 
     def snapshot(updates: int) -> None:
         outcome.snapshots.append(
@@ -385,7 +389,13 @@ def bsp_job(
     outcome.updates = scenario.iterations
     coordinator = balancer.coordinator
     steady = [r["efficiency"] for r in outcome.rows if r["iteration"] > 10 and r["rank"] == 0]
-    outcome.extra = {
+    if isinstance(dataset, DataPartitionManager):  # every rank saw the same decisions
+        outcome.extra |= {
+            "partition_moves": [m.__dict__ for m in dataset.moves],
+            "partition_bytes_moved": dataset.bytes_moved,
+            "traversal_gaps": dataset.gaps,
+        }
+    outcome.extra |= {
         "mean_iteration_s": statistics.fmean(iteration_s[10:] or iteration_s),
         "steady_efficiency": statistics.fmean(steady) if steady else None,
         "final_sizes": coordinator.sizes,

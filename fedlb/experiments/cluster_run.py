@@ -37,10 +37,12 @@ from fedlb.balance import SpeedEstimator, Tuner, ideal_round_time
 from fedlb.cluster import (
     DEFAULT_CLUSTER_POLICY,
     ClusterError,
+    DataPartitionManager,
+    Shard,
     Snapshot,
     parse_policy,
 )
-from fedlb.data import DATASETS, LabelledData, federation_pool
+from fedlb.data import DATASETS, LabelledData, federation_pool, parse_partition, partition
 from fedlb.models import MODELS, build_model
 from fedlb.training import (
     BASE_SPEED,
@@ -105,6 +107,11 @@ class ClusterScenario:
     snapshot_s: float = 1.0
     eval_samples: int = 2000
     target_accuracy: float = 0.0
+    batch_sizes: str = ""
+    shards: str = ""
+    partition_manager: bool = False
+    partition_threshold: float = 2.0
+    partition_check: int = 10
     out: str = ""
 
     @classmethod
@@ -150,6 +157,24 @@ class ClusterScenario:
             raise ClusterScenarioError(f"load must be a probability in [0, 1], got {self.load}")
         self.placement()
         self.profiles()
+        sizes = self.initial_sizes()
+        if len(sizes) != self.nproc or min(sizes) < 1:
+            raise ClusterScenarioError(
+                f"batch-sizes needs one size >= 1 per rank ({self.nproc}), got {self.batch_sizes!r}"
+            )
+        if self.shards:
+            try:
+                parse_partition(self.shards)
+            except ValueError as error:
+                raise ClusterScenarioError(f"shards: {error}") from error
+            if policy.engine != "bsp":
+                raise ClusterScenarioError(
+                    f"shards (rank-local data) run with the BSP policies, not {self.policy}"
+                )
+        if self.partition_manager and not self.shards:
+            raise ClusterScenarioError("partition-manager needs shards (e.g. classes:2)")
+        if not self.partition_threshold > 0 or self.partition_check < 1:
+            raise ClusterScenarioError("partition-threshold must be > 0, partition-check >= 1")
 
     def placement(self, local_rank: int = 0) -> tuple[torch.device, str]:
         """(this rank's device, the gradients' backend); refuses what cannot run here."""
@@ -196,6 +221,17 @@ class ClusterScenario:
     def gpu_like(self) -> bool:
         """The GPU policy (sizes one iteration late) runs on GPU-like time curves."""
         return parse_policy(self.policy)[1].asynchronous
+
+    def initial_sizes(self) -> list[int]:
+        """Every rank's first batch size: batch-sizes, or batch-size for each."""
+        if not self.batch_sizes:
+            return [self.batch_size] * self.nproc
+        try:
+            return [int(b) for b in self.batch_sizes.split(",")]
+        except ValueError as error:
+            raise ClusterScenarioError(
+                f"batch-sizes must be whole numbers, got {self.batch_sizes!r}"
+            ) from error
 
     @property
     def processes(self) -> int:
@@ -272,6 +308,28 @@ def to_target(curve: list[dict[str, float]], target: float) -> dict[str, float] 
     return next((point for point in curve if point["accuracy"] >= target), None)
 
 
+def _shard_manager(
+    scenario: ClusterScenario, rank: int, dataset: TensorDataset
+) -> Callable[[], DataPartitionManager]:
+    """This rank's own shard of the data (`shards`: iid or classes:K), behind a partition
+    manager; without `partition-manager` it never moves a sample (only counts)."""
+
+    def make() -> DataPartitionManager:
+        x, y = dataset.tensors
+        parts = partition(y.numpy(), scenario.nproc, scenario.shards, scenario.seed)
+        index = torch.as_tensor(parts[rank], dtype=torch.long)
+        threshold = scenario.partition_threshold if scenario.partition_manager else math.inf
+        return DataPartitionManager(
+            Shard(x[index], y[index], index),
+            scenario.initial_sizes()[rank],
+            threshold=threshold,
+            check_every=scenario.partition_check,
+            seed=scenario.seed,
+        )
+
+    return make
+
+
 def worker(scenario: ClusterScenario) -> None:
     """One rank of the job (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
     torch.set_num_threads(1)  # N ranks share this machine's cores
@@ -304,8 +362,9 @@ def worker(scenario: ClusterScenario) -> None:
     batches = _batches(dataset, scenario.batch_size, scenario.seed * 1009 + rank, device)
     try:
         if policy.engine == "bsp":
+            data = _shard_manager(scenario, rank, dataset) if scenario.shards else dataset
             outcome = bsp_job(
-                scenario, rank, network.to(device), dataset, device, backend, pace, load, slowdown
+                scenario, rank, network.to(device), data, device, backend, pace, load, slowdown
             )
         elif policy.engine == "ps":
             kind = name

@@ -23,7 +23,15 @@ from .policies import (
     ClusterPolicy,
     parse_policy,
 )
-from .ps import PS_KINDS, ParameterServer, Snapshot, init_ps_rpc, work
+from .ps import (
+    PS_KINDS,
+    ParameterServer,
+    Snapshot,
+    TimedGradient,
+    init_ps_rpc,
+    timed_gradient,
+    work,
+)
 from .ps import serve as serve_parameters
 from .service import ManagerClient, ManagerService, RequestError, serve
 
@@ -48,12 +56,14 @@ __all__ = [
     "RequestError",
     "Shard",
     "Snapshot",
+    "TimedGradient",
     "WeightedState",
     "exchange_backend",
     "init_ps_rpc",
     "parse_policy",
     "serve",
     "serve_parameters",
+    "timed_gradient",
     "weighted_allreduce_hook",
     "work",
 ]

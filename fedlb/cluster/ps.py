@@ -34,6 +34,38 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from fedlb.training import Pace
 
 PS_NAME = "ps"
+
+
+@dataclass(frozen=True)
+class TimedGradient:
+    """One batch's flattened gradient (the mean over the batch), its loss, and the
+    seconds it took (sleep padding included where the worker emulates a slower machine)."""
+
+    gradient: torch.Tensor
+    loss: float
+    compute_s: float
+
+
+def timed_gradient(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    pace: Pace | None = None,
+) -> TimedGradient:
+    """Forward and backward on (x, y), padded to `pace`; the parameters' .grad stay set
+    (an optimizer can step on them)."""
+    started = time.perf_counter()
+    model.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()  # type: ignore[no-untyped-call]
+    gradient = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+    real = time.perf_counter() - started
+    if pace is not None and (remaining := pace(real, len(y)) - real) > 0:
+        time.sleep(remaining)
+    return TimedGradient(gradient, float(loss.detach()), time.perf_counter() - started)
+
+
 PS_KINDS = ("asp", "ssp", "backup")
 
 
@@ -266,18 +298,11 @@ def work(
         version, weights = got
         vector_to_parameters(weights, model.parameters())
         x, y = next(batches)
-        started = time.perf_counter()
-        model.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()  # type: ignore[no-untyped-call]
-        gradient = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-        real = time.perf_counter() - started
-        if pace is not None and (remaining := pace(real, len(y)) - real) > 0:
-            time.sleep(remaining)
-        log.compute_s.append(time.perf_counter() - started)
-        log.losses.append(float(loss.detach()))
+        step = timed_gradient(model, x, y, loss_fn, pace)
+        log.compute_s.append(step.compute_s)
+        log.losses.append(step.loss)
         began = time.perf_counter()
-        rpc.rpc_sync(PS_NAME, _push, args=(rank, version, gradient, len(y)))
+        rpc.rpc_sync(PS_NAME, _push, args=(rank, version, step.gradient, len(y)))
         log.exchange_s += time.perf_counter() - began
         clock += 1
     rpc.shutdown()

@@ -38,6 +38,7 @@ from fedlb.cluster import (
     Snapshot,
     init_ps_rpc,
     serve_parameters,
+    timed_gradient,
     work,
 )
 from fedlb.training import Pace
@@ -184,17 +185,10 @@ def eager_job(
     going_on = True
     while going_on:
         x, y = next(batches)
-        began = time.perf_counter()
-        model.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()  # type: ignore[no-untyped-call]
-        gradient = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-        real = time.perf_counter() - began
-        if pace is not None and (remaining := pace(real, len(y)) - real) > 0:
-            time.sleep(remaining)
-        compute.append(time.perf_counter() - began)
-        outcome.losses.append(float(loss.detach()))
-        results, going_on = allreduce.exchange(gradient)
+        step = timed_gradient(model, x, y, loss_fn, pace)
+        compute.append(step.compute_s)
+        outcome.losses.append(step.loss)
+        results, going_on = allreduce.exchange(step.gradient)
         _apply(model, results, lr)
         applied += len(results)
         now = time.perf_counter()
@@ -255,16 +249,10 @@ def local_job(
         snapshot(0)
     for step in range(1, iterations + 1):
         x, y = next(batches)
-        began = time.perf_counter()
-        optimizer.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()  # type: ignore[no-untyped-call]
+        timed = timed_gradient(model, x, y, loss_fn, pace)
         optimizer.step()
-        real = time.perf_counter() - began
-        if pace is not None and (remaining := pace(real, len(y)) - real) > 0:
-            time.sleep(remaining)
-        compute.append(time.perf_counter() - began)
-        outcome.losses.append(float(loss.detach()))
+        compute.append(timed.compute_s)
+        outcome.losses.append(timed.loss)
         averaged = local.step()
         now = time.perf_counter()
         if rank == 0 and averaged and now - last_snapshot >= snapshot_s:

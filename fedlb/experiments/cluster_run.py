@@ -383,39 +383,22 @@ def worker(scenario: ClusterScenario) -> None:
                 pace,
                 scenario.batch_size,
             )
-        elif policy.engine == "local":
+        else:  # local SGD and eager-SGD: collectives on the job's process group
             dist.init_process_group(backend)
-            assert parameter is not None
-            outcome = local_job(
-                scenario.policy,
-                parameter,
-                rank,
-                network.to(device),
-                batches,
-                scenario.learning_rate,
-                scenario.iterations,
-                scenario.snapshot_s,
-                pace,
-                scenario.batch_size,
-            )
-            dist.barrier()
-            dist.destroy_process_group()
-        else:
-            dist.init_process_group(backend)
-            outcome = eager_job(
-                scenario.policy,
-                name.removeprefix("eager-"),
-                rank,
-                network.to(device),
-                batches,
-                scenario.learning_rate,
-                scenario.iterations,
-                scenario.snapshot_s,
-                pace,
-                scenario.batch_size,
-                job_store(),
-                scenario.seed,
-            )
+            model = network.to(device)
+            lr, snapshot_s, batch = scenario.learning_rate, scenario.snapshot_s, scenario.batch_size
+            if policy.engine == "local":
+                assert parameter is not None
+                outcome = local_job(
+                    scenario.policy, parameter, rank, model, batches, lr,
+                    scenario.iterations, snapshot_s, pace, batch,
+                )  # fmt: skip
+            else:
+                mode = name.removeprefix("eager-")
+                outcome = eager_job(
+                    scenario.policy, mode, rank, model, batches, lr, scenario.iterations,
+                    snapshot_s, pace, batch, job_store(), scenario.seed,
+                )  # fmt: skip
             dist.barrier()
             dist.destroy_process_group()
     except (ClusterError, RuntimeError) as error:  # RPC's failures are RuntimeErrors

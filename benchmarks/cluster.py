@@ -450,8 +450,8 @@ def partition_manager_check(quick: bool, figures: dict[str, Any]) -> tuple[str, 
         rows,
     )
     text += (
-        f"\n\n5 gloo ranks, MLP on the embedded digits (1,437 training images, tested on "
-        f"the 360 held out), batch sizes 8, 12, 16, 20, 24 held fixed (X = 80), "
+        f"\n\n5 gloo ranks, MLP on the embedded digits (1,438 training images, tested on "
+        f"the 359 held out), batch sizes 8, 12, 16, 20, 24 held fixed (X = 80), "
         f"{iterations} iterations, SGD at lr 0.05, the weighted all-reduce; seeds "
         f"{list(seeds)}. 'largest traversal gap': the most passes one shard was ahead of "
         "another at a check (the counts restart after each move). Accuracy with the manager "

@@ -2,7 +2,8 @@
 
 from .benchmarking import Section, markdown_table, run_benchmark
 from .clocks import GpuLikeTime, LinearTime, TimeModel, ideal_split, round_time
-from .cluster_run import ClusterScenario, ClusterScenarioError, launch
+from .cluster_run import launch
+from .cluster_scenario import ClusterScenario, ClusterScenarioError
 from .load import CompetingLoad, MachineProbe
 from .plots import redraw_plots
 from .profiles import CLOCKS, EC2_5, EmulatedClock, SpeedProfile, preset

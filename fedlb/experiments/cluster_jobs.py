@@ -47,7 +47,7 @@ from .clocks import GpuLikeTime, ideal_split
 from .load import CompetingLoad, MachineProbe
 
 if TYPE_CHECKING:
-    from .cluster_run import ClusterScenario
+    from .cluster_scenario import ClusterScenario
 
 log = logging.getLogger("fedlb.cluster")
 

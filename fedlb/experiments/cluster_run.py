@@ -23,9 +23,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,25 +31,19 @@ from torch import nn
 from torch.nn.utils import vector_to_parameters
 from torch.utils.data import DataLoader, TensorDataset
 
-from fedlb.balance import SpeedEstimator, Tuner, ideal_round_time
 from fedlb.cluster import (
-    DEFAULT_CLUSTER_POLICY,
     ClusterError,
     DataPartitionManager,
     Shard,
     Snapshot,
     parse_policy,
 )
-from fedlb.data import DATASETS, LabelledData, federation_pool, parse_partition, partition
-from fedlb.models import MODELS, build_model
+from fedlb.data import LabelledData, federation_pool, partition
+from fedlb.models import build_model
 from fedlb.training import (
-    BASE_SPEED,
-    DeviceError,
     Pace,
     ResizableBatchSampler,
-    choose_device,
     evaluate,
-    process_group_backend,
     tensor_dataset,
 )
 
@@ -65,195 +57,10 @@ from .cluster_jobs import (
     local_job,
     ps_job,
 )
+from .cluster_scenario import ClusterScenario
 from .load import CompetingLoad
-from .profiles import SpeedProfile, preset
-from .scenario import scenario_arguments
 
 log = logging.getLogger("fedlb.cluster")
-
-
-class ClusterScenarioError(ValueError):
-    """A cluster scenario setting that cannot run; the message names it."""
-
-
-@dataclass
-class ClusterScenario:
-    """One job. `speeds`: relative speed per rank ('1,1,2,4': bigger is faster) times
-    `base-speed` samples/s; `traces`: SpeedProfile traces over iterations, one for all or
-    one per rank. For lb-gpu each rank's time per iteration is GPU-like: `launch` s plus
-    max(B, `saturation`)/speed. `load` > 0 gives every rank a competing process that starts
-    or stops with that probability every 0.1 s (see load.py): the rank slows while it runs,
-    and its reports carry the competitor's real CPU and memory use."""
-
-    name: str = "cluster"
-    nproc: int = 4
-    dataset: str = "digits"
-    data_dir: str = ""
-    model: str = "mlp"
-    iterations: int = 60
-    batch_size: int = 32
-    learning_rate: float = 0.05
-    speeds: str = "1,1,2,4"
-    base_speed: float = BASE_SPEED
-    traces: str = "static"
-    policy: str = DEFAULT_CLUSTER_POLICY
-    narx_warmup: int = 500
-    launch: float = 0.005
-    saturation: int = 8
-    load: float = 0.0
-    seed: int = 0
-    device: str = "auto"
-    backend: str = "auto"
-    snapshot_s: float = 1.0
-    eval_samples: int = 2000
-    target_accuracy: float = 0.0
-    batch_sizes: str = ""
-    shards: str = ""
-    partition_manager: bool = False
-    partition_threshold: float = 2.0
-    partition_check: int = 10
-    out: str = ""
-
-    @classmethod
-    def from_mapping(cls, values: dict[str, Any]) -> ClusterScenario:
-        arguments = scenario_arguments(cls, values, "cluster scenario key", ClusterScenarioError)
-        scenario = cls(**arguments)
-        scenario.check()
-        return scenario
-
-    def to_mapping(self) -> dict[str, Any]:
-        return {k.replace("_", "-"): v for k, v in dataclasses.asdict(self).items()}
-
-    def check(self) -> None:
-        if min(self.nproc, self.iterations, self.batch_size) < 1:
-            raise ClusterScenarioError("nproc, iterations and batch-size must be >= 1")
-        try:
-            name, policy, parameter = parse_policy(self.policy)
-        except ValueError as error:
-            raise ClusterScenarioError(str(error)) from error
-        if name == "backup" and parameter is not None and parameter >= self.nproc:
-            raise ClusterScenarioError(
-                f"{self.policy}: K backup workers must be fewer than the {self.nproc} workers"
-            )
-        if policy.engine != "bsp" and self.backend == "nccl":
-            raise ClusterScenarioError(
-                f"{self.policy} runs on the CPU for now (backend gloo / RPC): drop backend nccl"
-            )
-        if self.dataset not in DATASETS:
-            raise ClusterScenarioError(
-                f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}"
-            )
-        if self.model not in MODELS:
-            raise ClusterScenarioError(
-                f"model must be one of {', '.join(MODELS)}, got {self.model!r}"
-            )
-        if self.snapshot_s <= 0 or self.eval_samples < 1 or not 0 <= self.target_accuracy <= 1:
-            raise ClusterScenarioError(
-                "snapshot-s must be > 0, eval-samples >= 1, target-accuracy in [0, 1]"
-            )
-        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            raise ClusterScenarioError("learning-rate must be a finite number > 0")
-        if not 0 <= self.load <= 1:
-            raise ClusterScenarioError(f"load must be a probability in [0, 1], got {self.load}")
-        self.placement()
-        self.profiles()
-        sizes = self.initial_sizes()
-        if len(sizes) != self.nproc or min(sizes) < 1:
-            raise ClusterScenarioError(
-                f"batch-sizes needs one size >= 1 per rank ({self.nproc}), got {self.batch_sizes!r}"
-            )
-        if self.shards:
-            try:
-                parse_partition(self.shards)
-            except ValueError as error:
-                raise ClusterScenarioError(f"shards: {error}") from error
-            if policy.engine != "bsp":
-                raise ClusterScenarioError(
-                    f"shards (rank-local data) run with the BSP policies, not {self.policy}"
-                )
-        if self.partition_manager and not self.shards:
-            raise ClusterScenarioError("partition-manager needs shards (e.g. classes:2)")
-        if not self.partition_threshold > 0 or self.partition_check < 1:
-            raise ClusterScenarioError("partition-threshold must be > 0, partition-check >= 1")
-
-    def placement(self, local_rank: int = 0) -> tuple[torch.device, str]:
-        """(this rank's device, the gradients' backend); refuses what cannot run here."""
-        try:
-            device = choose_device(self.device, local_rank)
-        except DeviceError as error:
-            raise ClusterScenarioError(str(error)) from error
-        gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-        shared = math.ceil(self.nproc / gpus) if gpus else 1
-        backend = process_group_backend(device, shared) if self.backend == "auto" else self.backend
-        if backend not in ("gloo", "nccl"):
-            raise ClusterScenarioError(f"backend must be auto, gloo or nccl, got {self.backend!r}")
-        if backend == "nccl" and device.type != "cuda":
-            raise ClusterScenarioError(
-                "backend nccl needs GPUs (device cuda or auto on a machine with GPUs); this "
-                f"job's device is {device}: use backend gloo"
-            )
-        if backend == "nccl" and shared > 1:
-            raise ClusterScenarioError(
-                f"backend nccl needs a GPU per rank: {self.nproc} ranks, {gpus} GPU(s); use "
-                "backend gloo (CUDA tensors over gloo) or nproc <= the GPUs"
-            )
-        return device, backend
-
-    def profiles(self) -> list[SpeedProfile]:
-        try:
-            speeds = preset(self.speeds, self.base_speed)
-            traces = [t.strip() for t in self.traces.split(",")]
-            if len(traces) == 1:
-                traces *= len(speeds)
-            if len(speeds) != self.nproc or len(traces) != self.nproc:
-                raise ClusterScenarioError(
-                    f"speeds give {len(speeds)} ranks and traces {len(traces)}, "
-                    f"not nproc = {self.nproc}"
-                )
-            return [
-                SpeedProfile(v, 0.0, t, seed=self.seed + r)
-                for r, (v, t) in enumerate(zip(speeds, traces, strict=True))
-            ]
-        except ValueError as error:
-            raise ClusterScenarioError(str(error)) from error
-
-    @property
-    def gpu_like(self) -> bool:
-        """The GPU policy (sizes one iteration late) runs on GPU-like time curves."""
-        return parse_policy(self.policy)[1].asynchronous
-
-    def initial_sizes(self) -> list[int]:
-        """Every rank's first batch size: batch-sizes, or batch-size for each."""
-        if not self.batch_sizes:
-            return [self.batch_size] * self.nproc
-        try:
-            return [int(b) for b in self.batch_sizes.split(",")]
-        except ValueError as error:
-            raise ClusterScenarioError(
-                f"batch-sizes must be whole numbers, got {self.batch_sizes!r}"
-            ) from error
-
-    @property
-    def processes(self) -> int:
-        """torchrun's processes: the workers, and a parameter server's own process."""
-        return self.nproc + (parse_policy(self.policy)[1].engine == "ps")
-
-    def tuner(self) -> Tuner:
-        return parse_policy(self.policy)[1].make_tuner()
-
-    def estimator(self) -> Callable[[], SpeedEstimator]:
-        policy = parse_policy(self.policy)[1]
-        return policy.make_estimator(self.narx_warmup if policy.estimator == "narx" else None)
-
-    def ceiling(self) -> float:
-        """BSP's mean iteration time over the ideal's, from the profiles (compute only)."""
-        uniform = ideal = 0.0
-        profiles = self.profiles()
-        for iteration in range(1, self.iterations + 1):
-            speeds = {str(r): p.speed_at(iteration) for r, p in enumerate(profiles)}
-            uniform += max(self.batch_size / v for v in speeds.values())
-            ideal += ideal_round_time(speeds, self.batch_size * self.nproc)
-        return uniform / ideal
 
 
 def _pace(scenario: ClusterScenario, worker: int, machine: Callable[[], float]) -> Pace:

@@ -317,3 +317,56 @@ def test_the_partition_manager_keeps_shards_at_one_pace_and_loses_no_sample(tmp_
     assert max(result["gaps"]) <= 2.0 + drift
     assert result["gaps"][-1] <= 2.0 + drift
     assert all(size == count * (2 * 4 + 8 + 8) for _, _, count, size in result["moves"])
+
+
+# ---- Orchestra ------------------------------------------------------------------------------
+
+
+def test_the_lcm_barrier_gives_local_steps_in_proportion_to_speed():
+    from fedlb.cluster import lcm_barrier
+
+    barrier = lcm_barrier([0.1, 0.05, 0.025], bound=4)
+    assert barrier.seconds == pytest.approx(0.1)
+    assert barrier.steps == (1, 2, 4)  # all three reach the barrier together
+    assert barrier.idle_s == pytest.approx(0.0, abs=1e-12)
+    # 0.3 s and 0.2 s per batch: T = 0.6 s fits 2 and 3 batches with no idle time
+    assert lcm_barrier([0.3, 0.2], bound=4).steps == (2, 3)
+    # a bound the speeds cannot meet: the slowest worker's one batch sets the barrier
+    assert lcm_barrier([1.0, 0.1], bound=2).steps == (1, 10)
+    with pytest.raises(ValueError, match="batch times must be finite and > 0"):
+        lcm_barrier([0.1, 0.0], bound=4)
+
+
+def test_the_barrier_agent_moves_the_barrier_and_costs_little():
+    from fedlb.cluster import BarrierAgent, barrier_steps, lcm_barrier
+
+    agent = BarrierAgent(seed=3)
+    times = [0.3, 0.2]  # T* = 0.6 s: room to move both ways
+    base = lcm_barrier(times, bound=4)
+    barriers = set()
+    for k in range(40):
+        accuracy = 0.5 + 0.01 * k + (0.02 if k % 3 == 0 else 0.0)
+        decision = agent.decide(k / 40, 3.0, accuracy, 0.1, 1.0)
+        assert decision.reward in (-1.0, 0.0, 1.0)
+        barriers.add(barrier_steps(base, decision.level, times).seconds)
+        assert decision.decision_s < 0.05
+    assert len(barriers) > 1  # its actions changed the barrier
+    assert {d.action for d in agent.history} >= {-1, 1}
+    # never below the slowest worker's one batch
+    assert barrier_steps(base, -10, times).seconds == pytest.approx(0.3)
+
+
+def test_orchestra_sets_local_steps_by_measured_speed(tmp_path):
+    from fedlb.experiments import ClusterScenario, launch
+
+    scenario = ClusterScenario.from_mapping(
+        {"nproc": 3, "speeds": "1,2,4", "policy": "orchestra", "iterations": 40}
+    )
+    assert launch(scenario, tmp_path, timeout=240) == 0, (tmp_path / "torchrun.log").read_text()
+    barriers = json.loads((tmp_path / "summary.json").read_text())["barriers"]
+    assert len(barriers) >= 5
+    for barrier in barriers:
+        slow, middle, fast = barrier["steps"]
+        assert 1.5 * slow <= middle
+        assert 1.5 * middle <= fast
+    assert len({b["barrier_s"] for b in barriers}) > 1  # the agent moved the barrier

@@ -6,7 +6,8 @@ gathered to rank 0, sizes broadcast; blocking on CPU, one iteration late on GPU)
 gRPC service (`serve`, `ManagerClient`) for workers of any framework. The straggler
 schemes LB-BSP is compared with: a parameter server on torch.distributed.rpc
 (`ParameterServer`, `serve_parameters`, `work`: asp, ssp, backup) and eager-SGD's
-partial all-reduce (`PartialAllreduce`); local SGD (`LocalSGD`). For ranks that hold only
+partial all-reduce (`PartialAllreduce`); local SGD (`LocalSGD`) and Orchestra's barrier
+search and agent (`lcm_barrier`, `BarrierAgent`). For ranks that hold only
 a local shard, `DataPartitionManager` keeps the shards traversed at one pace.
 """
 
@@ -15,6 +16,7 @@ from .coordinator import ClusterError, Coordinator, Exchange, exchange_backend
 from .eager import EAGER_MODES, PartialAllreduce
 from .hook import WeightedState, weighted_allreduce_hook
 from .local import LocalSGD
+from .orchestra import Barrier, BarrierAgent, barrier_steps, lcm_barrier
 from .partition import DataPartitionManager, MoveRecord, Shard
 from .policies import (
     BALANCING_POLICIES,
@@ -41,6 +43,8 @@ __all__ = [
     "DEFAULT_CLUSTER_POLICY",
     "EAGER_MODES",
     "PS_KINDS",
+    "Barrier",
+    "BarrierAgent",
     "ClusterError",
     "ClusterPolicy",
     "Coordinator",
@@ -58,8 +62,10 @@ __all__ = [
     "Snapshot",
     "TimedGradient",
     "WeightedState",
+    "barrier_steps",
     "exchange_backend",
     "init_ps_rpc",
+    "lcm_barrier",
     "parse_policy",
     "serve",
     "serve_parameters",

@@ -21,7 +21,7 @@ class ClusterPolicy:
     tuner: str = "static"  # a name in fedlb.balance.TUNERS
     estimator: str = "ema"  # a name in fedlb.balance.ESTIMATORS
     asynchronous: bool = False  # sizes apply one iteration late (the exchange overlaps)
-    engine: str = "bsp"  # bsp (LoadBalancer), ps (parameter server), eager, local (local SGD)
+    engine: str = "bsp"  # bsp (LoadBalancer), ps (parameter server), eager, local, orchestra
     parameter: int | None = None  # the default of NAME:VALUE (ssp's bound, backup's k)
     when: str = ""  # when a user would pick it (fedlb cluster --help, docs)
 
@@ -76,6 +76,13 @@ CLUSTER_POLICIES = {
         engine="local",
         parameter=8,
     ),
+    "orchestra": ClusterPolicy(
+        "Orchestra: local SGD with each worker's local steps set so all reach the barrier "
+        "together; the barrier from an LCM search (local steps at most M apart: "
+        "orchestra:M, default 4) moved by an actor-critic agent",
+        engine="orchestra",
+        parameter=4,
+    ),
 }
 DEFAULT_CLUSTER_POLICY = "lb-ema"
 BALANCING_POLICIES = tuple(n for n, p in CLUSTER_POLICIES.items() if p.engine == "bsp")
@@ -96,6 +103,7 @@ def parse_policy(text: str) -> tuple[str, ClusterPolicy, int | None]:
         number = int(value)
     except ValueError as error:
         raise ValueError(f"policy {name}:VALUE needs a whole number, got {text!r}") from error
-    if number < (0 if name == "ssp" else 1):  # ssp:0 is a valid bound; the others count
-        raise ValueError(f"policy {text!r}: the value must be >= {0 if name == 'ssp' else 1}")
+    low = 0 if name in ("ssp", "orchestra") else 1  # a bound of 0 is valid; the others count
+    if number < low:
+        raise ValueError(f"policy {text!r}: the value must be >= {low}")
     return name, policy, number

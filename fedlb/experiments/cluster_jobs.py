@@ -29,6 +29,7 @@ from torch.utils.data import TensorDataset
 
 from fedlb.balance import ideal_round_time
 from fedlb.cluster import (
+    BarrierAgent,
     DataPartitionManager,
     Exchange,
     LoadBalancer,
@@ -36,7 +37,9 @@ from fedlb.cluster import (
     ParameterServer,
     PartialAllreduce,
     Snapshot,
+    barrier_steps,
     init_ps_rpc,
+    lcm_barrier,
     serve_parameters,
     timed_gradient,
     work,
@@ -265,6 +268,115 @@ def local_job(
     outcome.rows = _rows(policy, rank, compute, batch_size)
     outcome.updates = iterations
     outcome.extra = {"averages": local.averages}
+    return outcome
+
+
+def orchestra_job(
+    policy: str,
+    bound: int,
+    rank: int,
+    model: nn.Module,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    probe: tuple[torch.Tensor, torch.Tensor],
+    lr: float,
+    iterations: int,
+    snapshot_s: float,
+    pace: Pace | None,
+    batch_size: int,
+    seed: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
+) -> JobOutcome:
+    """One rank of Orchestra: rounds of τ_n local steps, then the replicas averaged; rank
+    0 measures every worker's time per batch, searches the barrier (LCM, bound M = `bound`)
+    and lets the agent move it; the next τ_n are broadcast. The job processes as many
+    samples as `iterations` BSP iterations of X would. `probe`: training samples on which
+    rank 0 measures the averaged model's training accuracy for the agent."""
+    world = dist.get_world_size()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    agent = BarrierAgent(seed) if rank == 0 else None
+    outcome = JobOutcome()
+    compute: list[float] = []
+    barriers: list[dict[str, Any]] = []
+    budget = iterations * batch_size * world
+    steps = [2] * world  # the first round measures every worker's time per batch
+    done = rounds = 0
+    started = last_snapshot = round_began = time.perf_counter()
+
+    def snapshot() -> None:
+        outcome.snapshots.append(
+            Snapshot(
+                time.perf_counter() - started,
+                rounds,
+                done,
+                parameters_to_vector(model.parameters()).detach().cpu().clone(),
+            )
+        )
+
+    if rank == 0:
+        snapshot()
+    while done < budget:
+        mine = []
+        for _ in range(steps[rank]):
+            x, y = next(batches)
+            timed = timed_gradient(model, x, y, loss_fn, pace)
+            optimizer.step()
+            mine.append(timed.compute_s)
+            outcome.losses.append(timed.loss)
+        compute += mine
+        waited = time.perf_counter()
+        with torch.no_grad():  # the barrier: the replicas averaged
+            weights = parameters_to_vector(model.parameters())
+            dist.all_reduce(weights)
+            vector_to_parameters(weights / world, model.parameters())
+        waited = time.perf_counter() - waited
+        done += sum(steps) * batch_size
+        rounds += 1
+        measured = torch.tensor([sum(mine) / len(mine), waited])
+        everyone = [torch.zeros(2) for _ in range(world)]
+        dist.all_gather(everyone, measured)
+        box: list[Any] = [None]
+        if agent is not None:
+            now = time.perf_counter()
+            batch_times = [float(e[0]) for e in everyone]
+            with torch.no_grad():
+                accuracy = float((model(probe[0]).argmax(dim=1) == probe[1]).float().mean())
+            waiting = statistics.fmean(float(e[1]) for e in everyone) / max(now - round_began, 1e-9)
+            decision = agent.decide(
+                done / budget, statistics.fmean(steps), accuracy, waiting, now - round_began
+            )
+            barrier = barrier_steps(lcm_barrier(batch_times, bound), decision.level, batch_times)
+            barriers.append(
+                {
+                    "seconds": now - started,
+                    "round": rounds,
+                    "barrier_s": barrier.seconds,
+                    "level": decision.level,
+                    "steps": list(barrier.steps),
+                    "batch_times": batch_times,
+                    "reward": decision.reward,
+                    "decision_s": decision.decision_s,
+                    "probe_accuracy": accuracy,
+                }
+            )
+            box = [list(barrier.steps)]
+            if now - last_snapshot >= snapshot_s:
+                snapshot()
+                last_snapshot = now
+        dist.broadcast_object_list(box, src=0)
+        steps = box[0]
+        round_began = time.perf_counter()
+    outcome.wall_s = time.perf_counter() - started
+    if rank == 0:
+        snapshot()
+    outcome.rows = _rows(policy, rank, compute, batch_size)
+    outcome.updates = rounds
+    decisions = [b["decision_s"] for b in barriers]
+    outcome.extra = {
+        "rounds": rounds,
+        "barriers": barriers,
+        "agent_decision_s_mean": statistics.fmean(decisions) if decisions else None,
+        "agent_decision_s_max": max(decisions, default=None),
+    }
     return outcome
 
 

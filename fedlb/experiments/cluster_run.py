@@ -55,6 +55,7 @@ from .cluster_jobs import (
     eager_job,
     job_store,
     local_job,
+    orchestra_job,
     ps_job,
 )
 from .cluster_scenario import ClusterScenario
@@ -190,11 +191,18 @@ def worker(scenario: ClusterScenario) -> None:
                 pace,
                 scenario.batch_size,
             )
-        else:  # local SGD and eager-SGD: collectives on the job's process group
+        else:  # local SGD, Orchestra, eager-SGD: collectives on the job's process group
             dist.init_process_group(backend)
             model = network.to(device)
             lr, snapshot_s, batch = scenario.learning_rate, scenario.snapshot_s, scenario.batch_size
-            if policy.engine == "local":
+            if policy.engine == "orchestra":
+                assert parameter is not None
+                probe = dataset.tensors[0][:256].to(device), dataset.tensors[1][:256].to(device)
+                outcome = orchestra_job(
+                    scenario.policy, parameter, rank, model, batches, probe, lr,
+                    scenario.iterations, snapshot_s, pace, batch, scenario.seed,
+                )  # fmt: skip
+            elif policy.engine == "local":
                 assert parameter is not None
                 outcome = local_job(
                     scenario.policy, parameter, rank, model, batches, lr,

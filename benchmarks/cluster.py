@@ -14,7 +14,9 @@
    efficiency (a worker's mean iteration time), statistical efficiency (samples to the
    target accuracy, in BSP iterations of X samples), time to target, accuracy at equal
    wall time, over seeds; accuracy-over-time plots.
-5. The data-partition manager (LB-BSP §7, footnote 13): 5 ranks holding 2 classes each,
+5. Orchestra against BSP, LB-BSP and local SGD (time to accuracy at 2x and 3x) and the
+   barrier its agent chose over time.
+6. The data-partition manager (LB-BSP §7, footnote 13): 5 ranks holding 2 classes each,
    fixed unequal batches (the paper's 64-192, divided by 8), the same iterations: accuracy
    with and without the manager against IID shards, over seeds; samples and bytes moved.
 
@@ -269,29 +271,37 @@ def _accuracy_at(curve: list[dict[str, float]], seconds: float) -> float:
     return [p for p in curve if p["seconds"] <= seconds][-1]["accuracy"]
 
 
-def schemes_to_accuracy(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def compare_to_accuracy(
+    label: str,
+    settings: dict[str, tuple[str, float]],
+    schemes: tuple[str, ...],
+    iterations: int,
+    seeds: tuple[int, ...],
+    target: float,
+) -> tuple[list[list[str]], dict[str, Any], dict[str, dict[str, list[dict[str, Any]]]]]:
+    """Run every scheme at every setting and seed under runs/benchmarks/cluster/LABEL;
+    (table rows, figures, every run's summary), one accuracy-over-time plot per setting."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    iterations, seeds, target = (60, (0,), 0.6) if quick else (500, (0, 1), 0.75)
-    settings = dict(list(SETTINGS.items())[:2]) if quick else SETTINGS
     total = 4 * int(SCHEME_JOB["batch-size"])  # X
-    rows, data = [], {}
+    rows, data, every = [], {}, {}
     for setting, (speeds, load) in settings.items():
-        schemes = SCHEMES + (("lb-narx",) if load else ())
-        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in schemes}
+        chosen = schemes + (("lb-narx",) if load else ())
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in chosen}
         for seed in seeds:
-            for scheme in schemes:
+            for scheme in chosen:
                 job = {**SCHEME_JOB, "speeds": speeds, "load": load, "seed": seed}
                 job |= {"iterations": iterations, "policy": scheme, "target-accuracy": target}
-                folder = RUNS / "schemes" / setting / f"seed-{seed}" / scheme.replace(":", "-")
+                folder = RUNS / label / setting / f"seed-{seed}" / scheme.replace(":", "-")
                 if launch(ClusterScenario.from_mapping(job), folder, timeout=900) != 0:
                     raise RuntimeError(f"{scheme} ({setting}) failed: see {folder}/torchrun.log")
                 summary = json.loads((folder / "summary.json").read_text())
                 summary["iteration_s"] = _iteration_s(folder, summary["wall_s"])
                 runs[scheme].append(summary)
+        every[setting] = runs
         figure, axis = plt.subplots(figsize=(7, 4))
         for scheme, summaries in runs.items():
             curve = summaries[0]["accuracy"]
@@ -301,13 +311,13 @@ def schemes_to_accuracy(quick: bool, figures: dict[str, Any]) -> tuple[str, dict
         axis.set_title(f"4 workers at {setting}: accuracy over time (seed {seeds[0]})")
         axis.legend(fontsize=7)
         figure.tight_layout()
-        plot = RUNS / "schemes" / f"accuracy-{setting}.png"
+        plot = RUNS / label / f"accuracy-{setting}.png"
         figure.savefig(plot, dpi=110)
         plt.close(figure)
         # equal wall time: BSP's run, seed by seed (a run that ended sooner keeps its last)
         equal = [runs["bsp"][k]["wall_s"] for k in range(len(seeds))]
         bsp = runs["bsp"]
-        asp = runs["asp"]
+        asp = runs.get("asp")
 
         def mean(values: list[float | None]) -> float | None:
             return None if any(v is None for v in values) else statistics.fmean(values)  # type: ignore[arg-type]
@@ -325,7 +335,9 @@ def schemes_to_accuracy(quick: bool, figures: dict[str, Any]) -> tuple[str, dict
             entry = {
                 "iteration_s": t_iter,
                 "iteration_vs_bsp": t_iter / statistics.fmean(s["iteration_s"] for s in bsp),
-                "iteration_vs_asp": t_iter / statistics.fmean(s["iteration_s"] for s in asp),
+                "iteration_vs_asp": None
+                if asp is None
+                else t_iter / statistics.fmean(s["iteration_s"] for s in asp),
                 "steps_to_target": None if steps is None else steps / total,
                 "steps_vs_bsp": None if steps is None or not bsp_steps else steps / bsp_steps,
                 "time_to_target_s": mean(times),
@@ -340,7 +352,9 @@ def schemes_to_accuracy(quick: bool, figures: dict[str, Any]) -> tuple[str, dict
                     scheme,
                     f"{t_iter * 1000:.1f}",
                     f"{entry['iteration_vs_bsp']:.2f}",
-                    f"{entry['iteration_vs_asp']:.2f}",
+                    "–"
+                    if entry["iteration_vs_asp"] is None
+                    else f"{entry['iteration_vs_asp']:.2f}",
                     "–" if entry["steps_to_target"] is None else f"{entry['steps_to_target']:.0f}",
                     "–" if entry["steps_vs_bsp"] is None else f"{entry['steps_vs_bsp']:.2f}",
                     f"{reached}/{len(seeds)}",
@@ -351,23 +365,27 @@ def schemes_to_accuracy(quick: bool, figures: dict[str, Any]) -> tuple[str, dict
                 ]
             )
         data[setting] = {"schemes": setting_data, "equal_wall_s": equal, "plot": str(plot)}
-    text = table(
-        [
-            "speeds",
-            "scheme",
-            "ms / worker iteration",
-            "vs bsp",
-            "vs asp",
-            "X-steps to target",
-            "vs bsp",
-            "reached",
-            "s to target",
-            "acc at equal time",
-        ],
-        rows,
-    )
-    text += (
-        f"\n\n4 workers (a parameter-server process besides them for asp, ssp, backup), MLP on "
+    return rows, data, every
+
+
+COMPARISON_HEADERS = [
+    "speeds",
+    "scheme",
+    "ms / worker iteration",
+    "vs bsp",
+    "vs asp",
+    "X-steps to target",
+    "vs bsp",
+    "reached",
+    "s to target",
+    "acc at equal time",
+]
+
+
+def _setting_note(iterations: int, seeds: tuple[int, ...], target: float) -> str:
+    total = 4 * int(SCHEME_JOB["batch-size"])
+    return (
+        f"4 workers (a parameter-server process besides them for asp, ssp, backup), MLP on "
         f"Fashion-MNIST, B = 32 per worker (X = {total}), SGD at lr 0.05, {iterations} BSP "
         f"iterations' worth of samples per run (asp, ssp: {iterations * 4} pushes; eager: "
         f"{iterations} collectives), seeds {list(seeds)}, target {target}. Clock: measured "
@@ -378,11 +396,61 @@ def schemes_to_accuracy(quick: bool, figures: dict[str, Any]) -> tuple[str, dict
         "units of X (the statistical efficiency); acc at equal time: each scheme's accuracy "
         "when BSP's run ended (its last, for a run that ended sooner). Means over seeds; "
         "'–' where a seed did not reach the target. Accuracy is evaluated after each run on "
-        "snapshots of the weights taken every 0.5 s (2,000 test images). Plots: "
-        + ", ".join(str(RUNS / "schemes" / f"accuracy-{s}.png") for s in settings)
-        + "."
+        "snapshots of the weights taken every 0.5 s (2,000 test images)."
+    )
+
+
+def schemes_to_accuracy(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    iterations, seeds, target = (60, (0,), 0.6) if quick else (500, (0, 1), 0.75)
+    settings = dict(list(SETTINGS.items())[:2]) if quick else SETTINGS
+    rows, data, _ = compare_to_accuracy("schemes", settings, SCHEMES, iterations, seeds, target)
+    text = table(COMPARISON_HEADERS, rows) + "\n\n" + _setting_note(iterations, seeds, target)
+    text += (
+        " Plots: " + ", ".join(str(RUNS / "schemes" / f"accuracy-{s}.png") for s in settings) + "."
     )
     return text, {"schemes": data}
+
+
+ORCHESTRA_SCHEMES = ("bsp", "lb-ema", "local-sgd", "orchestra")
+
+
+def orchestra_to_accuracy(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Orchestra against BSP, LB-BSP and local SGD (the paper's Table 2 comparison), and
+    the barrier its agent chose over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    iterations, seeds, target = (60, (0,), 0.6) if quick else (500, (0, 1), 0.75)
+    settings = {k: SETTINGS[k] for k in (("2x",) if quick else ("2x", "3x"))}
+    rows, data, every = compare_to_accuracy(
+        "orchestra", settings, ORCHESTRA_SCHEMES, iterations, seeds, target
+    )
+    figure, axes = plt.subplots(1, len(settings), figsize=(5 * len(settings), 3.5))
+    for axis, (setting, runs) in zip(
+        [axes] if len(settings) == 1 else axes, every.items(), strict=True
+    ):
+        barriers = runs["orchestra"][0]["barriers"]
+        axis.step(
+            [b["seconds"] for b in barriers], [b["barrier_s"] for b in barriers], where="post"
+        )
+        axis.set(xlabel="wall s", ylabel="barrier T (s)", title=f"Orchestra's barrier, {setting}")
+    figure.tight_layout()
+    plot = RUNS / "orchestra" / "barrier.png"
+    figure.savefig(plot, dpi=110)
+    plt.close(figure)
+    decisions = [
+        b["decision_s"] for runs in every.values() for s in runs["orchestra"] for b in s["barriers"]
+    ]
+    text = table(COMPARISON_HEADERS, rows) + "\n\n" + _setting_note(iterations, seeds, target)
+    text += (
+        f" local-sgd averages every 8 steps; orchestra:4 (local steps at most 4 apart). The "
+        f"agent's cost per decision: mean {statistics.fmean(decisions) * 1000:.2f} ms, max "
+        f"{max(decisions) * 1000:.2f} ms (rank 0, between rounds, while the ranks wait for "
+        f"the average). Plots: {RUNS / 'orchestra'}/accuracy-*.png, {plot}."
+    )
+    return text, {"orchestra": data, "agent_decision_s": decisions}
 
 
 # ---- 5. the data-partition manager ------------------------------------------------------
@@ -472,6 +540,7 @@ def main() -> None:
             ("The gRPC manager service", service_costs),
             ("Speed prediction under a real competing load (Table 3)", prediction_under_load),
             ("Straggler schemes: time to accuracy", schemes_to_accuracy),
+            ("Orchestra against BSP, LB-BSP and local SGD", orchestra_to_accuracy),
             ("The data-partition manager on 2-class shards", partition_manager_check),
         ],
     )

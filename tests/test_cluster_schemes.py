@@ -370,3 +370,28 @@ def test_orchestra_sets_local_steps_by_measured_speed(tmp_path):
         assert 1.5 * slow <= middle
         assert 1.5 * middle <= fast
     assert len({b["barrier_s"] for b in barriers}) > 1  # the agent moved the barrier
+
+
+def test_cluster_scenarios_refuse_what_cannot_run():
+    from fedlb.experiments import ClusterScenario, ClusterScenarioError
+
+    cases = [
+        ({"policy": "backup:4"}, "K backup workers must be fewer than the 4 workers"),
+        ({"policy": "ssp:x"}, "whole number"),
+        ({"policy": "asp", "shards": "classes:2"}, "run with the BSP policies, not asp"),
+        ({"partition-manager": True}, "partition-manager needs shards"),
+        ({"shards": "stripes"}, "shards: unknown partition"),
+        ({"batch-sizes": "8,8"}, "one size >= 1 per rank"),
+        ({"dataset": "imagenet"}, "dataset must be one of"),
+        ({"model": "resnet"}, "model must be one of"),
+    ]
+    for values, message in cases:
+        with pytest.raises(ClusterScenarioError, match=message):
+            ClusterScenario.from_mapping(values)
+    assert ClusterScenario.from_mapping({"policy": "asp"}).processes == 5  # + the server
+    assert ClusterScenario.from_mapping({"batch-sizes": "8,12,16,20"}).initial_sizes() == [
+        8,
+        12,
+        16,
+        20,
+    ]

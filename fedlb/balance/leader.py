@@ -10,11 +10,12 @@ Moved blindly, Δ-sized steps starve a worker whose time is mostly launch cost (
 away from it saves almost nothing) and overshoot near the balance. So each move here is
 *predicted* first from the times measured so far: every worker keeps a curve of mean time
 per batch size it has run, and a move is made only when the pair's slower time after it,
-read off those curves, would be shorter than the straggler's now by more than the
-measurements' noise. Where a size was never run the curve is extended from the nearest two
-measured sizes (their slope), or proportionally (t ∝ B, Algorithm 1's assumption) from one.
-A move that turns out useless (the straggler measured no faster at its smaller size: it is
-saturated) is given back, so no worker is left below the share the ideal split gives it.
+read off those curves, would be shorter than the straggler's now (timing noise is held off
+by the window rule, as in the paper). Where a size was never run the curve is extended by
+a least-squares slope through the nearest measured sizes, or proportionally (t ∝ B,
+Algorithm 1's assumption) from one. A move that turns out useless (the straggler measured
+no slower at a larger size, beyond the noise: it is saturated) is given back, so no worker
+is left below the share the ideal split gives it.
 """
 
 from __future__ import annotations

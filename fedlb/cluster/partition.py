@@ -18,7 +18,8 @@ duplicated: the sender removes exactly what the receiver adds.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,6 +222,32 @@ class DataPartitionManager:
         self.drawn = 0
         self._order = torch.randperm(len(self.shard), generator=self._generator)
         self._position = 0
+
+    def rebalance(self, shares: Sequence[float]) -> None:
+        """Make the shard sizes proportional to `shares` (one per rank, the same on every
+        rank: a collective), e.g. Orchestra's Data Partition Controller's speeds. Moves
+        go from ranks with more than their share to ranks with less, largest first, each
+        finished before the next; the counts and samplers restart."""
+        self.close()
+        if len(shares) != self.world or min(shares) <= 0:
+            raise ValueError(f"need one share > 0 per rank ({self.world}), got {list(shares)}")
+        sizes = [torch.zeros(1, dtype=torch.long) for _ in range(self.world)]
+        dist.all_gather(sizes, torch.tensor([len(self.shard)]), group=self.group)
+        held = [int(n.item()) for n in sizes]
+        total, weight = sum(held), sum(shares)
+        wanted = [max(1, math.floor(total * w / weight)) for w in shares]
+        wanted[max(range(self.world), key=lambda r: shares[r])] += total - sum(wanted)
+        surplus = [h - w for h, w in zip(held, wanted, strict=True)]
+        while max(surplus) > 0:
+            source = max(range(self.world), key=lambda r: surplus[r])
+            target = min(range(self.world), key=lambda r: surplus[r])
+            count = min(surplus[source], -surplus[target])
+            move = _Move(source, target, count)
+            self._start(move)
+            self._finish(move)
+            surplus[source] -= count
+            surplus[target] += count
+        self._reset()
 
     def close(self) -> None:
         """Finish a move in flight (every rank must call it: the peers wait on it)."""

@@ -284,13 +284,17 @@ def orchestra_job(
     pace: Pace | None,
     batch_size: int,
     seed: int,
+    partitions: DataPartitionManager | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
 ) -> JobOutcome:
     """One rank of Orchestra: rounds of τ_n local steps, then the replicas averaged; rank
     0 measures every worker's time per batch, searches the barrier (LCM, bound M = `bound`)
     and lets the agent move it; the next τ_n are broadcast. The job processes as many
     samples as `iterations` BSP iterations of X would. `probe`: training samples on which
-    rank 0 measures the averaged model's training accuracy for the agent."""
+    rank 0 measures the averaged model's training accuracy for the agent. With
+    `partitions` (rank-local shards) the Data Partition Controller keeps each shard's size
+    in proportion to its worker's local steps (its speed): re-partitioned whenever a share
+    is more than 5 points off."""
     world = dist.get_world_size()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     agent = BarrierAgent(seed) if rank == 0 else None
@@ -317,7 +321,7 @@ def orchestra_job(
     while done < budget:
         mine = []
         for _ in range(steps[rank]):
-            x, y = next(batches)
+            x, y = next(batches) if partitions is None else partitions.next_batch()
             timed = timed_gradient(model, x, y, loss_fn, pace)
             optimizer.step()
             mine.append(timed.compute_s)
@@ -331,8 +335,9 @@ def orchestra_job(
         waited = time.perf_counter() - waited
         done += sum(steps) * batch_size
         rounds += 1
-        measured = torch.tensor([sum(mine) / len(mine), waited])
-        everyone = [torch.zeros(2) for _ in range(world)]
+        size = 0 if partitions is None else len(partitions.shard)
+        measured = torch.tensor([sum(mine) / len(mine), waited, float(size)])
+        everyone = [torch.zeros(3) for _ in range(world)]
         dist.all_gather(everyone, measured)
         box: list[Any] = [None]
         if agent is not None:
@@ -358,12 +363,24 @@ def orchestra_job(
                     "probe_accuracy": accuracy,
                 }
             )
-            box = [list(barrier.steps)]
+            sizes = [float(e[2]) for e in everyone]
+            shares = [s / sum(barrier.steps) for s in barrier.steps]
+            off = (
+                partitions is not None
+                and max(
+                    abs(share - held / sum(sizes))
+                    for share, held in zip(shares, sizes, strict=True)
+                )
+                > 0.05
+            )
+            box = [(list(barrier.steps), off)]
             if now - last_snapshot >= snapshot_s:
                 snapshot()
                 last_snapshot = now
         dist.broadcast_object_list(box, src=0)
-        steps = box[0]
+        steps, repartition = box[0]
+        if partitions is not None and repartition:  # the Data Partition Controller
+            partitions.rebalance(steps)
         round_began = time.perf_counter()
     outcome.wall_s = time.perf_counter() - started
     if rank == 0:
@@ -374,6 +391,7 @@ def orchestra_job(
     outcome.extra = {
         "rounds": rounds,
         "barriers": barriers,
+        "partition_moves": [] if partitions is None else [m.__dict__ for m in partitions.moves],
         "agent_decision_s_mean": statistics.fmean(decisions) if decisions else None,
         "agent_decision_s_max": max(decisions, default=None),
     }

@@ -198,9 +198,10 @@ def worker(scenario: ClusterScenario) -> None:
             if policy.engine == "orchestra":
                 assert parameter is not None
                 probe = dataset.tensors[0][:256].to(device), dataset.tensors[1][:256].to(device)
+                shards = _shard_manager(scenario, rank, dataset)() if scenario.shards else None
                 outcome = orchestra_job(
                     scenario.policy, parameter, rank, model, batches, probe, lr,
-                    scenario.iterations, snapshot_s, pace, batch, scenario.seed,
+                    scenario.iterations, snapshot_s, pace, batch, scenario.seed, shards,
                 )  # fmt: skip
             elif policy.engine == "local":
                 assert parameter is not None

@@ -117,9 +117,10 @@ class ClusterScenario:
                 parse_partition(self.shards)
             except ValueError as error:
                 raise ClusterScenarioError(f"shards: {error}") from error
-            if policy.engine != "bsp":
+            if policy.engine not in ("bsp", "orchestra"):
                 raise ClusterScenarioError(
-                    f"shards (rank-local data) run with the BSP policies, not {self.policy}"
+                    f"shards (rank-local data) run with the BSP policies and orchestra, not "
+                    f"{self.policy}"
                 )
         if self.partition_manager and not self.shards:
             raise ClusterScenarioError("partition-manager needs shards (e.g. classes:2)")

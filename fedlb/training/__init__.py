@@ -1,7 +1,6 @@
 """fedlb.training: torch helpers shared by federated silos and cluster workers."""
 
 from .device import (
-    DEVICE_CHOICES,
     ComputeTimer,
     DeviceError,
     choose_device,
@@ -15,7 +14,6 @@ from .sampler import ResizableBatchSampler
 
 __all__ = [
     "BASE_SPEED",
-    "DEVICE_CHOICES",
     "ComputeTimer",
     "DeviceError",
     "EmulatedSpeed",

@@ -17,8 +17,6 @@ from typing import Any
 
 import torch
 
-DEVICE_CHOICES = ("auto", "cpu", "cuda")  # and "cuda:N"
-
 
 class DeviceError(ValueError):
     """A device setting that cannot be honoured here; the message says what to do."""

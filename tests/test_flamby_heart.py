@@ -140,31 +140,31 @@ def test_each_centres_silo_trains_on_its_whole_train_split_and_tests_on_its_own_
 
 
 def _fedavg_by_hand(config, rounds: int) -> dict[str, torch.Tensor]:
-    """FLamby's FedAvg written out with fedlb's parts: every centre starts from the global
-    model, takes `local-steps` SGD steps at B from its carried stream (seeded as fedlb's
-    silo seeds it in round 1, then going on), and the models are averaged weighted by the
-    centres' training sizes."""
+    """FLamby's FedAvg written out with torch's parts: every centre starts from the global
+    model and takes `local-steps` SGD steps at B from its carried stream (a shuffling
+    DataLoader's orders: each epoch drawn from torch's RNG when it starts, its last batch
+    short; as fedlb's silo seeds torch every round), and the models are averaged weighted
+    by the centres' training sizes."""
+    from torch.utils.data import RandomSampler
+
     from fedlb.flower.task import model_for, silo_data
-    from fedlb.training import ResizableBatchSampler
 
     parts = [silo_data(config, i, config.num_silos) for i in range(config.num_silos)]
     global_state = model_for(config, parts[0].train).state_dict()
-    streams = []
-    for i, part in enumerate(parts):
-        torch.manual_seed(config.seed * 1_000_003 + i * 1009 + 1)
-        seed = int(torch.empty((), dtype=torch.int64).random_())
-        sampler = ResizableBatchSampler(len(part.train), config.batch_size, seed=seed)
-        sampler.span_epochs = False
-        streams.append(iter(sampler))
-    for _ in range(rounds):
+    left: list[list[int]] = [[] for _ in parts]  # what is left of each centre's epoch
+    for server_round in range(1, rounds + 1):
         updates = []
-        for part, stream in zip(parts, streams, strict=True):
+        for i, part in enumerate(parts):
             model = model_for(config, part.train)
             model.load_state_dict(global_state)
+            torch.manual_seed(config.seed * 1_000_003 + i * 1009 + server_round)
             optimiser = torch.optim.SGD(model.parameters(), lr=config.learning_rate)
             x, y = torch.as_tensor(part.train.x), torch.as_tensor(part.train.y)
+            torch.empty((), dtype=torch.int64).random_()  # the pass's DataLoader iterator
             for _ in range(config.local_steps):
-                batch = next(stream)
+                if not left[i]:
+                    left[i] = list(RandomSampler(range(len(part.train))))
+                batch, left[i] = left[i][: config.batch_size], left[i][config.batch_size :]
                 optimiser.zero_grad()
                 torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
                 optimiser.step()

@@ -146,6 +146,33 @@ def test_train_metrics_aggregation_sees_the_apps_metrics_only(tmp_path, monkeypa
 
 
 @pytest.mark.usefixtures("task_identity")
+def test_at_its_own_batch_size_the_loader_draws_the_apps_own_batches(tmp_path):
+    """Round 1 (no orders: B = the loader's 32, τ = len(loader)) of the quickstart's own
+    train handler, stock and adopted, from the same torch seed: the same batches, so the
+    same model bits and the same train loss."""
+    replies = {}
+    for balanced in (False, True):
+        app, _ = adopt("quickstart_pytorch", tmp_path / str(balanced), balanced=balanced)
+        config = app_config(app)
+        with imported(app) as modules:
+            torch.manual_seed(0)
+            weights = ArrayRecord(modules["task"].Net().state_dict())
+            message = Message(
+                RecordDict({"arrays": weights, "config": ConfigRecord({"lr": 0.1})}),
+                dst_node_id=1,
+                message_type="train",
+            )
+            context = Context(1, 1, {"partition-id": 1, "num-partitions": 3}, RecordDict(), config)
+            torch.manual_seed(7)
+            replies[balanced] = modules["client_app"].app(message, context)
+    stock, adopted = replies[False].content, replies[True].content
+    assert adopted["metrics"]["train_loss"] == stock["metrics"]["train_loss"]
+    assert adopted["metrics"][LOCAL_STEPS] == 12  # ceil(383 / 32): the last batch short
+    for key, array in stock["arrays"].items():
+        assert (array.numpy() == adopted["arrays"][key].numpy()).all(), key
+
+
+@pytest.mark.usefixtures("task_identity")
 def test_balanced_loader_keeps_the_loader_and_times_the_steps():
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -167,8 +194,11 @@ def test_balanced_loader_keeps_the_loader_and_times_the_steps():
         balanced = balanced_loader(msg, loader)
         assert len(balanced) == 10
         assert balanced.dataset is data
-        seen = [x for _ in range(2) for (x, _) in balanced]  # two passes (epochs)
-        assert [len(x) for x in seen] == [7] * 20
+        seen = [x for _ in range(2) for (x, _) in balanced]  # two passes of 10 steps
+        # 100 samples at 7: 14 full batches and a short one end the epoch, as the app's
+        # own loader ends it; the second pass runs on into the next epoch.
+        assert [len(x) for x in seen] == [7] * 14 + [2] + [7] * 5
+        assert sorted(int(i) for x in seen[:15] for i in x) == list(range(100))
         return Message(RecordDict({"metrics": MetricRecord({"own": 1})}), reply_to=msg)
 
     reply = balance_mod()(message, Context(1, 1, {"partition-id": 4}, RecordDict(), {}), handler)
@@ -178,7 +208,7 @@ def test_balanced_loader_keeps_the_loader_and_times_the_steps():
     assert metrics[LOCAL_STEPS] == 20
     assert metrics[PARTITION_ID] == 4
     assert metrics[COMPUTE_S] > 0
-    assert collated == [7] * 20  # the app's own collate_fn drew every batch
+    assert collated == [7] * 14 + [2] + [7] * 5  # the app's own collate_fn drew every batch
 
 
 @pytest.mark.usefixtures("task_identity")
@@ -186,7 +216,7 @@ def test_a_carried_stream_goes_on_across_rounds_through_the_contexts_state():
     """balanced_loader(msg, loader, context): the batch stream lives in context.state (which
     Flower keeps per run on the SuperNode), so round 2 goes on where round 1 stopped, at
     round 2's batch size; each pass over the data ends with a short batch (FLamby's stream).
-    Without it, round 2 starts a fresh stream of full batches."""
+    Without it, round 2 starts a fresh epoch."""
     from torch.utils.data import DataLoader, TensorDataset
 
     data = TensorDataset(torch.arange(10), torch.zeros(10, dtype=torch.long))
@@ -218,14 +248,14 @@ def test_a_carried_stream_goes_on_across_rounds_through_the_contexts_state():
     torch.manual_seed(0)
     first = round_of(4, 5, carry=True, server_round=1)
     assert [len(b) for b in first] == [4, 4, 2, 4, 4]
-    torch.manual_seed(1)  # a new round reseeds; the carried stream keeps its own seed
+    torch.manual_seed(1)  # a new round reseeds: the carried epoch goes on, the next is new
     second = round_of(3, 3, carry=True, server_round=2)
     assert [len(b) for b in second] == [2, 3, 3]  # epoch 2's last 2, then epoch 3 at B=3
     epoch_2 = first[3] + first[4] + second[0]
     assert sorted(epoch_2) == list(range(10))
     assert sorted(i for batch in first[:3] for i in batch) == list(range(10))
     fresh = round_of(4, 3, carry=False, server_round=3)
-    assert [len(b) for b in fresh] == [4, 4, 4]
+    assert [len(b) for b in fresh] == [4, 4, 2]
 
 
 @pytest.mark.usefixtures("task_identity")

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord
 from flwr.clientapp.typing import ClientAppCallable, Mod
-from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
+from torch.utils.data import DataLoader, IterableDataset
 
 from fedlb.training import EmulatedSpeed, Pace, ResizableBatchSampler, ResourceProbe, synchronize
 
@@ -231,14 +231,15 @@ class BalancedLoader:
             timing.batch_size = self.batch_size
         elif timing.batch_size != self.batch_size:
             raise ValueError("two balanced loaders with different batch sizes in one round")
-        # The order of samples follows torch's RNG as the app's own shuffling would.
-        seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator))
+        # Each epoch's order comes from the app's own sampler, drawn when the epoch starts,
+        # and an epoch ends in a short batch, as the app's loader does: at B = B0 and
+        # τ = len(loader) a round draws exactly the app's batches for the same torch seed.
+        app_sampler = loader.sampler
         self.sampler = ResizableBatchSampler(
             loader.dataset,  # type: ignore[arg-type]
             self.batch_size,
-            shuffle=not isinstance(loader.sampler, SequentialSampler),
-            seed=seed,
-            span_epochs=carry is None,
+            span_epochs=False,
+            epoch_order=lambda: iter(app_sampler),
         )
         self._carry = carry
         if carry is not None and STREAM_STATE in carry.state:
@@ -259,7 +260,10 @@ class BalancedLoader:
             persistent_workers=loader.persistent_workers,
             pin_memory_device=loader.pin_memory_device,
         )
-        self._stream: Iterator[Any] | None = None  # kept across passes: one permutation
+        # Without workers each pass starts a new iterator, as the app's loop does (and so
+        # draws what it draws); with workers one iterator runs across passes, so that no
+        # batch the workers prefetched is lost between them.
+        self._stream: Iterator[Any] | None = None
 
     @property
     def dataset(self) -> Any:
@@ -269,7 +273,7 @@ class BalancedLoader:
         return self.steps_per_pass
 
     def __iter__(self) -> Iterator[Any]:
-        if self._stream is None:
+        if self._stream is None or self.original.num_workers == 0:
             self._stream = iter(self._loader)
         return self._timed_pass(self._stream)
 
@@ -282,29 +286,34 @@ class BalancedLoader:
         forward, backward and optimizer step. On a GPU each boundary waits for the work
         queued there (the app's loop need not call .item()): otherwise the host's clock
         would time kernel launches, not the steps."""
-        timing = self.timing
         synchronize()
         last = time.perf_counter()
-        for _ in range(self.steps_per_pass):
-            batch = next(stream)
-            try:
-                yield batch
-            finally:  # also when the app's loop stops early
-                synchronize()
-                now = time.perf_counter()
-                elapsed = real = now - last
-                if timing.pace is not None:
-                    target = timing.pace(real, self.batch_size)
-                    if target > real:
-                        time.sleep(target - real)
-                    elapsed = max(real, target)
-                timing.step_s.append(elapsed)
-                timing.steps += 1
-                timing.compute_s += elapsed
-                timing.real_compute_s += real
-                if self._carry is not None:  # where the next round goes on
-                    self._carry.state[STREAM_STATE] = ConfigRecord(self.sampler.state_dict())
-                last = time.perf_counter()
+        try:
+            for _ in range(self.steps_per_pass):
+                batch = next(stream)
+                try:
+                    yield batch
+                finally:  # also when the app's loop stops early
+                    self._step_done(last)
+                    last = time.perf_counter()
+        finally:
+            if self._carry is not None:  # where the next round goes on
+                self._carry.state[STREAM_STATE] = ConfigRecord(self.sampler.state_dict())
+
+    def _step_done(self, last: float) -> None:
+        """Time the step that began at `last` (padded to the emulated speed, if any)."""
+        timing = self.timing
+        synchronize()
+        elapsed = real = time.perf_counter() - last
+        if timing.pace is not None:
+            target = timing.pace(real, self.batch_size)
+            if target > real:
+                time.sleep(target - real)
+            elapsed = max(real, target)
+        timing.step_s.append(elapsed)
+        timing.steps += 1
+        timing.compute_s += elapsed
+        timing.real_compute_s += real
 
 
 def balanced_loader(
@@ -314,12 +323,16 @@ def balanced_loader(
     (the loader's own when the server sent none: round 1) for len(loader) steps per pass,
     and timed for `balance_mod()`, which must be in the ClientApp's mods.
 
-    Each round draws a fresh stream of batches, every batch full. With `carry` (the
-    handler's Context) the stream goes on across rounds instead, kept in `carry.state`:
-    each round continues the last one's shuffled passes over the data, and a pass's last
-    batch is short where the batch size does not divide the dataset, as from a DataLoader
-    iterated afresh whenever it runs out (FLamby's benchmarks train so). With
-    num_workers > 0 the batches a worker prefetched at a round's end are skipped."""
+    The batches follow the app's own sampler: each epoch's order is what `loader.sampler`
+    yields when the epoch starts (a shuffling loader draws it from torch's RNG, as its
+    own iteration would), cut into batches of the server's size, the epoch's last batch
+    short where that size does not divide it. At the app's own batch size and step count
+    a round therefore yields exactly the app's batches for the same torch seed; at
+    another size a pass runs on into the next epoch (a fresh order) or stops inside one.
+    Each round starts a fresh epoch. With `carry` (the handler's Context) the stream goes
+    on across rounds instead, kept in `carry.state`: each round continues the last one's
+    epoch (FLamby's benchmarks train so). With num_workers > 0 the batches a worker
+    prefetched at a round's end are skipped."""
     timing = _CURRENT.get()
     if timing is None:
         raise RuntimeError(

@@ -17,7 +17,7 @@ iteration must use the newest size.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,12 @@ class ResizableBatchSampler(Sampler[list[int]]):
             each epoch's last batch is short, as from a DataLoader iterated afresh whenever
             it runs out (FLamby's DataLoaderWithMemory).
         drop_last: with endless=False, drop a short last batch. Default False.
+        epoch_order: where each epoch's order comes from instead of (seed, epoch): called
+            when an epoch starts, it returns that epoch's indices. Pass the app's own
+            sampler (`lambda: iter(loader.sampler)`) and the stream draws exactly what the
+            app's DataLoader would: a RandomSampler draws its seed from torch's RNG (or its
+            generator) when the epoch starts, so the same torch seed gives the same batches.
+            `state_dict` then holds the rest of the current epoch's order. Default None.
     """
 
     def __init__(
@@ -53,6 +59,7 @@ class ResizableBatchSampler(Sampler[list[int]]):
         endless: bool = True,
         span_epochs: bool = True,
         drop_last: bool = False,
+        epoch_order: Callable[[], Iterable[int]] | None = None,
     ) -> None:
         self.num_samples = data if isinstance(data, int) else len(data)
         if self.num_samples < 1:
@@ -62,10 +69,17 @@ class ResizableBatchSampler(Sampler[list[int]]):
         self.endless = endless
         self.span_epochs = span_epochs
         self.drop_last = drop_last
+        self.epoch_order = epoch_order
         self.batch_size = batch_size  # validated by the setter
         self.epoch = 0
         self.position = 0  # next index into the current epoch's order
-        self._order = self._permutation(0)
+        # With epoch_order the first epoch is drawn when the first batch is, as a
+        # DataLoader's sampler is (its seed comes from torch's RNG at that moment).
+        self._order = self._permutation(0) if epoch_order is None else None
+
+    @property
+    def _epoch_size(self) -> int:
+        return self.num_samples if self._order is None else len(self._order)
 
     @property
     def batch_size(self) -> int:
@@ -78,6 +92,11 @@ class ResizableBatchSampler(Sampler[list[int]]):
         self._batch_size = int(value)
 
     def _permutation(self, epoch: int) -> np.ndarray:
+        if self.epoch_order is not None:
+            order = np.fromiter((int(i) for i in self.epoch_order()), dtype=np.int64)
+            if order.size == 0:
+                raise ValueError("the sampler giving each epoch's order gave no index")
+            return order
         if not self.shuffle:
             return np.arange(self.num_samples)
         return np.random.default_rng((self.seed, epoch)).permutation(self.num_samples)
@@ -87,15 +106,25 @@ class ResizableBatchSampler(Sampler[list[int]]):
         self.position = 0
         self._order = self._permutation(self.epoch)
 
+    def _current(self) -> np.ndarray:
+        if self._order is None:  # epoch_order's first epoch, drawn on first use
+            self._order = self._permutation(self.epoch)
+        elif self.position >= len(self._order):
+            self._next_epoch()
+        assert self._order is not None
+        return self._order
+
     def _take(self, count: int) -> list[int]:
         taken: list[int] = []
         while len(taken) < count:
-            if self.position >= self.num_samples:
-                self._next_epoch()
-            end = min(self.num_samples, self.position + count - len(taken))
-            taken.extend(int(i) for i in self._order[self.position : end])
+            order = self._current()
+            end = min(len(order), self.position + count - len(taken))
+            taken.extend(int(i) for i in order[self.position : end])
             self.position = end
         return taken
+
+    def _left(self) -> int:
+        return len(self._current()) - self.position
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.endless and self.span_epochs:
@@ -103,16 +132,13 @@ class ResizableBatchSampler(Sampler[list[int]]):
                 yield self._take(self.batch_size)
         elif self.endless:
             while True:
-                if self.position >= self.num_samples:
-                    self._next_epoch()
-                yield self._take(min(self.batch_size, self.num_samples - self.position))
+                yield self._take(min(self.batch_size, self._left()))
         else:
-            if self.position >= self.num_samples:
-                self._next_epoch()
-            while self.position < self.num_samples:
-                left = self.num_samples - self.position
+            self._current()
+            while self.position < self._epoch_size:
+                left = self._left()
                 if left < self.batch_size and self.drop_last:
-                    self.position = self.num_samples
+                    self.position = self._epoch_size
                     break
                 yield self._take(min(self.batch_size, left))
 
@@ -120,22 +146,24 @@ class ResizableBatchSampler(Sampler[list[int]]):
         """Batches left in the current epoch at the current size (endless=False only)."""
         if self.endless:
             raise TypeError("an endless ResizableBatchSampler has no length")
-        left = (
-            self.num_samples - self.position
-            if self.position < self.num_samples
-            else (self.num_samples)
-        )
+        size = self._epoch_size
+        left = size - self.position if self.position < size else size
         return left // self.batch_size if self.drop_last else -(-left // self.batch_size)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream is: restoring it continues with the very same indices."""
-        return {
+        state: dict[str, Any] = {
             "epoch": self.epoch,
             "position": self.position,
             "batch_size": self.batch_size,
             "seed": self.seed,
             "num_samples": self.num_samples,
         }
+        if self.epoch_order is not None:  # the order is not recomputable: keep what is left
+            rest = [] if self._order is None else self._order[self.position :].tolist()
+            state["position"] = 0
+            state["order"] = rest
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["num_samples"] != self.num_samples:
@@ -147,4 +175,12 @@ class ResizableBatchSampler(Sampler[list[int]]):
         self.batch_size = int(state["batch_size"])
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
-        self._order = self._permutation(self.epoch)
+        if "order" in state:
+            rest = [int(i) for i in state["order"]]
+            # An epoch used up exactly: the next batch draws a fresh one.
+            self._order = np.asarray(rest, dtype=np.int64) if rest else None
+            self.epoch += 0 if rest else 1
+            if self._order is None and self.epoch_order is None:
+                raise ValueError("this sampler state needs epoch_order (it was saved with one)")
+        else:
+            self._order = self._permutation(self.epoch)

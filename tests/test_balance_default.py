@@ -85,11 +85,16 @@ def test_the_manager_default_is_the_named_default():
 
 
 def test_clean_timings_balance_in_one_step_and_stay():
-    """LB-BSP Fig. 8's speeds, then an overhead-aware mix: the first reports size the next
-    round exactly."""
+    """LB-BSP Fig. 8's speeds, then an overhead-aware mix: the first reports split what
+    differs by more than one report's noise can explain (v100, k520 apart from the rest),
+    and keep m60 and k80 (1.75x apart) pooled until a second report confirms it; then
+    the sizes are exact."""
     speeds = {"v100": 89.0, "m60": 21.0, "k80": 12.0, "k520": 6.0}
     manager = BatchSizeManager(dict.fromkeys(speeds, 32))
     reports = [WorkerReport(n, 32, 1, 32 / v) for n, v in speeds.items()]
+    first = manager.step(reports)
+    assert first["m60"] == first["k80"] and first["k520"] < first["k80"] < first["v100"]
+    reports = [WorkerReport(n, b, 1, b / speeds[n]) for n, b in first.items()]
     assert manager.step(reports) == {"v100": 89, "m60": 21, "k80": 12, "k520": 6}
 
     manager = BatchSizeManager(dict.fromkeys(UNEQUAL, 32))

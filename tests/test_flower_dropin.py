@@ -145,6 +145,29 @@ def test_train_metrics_aggregation_sees_the_apps_metrics_only(tmp_path, monkeypa
     assert result.train_metrics_clientapp[2]["n"] == 2
 
 
+@pytest.mark.parametrize("silos", [3, 10])
+@pytest.mark.usefixtures("task_identity")
+def test_equal_silos_at_real_speed_keep_their_sizes(tmp_path, monkeypatch, caplog, silos):
+    """Noise in, nothing out: the quickstart on equal silos (no emulation: their real
+    speed, milliseconds of compute per step, timings mostly noise) for 10 rounds; the
+    sizes stay within a factor 1.5 of each other every round."""
+    monkeypatch.chdir(tmp_path)
+    app, _ = adopt("quickstart_pytorch", tmp_path)
+    nodes = {10 + i: {"partition-id": i, "num-partitions": silos} for i in range(silos)}
+    config = app_config(app, **{"num-server-rounds": 10, "fraction-evaluate": 0.0})
+    caplog.set_level("INFO")
+    with imported(app) as modules:
+        grid = InProcessGrid(nodes, config, modules["client_app"].app)
+        torch.manual_seed(0)
+        modules["server_app"].main(grid, Context(1, 0, {}, RecordDict(), config))
+    rounds = balance_lines(caplog.text)
+    assert sorted(rounds) == list(range(1, 11))
+    for k, sizes in rounds.items():
+        after = [b for _, b, _ in sizes.values()]
+        assert len(after) == silos and sum(after) == 32 * silos
+        assert max(after) <= 1.5 * min(after), (k, sizes)
+
+
 @pytest.mark.usefixtures("task_identity")
 def test_at_its_own_batch_size_the_loader_draws_the_apps_own_batches(tmp_path):
     """Round 1 (no orders: B = the loader's 32, τ = len(loader)) of the quickstart's own

@@ -30,11 +30,18 @@ class PooledProportional(Proportional):
     away from its peers' only once its difference is significant.
 
     It needs estimators that keep their evidence (`ChangePointMean`, the default one);
-    for workers whose estimator keeps none it is plain `Proportional`. With no spread yet
-    (every worker's first report) nothing is pooled, and with clean timings (zero spread)
-    only exactly equal speeds are: the first reports size the next round exactly, as in
-    LB-BSP Algorithm 1. Fixed costs o_i and per-worker iteration counts τ_i enter the
-    split as in `Proportional` (B_i = (T − o_i)·v_i/τ_i).
+    for workers whose estimator keeps none it is plain `Proportional`.
+
+    Noise in, nothing out. The spread the test uses is the reports' own, combined with a
+    prior worth `prior_weight` reports: timing noise of `speed_noise` (log-sd of one
+    report's speed) and `overhead_noise` (of its fixed cost). With one report per worker
+    (no spread measured yet) the prior alone decides: speeds within ~1.5x of each other,
+    fixed costs within ~2.5x, stay pooled until more rounds show the difference is real
+    (equal silos timed at milliseconds of compute, or on a busy machine, keep equal
+    sizes); wider differences split at once, as LB-BSP Algorithm 1 does. As reports
+    accumulate the prior fades, so clean timings (the model clock, emulated speeds) soon
+    tell apart speeds a few percent apart. Fixed costs o_i and per-worker iteration counts
+    τ_i enter the split as in `Proportional` (B_i = (T − o_i)·v_i/τ_i).
 
     Args:
         min_batch, max_batch: as `Proportional`. Defaults 1 and None.
@@ -54,6 +61,10 @@ class PooledProportional(Proportional):
             round (on the pooled estimates) by less than this fraction. Default 0.01: the
             estimates refine by less than that from round to round, so moves below it are
             mostly sample shuffling (the dynamic-batching paper uses 5% on sizes).
+        speed_noise, overhead_noise: the prior timing noise, as the log-sd of one report's
+            speed and fixed cost. Defaults 0.2 and 0.5 (fixed costs, which include message
+            handling and process start-up, jitter more than compute).
+        prior_weight: how many reports the prior counts as (an integer). Default 2.
     """
 
     kind = "pooled-proportional"
@@ -65,6 +76,9 @@ class PooledProportional(Proportional):
         min_share: float = 0.0,
         significance: float = 0.16,
         deadband: float = 0.01,
+        speed_noise: float = 0.2,
+        overhead_noise: float = 0.5,
+        prior_weight: int = 2,
     ) -> None:
         super().__init__(min_batch, max_batch)
         if not (math.isfinite(min_share) and 0.0 <= min_share <= 1.0):
@@ -73,6 +87,14 @@ class PooledProportional(Proportional):
             raise ValueError(f"significance must be in (0, 1), got {significance}")
         if not (math.isfinite(deadband) and deadband >= 0.0):
             raise ValueError(f"deadband must be a finite number >= 0, got {deadband}")
+        for name, value in (("speed_noise", speed_noise), ("overhead_noise", overhead_noise)):
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if isinstance(prior_weight, bool) or not isinstance(prior_weight, int) or prior_weight < 0:
+            raise ValueError(f"prior_weight must be an integer >= 0, got {prior_weight!r}")
+        self.speed_noise = speed_noise
+        self.overhead_noise = overhead_noise
+        self.prior_weight = prior_weight
         self.min_share = min_share
         self.significance = significance
         self.deadband = deadband
@@ -127,21 +149,26 @@ class PooledProportional(Proportional):
         self.groups = {}
         if len(known) >= 2:
             found = [given.evidence[n].speed for n in known]
-            levels, groups = self._pool(found)
+            levels, groups = self._pool(found, self.speed_noise)
             self.groups = dict(zip(known, groups, strict=True))
             for name, level in zip(known, levels, strict=True):
                 speeds[name] = math.exp(level)
             costs = [(n, given.evidence[n].overhead) for n in known]
             with_cost = [(n, m) for n, m in costs if m is not None]
             if len(with_cost) >= 2:
-                levels, _ = self._pool([m for _, m in with_cost])
+                levels, _ = self._pool([m for _, m in with_cost], self.overhead_noise)
                 for (name, _), level in zip(with_cost, levels, strict=True):
                     overheads[name] = overhead_from_log(level)
         return speeds, overheads
 
-    def _pool(self, found: list[Moments]) -> tuple[list[float], list[int]]:
-        dof = sum(m.dof for m in found)
-        variance = math.fsum(m.ss for m in found) / dof if dof > 0 else 0.0
+    def _pool(self, found: list[Moments], noise: float) -> tuple[list[float], list[int]]:
+        # The spread: the reports' own pooled over workers, with the prior's weight
+        # (a scaled-inverse-chi-squared prior: prior_weight reports at noise²).
+        prior = self.prior_weight if noise > 0 else 0
+        measured = sum(m.dof for m in found)
+        dof = measured + prior
+        ss = math.fsum(m.ss for m in found) + prior * noise**2
+        variance = ss / dof if dof > 0 else 0.0
         return pool_means(
             [m.mean for m in found],
             [m.count for m in found],

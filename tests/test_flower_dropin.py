@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import re
 import subprocess
 import sys
@@ -63,12 +64,12 @@ def balance_lines(log: str) -> dict[int, dict[str, tuple[int, int, int]]]:
     return rounds
 
 
-@pytest.mark.parametrize("name", ["quickstart_pytorch", "flwr_new_pytorch"])
+@pytest.mark.parametrize("name", ["quickstart_pytorch", "flwr_new_pytorch", "advanced_pytorch"])
 def test_the_change_is_three_lines(tmp_path, name):
     _, touched = adopt(name, tmp_path)
     added = [line for line in touched if line.startswith("+")]
     assert len(added) == 3, touched
-    assert any("LoadBalancedFedAvg(" in line for line in added)
+    assert any("LoadBalancedFedAvg" in line for line in added)
     assert "+app = ClientApp(mods=[balance_mod()])" in added
     assert any("balanced_loader(msg, trainloader)" in line for line in added)
 
@@ -145,6 +146,50 @@ def test_train_metrics_aggregation_sees_the_apps_metrics_only(tmp_path, monkeypa
     assert result.train_metrics_clientapp[2]["n"] == 2
 
 
+@pytest.mark.usefixtures("task_identity")
+def test_a_strategy_subclass_with_its_own_start_keeps_the_balance(tmp_path, monkeypatch, caplog):
+    """advanced-pytorch's pattern: its CustomFedAvg (now inheriting LoadBalancedFedAvg)
+    overrides start() with a loop of its own (W&B, best-model checkpoints, results.json)
+    and configure_train (an lr schedule). Through Flower's hooks alone fedlb still
+    balances, records every round (the last included), polls the loop's grid, and says
+    once what the override costs."""
+    monkeypatch.chdir(tmp_path)  # the app writes outputs/ and final_model.pt where it runs
+    app, _ = adopt("advanced_pytorch", tmp_path)
+    nodes = {
+        10 + i: {"partition-id": i, "num-partitions": 4, "emulated-speed": speed}
+        for i, speed in enumerate((8000.0, 4000.0, 4000.0, 2000.0))
+    }
+    config = app_config(
+        app, **{"num-server-rounds": 2, "fraction-train": 1.0, "fraction-evaluate": 0.5}
+    )
+    caplog.set_level("INFO")
+    made: list[LoadBalancedFedAvg] = []
+    init = LoadBalancedFedAvg.__init__
+
+    def keep(self, *args, **kwargs):
+        made.append(self)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(LoadBalancedFedAvg, "__init__", keep)
+    with imported(app) as modules:
+        grid = InProcessGrid(nodes, config, modules["client_app"].app)
+        torch.manual_seed(0)
+        modules["server_app"].main(grid, Context(1, 0, {}, RecordDict(), config))
+    log = caplog.text
+    assert [r.round for r in made[0].reporter.records] == [1, 2]  # the last one too
+    assert "CustomFedAvg.start() does not call LoadBalancedFedAvg.start()" in log
+    assert log.count("does not call LoadBalancedFedAvg.start()") == 1
+    assert "send_and_receive" in vars(grid)  # the loop's own grid now polls
+    rounds = balance_lines(log)
+    assert sorted(rounds) == [1, 2]
+    assert {b for b, _, _ in rounds[1].values()} == {32}
+    assert sum(b for b, _, _ in rounds[2].values()) == 128
+    assert rounds[2]["silo-0"][0] > rounds[2]["silo-3"][0]  # 4x the speed, a bigger B
+    results = json.loads(next(tmp_path.glob("outputs/*/*/results.json")).read_text())
+    assert [r["round"] for r in results] == [1, 2]  # the app's own loop ran both rounds
+    assert (tmp_path / "final_model.pt").exists()
+
+
 @pytest.mark.parametrize("silos", [3, 10])
 @pytest.mark.usefixtures("task_identity")
 def test_equal_silos_at_real_speed_keep_their_sizes(tmp_path, monkeypatch, caplog, silos):
@@ -164,7 +209,8 @@ def test_equal_silos_at_real_speed_keep_their_sizes(tmp_path, monkeypatch, caplo
     assert sorted(rounds) == list(range(1, 11))
     for k, sizes in rounds.items():
         after = [b for _, b, _ in sizes.values()]
-        assert len(after) == silos and sum(after) == 32 * silos
+        assert len(after) == silos
+        assert sum(after) == 32 * silos
         assert max(after) <= 1.5 * min(after), (k, sizes)
 
 

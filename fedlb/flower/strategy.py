@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -165,6 +166,10 @@ class LoadBalancedFedAvg(FedAvg):
         self._sent: dict[int, tuple[int | None, int | None]] = {}  # node -> (B, τ) ordered
         self._messages: list[Message] = []  # this round's train messages
         self._started = 0.0
+        self._own_loop = False  # start() ran: else a subclass's own start() drives the hooks
+        self._aggregated: ArrayRecord | None = None  # the model the last round ended with
+        self._finished = 0  # the last round finished (record closed, checkpointed)
+        self._told_foreign_loop = False
 
     @property
     def reporter(self) -> RoundReporter:
@@ -238,6 +243,10 @@ class LoadBalancedFedAvg(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         server_round = self._round(server_round)
+        if not self._own_loop:
+            self._foreign_loop(grid)
+            if self.he is not None:  # a foreign loop starts from the plaintext model
+                arrays = self.he.encrypt(arrays)
         self._finish_round(server_round - 1, arrays)
         self.rounds.server_s = 0.0
         with self.rounds.server_time():
@@ -296,6 +305,7 @@ class LoadBalancedFedAvg(FedAvg):
                 )
             else:
                 arrays = aggregate_arrayrecords(contents, self.weighted_by_key)
+            self._aggregated = arrays
             if self.audit_dir is not None:
                 updates = {
                     m.metadata.src_node_id: (
@@ -421,6 +431,11 @@ class LoadBalancedFedAvg(FedAvg):
             for line in unusable:
                 say(WARNING, "round %d: evaluation from %s", server_round, line)
             self.rounds.evaluated(server_round, valid, self.weighted_by_key)
+        if not self._own_loop and self._aggregated is not None:
+            # A subclass's own loop: this is the round's last hook fedlb sees (its
+            # evaluate_fn runs after it), so the round is finished here.
+            self._finish_round(server_round, self._aggregated, last=True)
+        with self.rounds.server_time():
             if not valid:
                 return None
             return self.evaluate_metrics_aggr_fn(
@@ -445,6 +460,7 @@ class LoadBalancedFedAvg(FedAvg):
         loop counts them from 1 again, fedlb's records and the Result use the run's
         round numbers. Under HE, `Result.arrays` is an `EncryptedModel`."""
         self._num_rounds = num_rounds
+        self._own_loop = True
         done = self._offset
         if self.he is not None:
             if evaluate_fn is not None:
@@ -497,11 +513,37 @@ class LoadBalancedFedAvg(FedAvg):
             result.arrays = EncryptedModel(result.arrays or initial_arrays)
         return result
 
+    def _foreign_loop(self, grid: Grid) -> None:
+        """A subclass overrode `start()` without calling this class's: Flower's hooks
+        (configure_*/aggregate_*) still balance every round and write its record; polling
+        is put on the grid the loop uses; what only `start()` can do is said once."""
+        if self.poll_interval is not None and not isinstance(grid, PollingGrid):
+            polling = PollingGrid(grid, self.poll_interval)
+            with contextlib.suppress(AttributeError):  # the loop calls this grid's method
+                grid.send_and_receive = polling.send_and_receive  # type: ignore[method-assign]
+        if self._told_foreign_loop:
+            return
+        self._told_foreign_loop = True
+        say(
+            WARNING,
+            "%s.start() does not call LoadBalancedFedAvg.start(): fedlb balances every round "
+            "from Flower's hooks, polls replies every %s s and writes each round's record at "
+            "aggregate_evaluate; without its start() the records lack the server-side "
+            "evaluation (your evaluate_fn's results stay in your Result), evaluate_every > 1 "
+            "cannot tell the last round, a restored checkpoint is not resumed, and under HE "
+            "Result.arrays stays ciphertext. Call super().start(...) to keep them.",
+            type(self).__name__,
+            self.poll_interval,
+        )
+
     def _finish_round(self, server_round: int, arrays: ArrayRecord, last: bool = False) -> None:
         """Round `server_round` is wholly done (Flower's server-side evaluation included):
         close its record and, with `checkpoint_dir`, checkpoint it with its model."""
         if server_round < 1 or (server_round <= self._offset and not last):
             return
+        if server_round <= self._finished and not self._own_loop:
+            return  # a foreign loop's aggregate_evaluate finished it already
+        self._finished = max(self._finished, server_round)
         # Unless the next round's replies carry its evaluation, its record is complete.
         self.rounds.close(server_round, publish=last or not self.evaluate_with_train)
         if self.checkpoint_dir is not None and server_round > self._offset:

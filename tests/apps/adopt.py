@@ -2,6 +2,7 @@
 three changed lines plus imports, as docs/flower.md shows them.
 
     server_app.py  strategy = FedAvg(...)           ->  LoadBalancedFedAvg(...)
+      (an app whose strategy.py subclasses FedAvg: class X(FedAvg) -> X(LoadBalancedFedAvg))
     client_app.py  app = ClientApp()                ->  ClientApp(mods=[balance_mod()])
                    trainloader, _ = load_data(...)  +   trainloader = balanced_loader(msg, ...)
 """
@@ -32,18 +33,29 @@ def adopt(name: str, destination: Path, balanced: bool = True) -> tuple[Path, li
     package = next(p.parent for p in app.glob("*/server_app.py"))
     if not balanced:
         return app, []
-    server = package / "server_app.py"
+    subclass = package / "strategy.py"
+    server = subclass if subclass.exists() else package / "server_app.py"
     client = package / "client_app.py"
     before = {path: path.read_text() for path in (server, client)}
-    text = _replace_once(
-        before[server],
-        "from flwr.serverapp.strategy import FedAvg\n",
-        "from fedlb.flower import LoadBalancedFedAvg\n",
-        server,
-    )
-    server.write_text(
-        _replace_once(text, "strategy = FedAvg(", "strategy = LoadBalancedFedAvg(", server)
-    )
+    if server is subclass:  # the app's own FedAvg subclass inherits fedlb's instead
+        text = _replace_once(
+            before[server],
+            "from flwr.serverapp.strategy import FedAvg, Result\n",
+            "from flwr.serverapp.strategy import Result\n\n"
+            "from fedlb.flower import LoadBalancedFedAvg\n",
+            server,
+        )
+        server.write_text(_replace_once(text, "(FedAvg):", "(LoadBalancedFedAvg):", server))
+    else:
+        text = _replace_once(
+            before[server],
+            "from flwr.serverapp.strategy import FedAvg\n",
+            "from fedlb.flower import LoadBalancedFedAvg\n",
+            server,
+        )
+        server.write_text(
+            _replace_once(text, "strategy = FedAvg(", "strategy = LoadBalancedFedAvg(", server)
+        )
     text = _replace_once(
         before[client],
         "from flwr.clientapp import ClientApp\n",

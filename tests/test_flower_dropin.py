@@ -29,6 +29,7 @@ SPEEDS = (400.0, 200.0, 100.0)  # samples/s the three silos emulate: 4:2:1
 DEPLOYED_SPEEDS = (120.0, 60.0, 30.0)  # the same, slower: each silo is its own process
 BALANCE = re.compile(r"fedlb: round (\d+) balance \[([^\]]+)\]: (.*?); round .* E = ([\d.–]+)")
 SIZE = re.compile(r"(silo-\d+) B=(\d+)→(\d+) τ=(\d+)")
+COMPUTE = re.compile(r"(silo-\d+) B=(\d+)→\d+ τ=(\d+) \(([\d.]+)\+")
 
 
 @contextlib.contextmanager
@@ -327,6 +328,32 @@ def test_a_carried_stream_goes_on_across_rounds_through_the_contexts_state():
     assert [len(b) for b in fresh] == [4, 4, 2]
 
 
+@pytest.mark.parametrize(
+    ("listed", "partition", "expected"),
+    [
+        ("400,200,100", 2, 100.0),
+        ("", 2, 0.0),  # declared but empty: real speed
+        ("400,oops", 0, "must list samples/s per partition-id"),
+        ("400,200", 2, "no entry for this silo's partition-id 2"),
+        ("400,-1", 1, "must be a number >= 0"),
+        ("400,inf", 1, "must be finite"),
+    ],
+)
+def test_emulated_speeds_by_partition_id_from_the_run_config(listed, partition, expected):
+    from fedlb.flower.dropin import _emulated_speed
+
+    context = Context(
+        1, 1, {"partition-id": partition}, RecordDict(), {"fedlb-emulated-speeds": listed}
+    )
+    if isinstance(expected, float):
+        assert _emulated_speed(context) == expected
+    else:
+        with pytest.raises(ValueError, match=expected):
+            _emulated_speed(context)
+    node_first = Context(1, 1, {"partition-id": 0, "emulated-speed": 7.0}, RecordDict(), {})
+    assert _emulated_speed(node_first) == 7.0
+
+
 @pytest.mark.usefixtures("task_identity")
 def test_balanced_loader_without_the_mod_says_what_to_add():
     from torch.utils.data import DataLoader, TensorDataset
@@ -356,10 +383,19 @@ def _flwr_run(home: Path, app: Path, options: list[str], timeout: float) -> tupl
 @pytest.mark.timeout(600)
 def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
     """`flwr run` on a simulation SuperLink: the `flwr new` app (its Adam loop, its
-    fraction-train 0.5, its own metrics) on silos with datasets of 1:2:3."""
+    fraction-train 0.5, its own metrics) on silos with datasets of 1:2:3, made
+    heterogeneous by the run config alone (`fedlb-emulated-speeds`, by partition-id)."""
     monkeypatch.setenv("FEDLB_APP_PARTITION_WEIGHTS", "1,2,3")
     monkeypatch.chdir(tmp_path)  # the ServerApp saves final_model.pt where it runs
     app, _ = adopt("flwr_new_pytorch", tmp_path)
+    # Flower takes --run-config only for keys the app declares: the documented line
+    project = app / "pyproject.toml"
+    text = project.read_text()
+    declared = text.replace(
+        "[tool.flwr.app.config]\n", '[tool.flwr.app.config]\nfedlb-emulated-speeds = ""\n'
+    )
+    assert declared != text
+    project.write_text(declared)
     link = deploy.start_superlink(tmp_path, extra_args=["--simulation"])
     home = tmp_path / "home-cli"
     try:
@@ -371,7 +407,7 @@ def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
                 "--federation-config",
                 "num-supernodes=3 client-resources-num-cpus=1",
                 "--run-config",
-                "num-server-rounds=4",
+                'num-server-rounds=4 fedlb-emulated-speeds="600,300,150"',
             ],
             timeout=400,
         )
@@ -384,6 +420,10 @@ def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
     rounds = balance_lines(output)
     assert sorted(rounds) == [1, 2, 3, 4]
     assert all(len(silos) == 2 for silos in rounds.values())  # fraction-train 0.5 of 3
+    assert {m.group(2) for m in BALANCE.finditer(output)} == {"measured (emulated speeds)"}
+    speeds = {"silo-0": 600.0, "silo-1": 300.0, "silo-2": 150.0}
+    for silo, b, steps, compute in COMPUTE.findall(output):  # padded to its speed
+        assert float(compute) >= 0.95 * int(steps) * int(b) / speeds[silo] - 0.01
     steps = {silo: s for silos in rounds.values() for silo, (_, _, s) in silos.items()}
     assert steps["silo-0"] * 2 < steps["silo-2"]  # each silo's τ from its dataset
     # X is the sum of the B0 the silos brought: 96 once all three have run

@@ -39,6 +39,7 @@ from fedlb.training import EmulatedSpeed, Pace, ResizableBatchSampler, ResourceP
 from .protocol import (
     NODE_EMULATED_SPEED,
     NODE_PARTITION_ID,
+    RUN_EMULATED_SPEEDS,
     STREAM_STATE,
     Orders,
     SiloReport,
@@ -104,11 +105,35 @@ def warm_up_torch() -> None:
 
 
 def _emulated_speed(context: Context) -> float:
-    speed = context.node_config.get(NODE_EMULATED_SPEED, 0.0)
+    """Samples/s this silo emulates: its node config's `emulated-speed`, else its
+    partition-id's entry in the run config's `fedlb-emulated-speeds` (Flower's
+    simulation gives nodes no config of their own), else 0 (its real speed)."""
+    if NODE_EMULATED_SPEED in context.node_config:
+        speed = context.node_config[NODE_EMULATED_SPEED]
+        where = f"node config {NODE_EMULATED_SPEED}"
+    elif str(context.run_config.get(RUN_EMULATED_SPEEDS, "")).strip():  # "": real speeds
+        listed = str(context.run_config[RUN_EMULATED_SPEEDS])
+        partition = _partition_id(context)
+        try:
+            speeds = [float(x) for x in listed.split(",")]
+        except ValueError:
+            raise ValueError(
+                f"run config {RUN_EMULATED_SPEEDS} must list samples/s per partition-id, "
+                f'e.g. "400,200,100"; got {listed!r}'
+            ) from None
+        if partition is None or not 0 <= partition < len(speeds):
+            raise ValueError(
+                f"run config {RUN_EMULATED_SPEEDS}={listed!r} has no entry for this silo's "
+                f"partition-id {partition!r}: list one speed per partition (0 = real speed)"
+            )
+        speed = speeds[partition]
+        where = f"run config {RUN_EMULATED_SPEEDS} (partition-id {partition})"
+    else:
+        return 0.0
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed >= 0:
-        raise ValueError(f"node config {NODE_EMULATED_SPEED} must be a number >= 0, got {speed!r}")
+        raise ValueError(f"{where} must be a number >= 0, got {speed!r}")
     if not math.isfinite(speed):
-        raise ValueError(f"node config {NODE_EMULATED_SPEED} must be finite, got {speed!r}")
+        raise ValueError(f"{where} must be finite, got {speed!r}")
     return float(speed)
 
 
@@ -128,7 +153,9 @@ def balance_mod(clock: Callable[[Context], SiloClock | None] | None = None) -> M
     and the node config's partition-id as the silo's label. Other messages pass through.
 
     Emulation (one machine standing in for many, every output names its clock): a node
-    config `emulated-speed` (samples/s) pads each step with sleep to that speed; `clock`
+    config `emulated-speed` (samples/s) pads each step with sleep to that speed; in
+    Flower's simulation, whose nodes have no config of their own, the run config's
+    `fedlb-emulated-speeds = "400,200,100"` gives each partition-id its speed; `clock`
     (experiments) gives each silo its emulated clock from its Context.
     """
     return BalanceMod(clock)

@@ -66,6 +66,11 @@ NODE_THREADS = "threads"  # torch threads (0: torch's default)
 NODE_DEVICE = "device"  # where it trains: auto (a GPU if it has one), cpu, cuda, cuda:N
 NODE_HE_CONTEXT = "he-context"  # the silos' secret CKKS context file
 
+# run config ([tool.flwr.app.config] or `flwr run --run-config`) keys fedlb reads
+# samples/s to emulate per partition-id, "400,200,100": heterogeneous silos in Flower's
+# simulation, whose nodes' config holds only partition-id and num-partitions
+RUN_EMULATED_SPEEDS = "fedlb-emulated-speeds"
+
 # fedlb's own silo app: its config and metric names (an app's own, not fedlb's protocol)
 LEARNING_RATE = "learning-rate"
 TRAIN_LOSS = "train-loss"

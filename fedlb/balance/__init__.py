@@ -14,6 +14,7 @@ from .estimators import (
     SpeedEstimator,
     default_estimator,
 )
+from .guard import StabilityGuard
 from .ideal import (
     balance_efficiency,
     ideal_round_time,
@@ -53,6 +54,7 @@ __all__ = [
     "Proportional",
     "ReportError",
     "SpeedEstimator",
+    "StabilityGuard",
     "Static",
     "Trace",
     "Tuner",

@@ -204,6 +204,24 @@ class BatchSizeManager:
                     f"{self.tuner.kind} tuner proposed {size!r} for {name}, outside [{lo}, {hi}]"
                 )
 
+    def set_min_share(self, share: float) -> dict[str, int]:
+        """From now on every worker gets at least ⌈share·X/n⌉ samples (the tuner's floor:
+        `PooledProportional(min_share=...)`); workers below it are raised to it now and
+        the others give up samples in proportion. X is kept. Returns the new sizes.
+        A tuner without a floor (Proportional, Static, ...) keeps its sizes (a warning)."""
+        if not hasattr(self.tuner, "min_share"):
+            log.warning(
+                "the %s tuner has no min_share floor: sizes are not tightened", self.tuner.kind
+            )
+            return self.sizes
+        if not (math.isfinite(share) and 0.0 <= share <= 1.0):
+            raise ValueError(f"min_share must be in [0, 1], got {share}")
+        self.tuner.min_share = share
+        self.tuner.set_population(self.total, len(self._sizes), strict=False)
+        self._sizes = self._redivide(self._sizes, self.total)
+        self._note_given()
+        return self.sizes
+
     # ---- membership --------------------------------------------------------------------
     def _redivide(self, sizes: Mapping[str, int], total: int) -> dict[str, int]:
         """Scale `sizes` to `total` keeping their proportions (they encode the balance)."""

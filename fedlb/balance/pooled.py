@@ -182,11 +182,17 @@ class PooledProportional(Proportional):
         self.groups.pop(worker, None)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "floor": self.floor, "groups": dict(self.groups)}
+        return {
+            **super().state_dict(),
+            "floor": self.floor,
+            "min_share": self.min_share,  # a guard may have raised it during the run
+            "groups": dict(self.groups),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.floor = int(state["floor"])
+        self.min_share = float(state.get("min_share", self.min_share))
         self.groups = {n: int(g) for n, g in state["groups"].items()}
 
 

@@ -42,7 +42,11 @@ class Policy:
 
 POLICIES: dict[str, Policy] = {
     "fedavg": Policy("FedAvg: every silo at B0", tuner="static"),
-    "lb": Policy("fedlb: B tuned, τ and η fixed (the default balancer)"),
+    "lb": Policy("fedlb: B tuned, τ and η fixed (the default balancer and stability guard)"),
+    "lb-full": Policy(
+        "fedlb without its stability guard: full balance from round 2 (LB-BSP as published)",
+        extra=(("guard", False),),
+    ),
     "lb-tau": Policy(
         "τ tuned per silo, B fixed (Orchestra/FedCompass family)",
         StepsTunedFedAvg,

@@ -10,9 +10,10 @@ from .dropin import balance_mod
 from .he import he_mod
 from .silo import evaluate_reply, train_reply
 
-# The HE mod is a pass-through unless the node config names an `he-context`; listed after
-# the balancing mod, its seconds count in the silo's fixed cost.
-app = ClientApp(mods=[balance_mod(), he_mod()])
+# The HE mod is a pass-through unless the node config names an `he-context`. Outside the
+# balancing mod, it hands that mod plaintext models (so the silo can report its update's
+# norm for the server's StabilityGuard) and adds its own seconds to the fixed cost.
+app = ClientApp(mods=[he_mod(), balance_mod()])
 
 
 @app.train()

@@ -39,6 +39,8 @@ RUN_SETTING_HELP = {
     "min-share": "Accuracy guard (tuner pooled): no silo below min-share x the mean batch "
     "(0: none; 0.5 for a learning rate near the edge of stability, see docs/experiments.md).",
     "max-batch": "Largest B any silo gets (0: no limit).",
+    "guard": "1: the stability guard (no silo below half the mean batch; a blown-up update is "
+    "left out and the floor raised; docs/experiments.md); 0: none, full balance (LB-BSP).",
     "evaluate-every": "Federated evaluation every k rounds and after the last.",
     "evaluate-mode": "with-train (inside the next train message) or separate (own phase).",
     "dataset": "digits (embedded), fashion-mnist, mnist-5k, cifar10, heart-disease, "
@@ -108,6 +110,8 @@ class RunConfig:
         'memoryless'.
     min_batch, max_batch: bounds on any silo's B (max_batch 0: none).
     min_share: with tuner 'pooled', no silo below min_share × X/n (0: no floor).
+    guard: 1 (default): LoadBalancedFedAvg's StabilityGuard (no silo below half the mean
+        batch, blown-up updates left out); 0: none (sizes fully balanced from round 2).
     evaluate_every: federated evaluation every k rounds (and always after the last).
     evaluate_mode: 'with-train' (default): silos evaluate the model they receive inside the
         next round's train message, saving a whole framework round trip per evaluation;
@@ -145,6 +149,7 @@ class RunConfig:
     min_batch: int = 1
     max_batch: int = 0
     min_share: float = 0.0
+    guard: int = 1
     evaluate_every: int = 1
     evaluate_mode: str = "with-train"
     dataset: str = "digits"
@@ -193,6 +198,8 @@ class RunConfig:
             problems.append("min-share needs tuner pooled")
         if not (math.isfinite(self.poll_interval) and self.poll_interval >= 0):
             problems.append("poll-interval must be a finite number >= 0")
+        if self.guard not in (0, 1):
+            problems.append("guard must be 0 or 1")
         if self.keep_updates not in (0, 1):
             problems.append("keep-updates must be 0 or 1")
         # numpy refuses a negative seed; the silos seed torch with seed x 1_000_003 + ...,

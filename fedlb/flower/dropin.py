@@ -29,16 +29,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable, Mod
 from torch.utils.data import DataLoader, IterableDataset
 
 from fedlb.training import EmulatedSpeed, Pace, ResizableBatchSampler, ResourceProbe, synchronize
 
 from .protocol import (
+    EMULATED_CLOCKS,
+    NODE_EMULATED_CLOCK,
     NODE_EMULATED_SPEED,
     NODE_PARTITION_ID,
+    RUN_EMULATED_CLOCK,
     RUN_EMULATED_SPEEDS,
     STREAM_STATE,
     Orders,
@@ -137,11 +141,71 @@ def _emulated_speed(context: Context) -> float:
     return float(speed)
 
 
+def _emulated_clock(context: Context) -> str:
+    """The clock emulated speeds run on: node config `emulated-clock`, else the run
+    config's `fedlb-emulated-clock`, else "measured"."""
+    clock = context.node_config.get(NODE_EMULATED_CLOCK)
+    if clock is None:
+        clock = context.run_config.get(RUN_EMULATED_CLOCK) or "measured"
+    if clock not in EMULATED_CLOCKS:
+        raise ValueError(
+            f"the emulated clock must be one of {', '.join(EMULATED_CLOCKS)}, got {clock!r}"
+        )
+    return str(clock)
+
+
+@dataclass(frozen=True)
+class ModelSpeed:
+    """The model clock for a silo of `samples_per_s`: its steps run at the machine's own
+    speed, unpadded, and it reports τ·B/v seconds of compute and none of fixed cost
+    (deterministic: the sizes depend on the speeds alone, not on this machine's noise)."""
+
+    samples_per_s: float
+    name: str = "model"
+
+    def pace(self, server_round: int) -> Pace | None:
+        return None
+
+    def fixed_cost(self, server_round: int) -> float:
+        return 0.0
+
+    def report(
+        self, server_round: int, batch_size: int, steps: int, compute_s: float, fixed_s: float
+    ) -> tuple[float, float]:
+        return steps * batch_size / self.samples_per_s, 0.0
+
+
 def _partition_id(context: Context) -> int | None:
     value = context.node_config.get(NODE_PARTITION_ID)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return int(value) if float(value).is_integer() else None
+
+
+def _plain_arrays(content: RecordDict) -> dict[str, np.ndarray] | None:
+    """The message's model as floating-point arrays, or None where there is none or it
+    travels encrypted (ciphertexts are bytes: the HE mod runs outside this one)."""
+    records = content.array_records
+    if not records:
+        return None
+    arrays = {k: a.numpy() for k, a in next(iter(records.values())).items()}
+    floats = {k: a for k, a in arrays.items() if np.issubdtype(a.dtype, np.floating)}
+    return floats or None
+
+
+def _distance(
+    before: dict[str, np.ndarray] | None, after: dict[str, np.ndarray] | None
+) -> float | None:
+    """||after − before||₂ over the model's floating-point arrays (None where the two are
+    not the same model: another layout, or ciphertexts); inf where it is not finite."""
+    if before is None or after is None or before.keys() != after.keys():
+        return None
+    if any(before[k].shape != after[k].shape for k in before):
+        return None
+    total = math.fsum(
+        float(np.sum(np.square(after[k].astype(np.float64) - before[k]))) for k in before
+    )
+    return math.sqrt(total) if math.isfinite(total) else math.inf
 
 
 def balance_mod(clock: Callable[[Context], SiloClock | None] | None = None) -> Mod:
@@ -155,7 +219,9 @@ def balance_mod(clock: Callable[[Context], SiloClock | None] | None = None) -> M
     Emulation (one machine standing in for many, every output names its clock): a node
     config `emulated-speed` (samples/s) pads each step with sleep to that speed; in
     Flower's simulation, whose nodes have no config of their own, the run config's
-    `fedlb-emulated-speeds = "400,200,100"` gives each partition-id its speed; `clock`
+    `fedlb-emulated-speeds = "400,200,100"` gives each partition-id its speed. Node config
+    `emulated-clock` (or run config `fedlb-emulated-clock`) = "model" runs those speeds on
+    the model clock instead: no sleeping, τ·B/v reported (`ModelSpeed`). `clock`
     (experiments) gives each silo its emulated clock from its Context.
     """
     return BalanceMod(clock)
@@ -175,8 +241,14 @@ class BalanceMod:
         started = time.perf_counter()
         probe = ResourceProbe()
         orders = Orders.read(sent_config(msg))
-        silo_clock = self.clock(context) if self.clock is not None else None
         speed = _emulated_speed(context)
+        silo_clock = (
+            self.clock(context)
+            if self.clock is not None
+            else ModelSpeed(speed)
+            if speed > 0 and _emulated_clock(context) == "model"
+            else None
+        )
         pace = (
             silo_clock.pace(orders.server_round)
             if silo_clock is not None
@@ -184,6 +256,7 @@ class BalanceMod:
             if speed > 0
             else None
         )
+        received = _plain_arrays(msg.content)
         warm_up = time.perf_counter()
         warm_up_torch()
         warm_up_s = time.perf_counter() - warm_up  # process start-up: neither cost
@@ -212,6 +285,7 @@ class BalanceMod:
         if pace is not None and timing.real_compute_s > timing.compute_s * 0.999:
             log.warning("this silo cannot keep up with its emulated speed: steps ran unpadded")
         resources = probe.sample()
+        sent = _plain_arrays(reply.content)
         report = SiloReport(
             batch_size=timing.batch_size,
             local_steps=timing.steps,
@@ -222,6 +296,7 @@ class BalanceMod:
             partition_id=_partition_id(context),
             emulated_speed=pace.samples_per_s if isinstance(pace, EmulatedSpeed) else 0.0,
             model_clock=silo_clock is not None and silo_clock.name == "model",
+            update_norm=_distance(received, sent),
         )
         if not reply.content.metric_records:
             reply.content["metrics"] = MetricRecord()

@@ -42,6 +42,9 @@ PARTITION_ID = "fedlb.partition-id"  # the node config's partition-id: a stable 
 EMULATED_SPEED = "fedlb.emulated-speed"  # samples/s it emulated (0: real hardware speed)
 MODEL_CLOCK = "fedlb.model-clock"  # 1: the times are the model clock's, not measured
 HE_S = "fedlb.he-s"  # of overhead-s: CKKS decryption, encryption and serialisation
+# ||w_i − w||: how far the silo's update moved the model it received (absent where the
+# mod saw only ciphertexts); the server's StabilityGuard watches it
+UPDATE_NORM = "fedlb.update-norm"
 REPORT_KEYS = (BATCH_SIZE, LOCAL_STEPS, COMPUTE_S, OVERHEAD_S)  # a report needs these
 LARGEST = 2**24  # the most samples per step, or steps per round, a report may claim
 
@@ -70,6 +73,11 @@ NODE_HE_CONTEXT = "he-context"  # the silos' secret CKKS context file
 # samples/s to emulate per partition-id, "400,200,100": heterogeneous silos in Flower's
 # simulation, whose nodes' config holds only partition-id and num-partitions
 RUN_EMULATED_SPEEDS = "fedlb-emulated-speeds"
+# the clock those speeds run on: "measured" (steps padded with sleep, the default) or
+# "model" (no sleeping: the silo reports τ·B/v, deterministic, for studies of accuracy)
+NODE_EMULATED_CLOCK = "emulated-clock"
+RUN_EMULATED_CLOCK = "fedlb-emulated-clock"
+EMULATED_CLOCKS = ("measured", "model")
 
 # fedlb's own silo app: its config and metric names (an app's own, not fedlb's protocol)
 LEARNING_RATE = "learning-rate"
@@ -146,6 +154,7 @@ class SiloReport:
     partition_id: int | None = None
     emulated_speed: float = 0.0
     model_clock: bool = False
+    update_norm: float | None = None  # inf: the update was not finite
 
     def metrics(self) -> dict[str, int | float]:
         """The report as MetricRecord entries (fedlb's keys only)."""
@@ -161,6 +170,8 @@ class SiloReport:
                 out[key] = value
         if self.model_clock:
             out[MODEL_CLOCK] = 1
+        if self.update_norm is not None:
+            out[UPDATE_NORM] = self.update_norm
         return out
 
     def worker_report(self, worker: str) -> WorkerReport:
@@ -224,7 +235,16 @@ def read_report(metrics: Mapping[str, Any]) -> SiloReport:
         partition_id=None if partition is None or not partition.is_integer() else int(partition),
         emulated_speed=values.get(EMULATED_SPEED, 0.0),
         model_clock=values.get(MODEL_CLOCK, 0.0) > 0,
+        update_norm=_update_norm(metrics.get(UPDATE_NORM)),
     )
+
+
+def _update_norm(value: Any) -> float | None:
+    """A reported update norm: None when absent or not a number, inf when not finite
+    (a NaN or infinite update is a diverged one) or negative."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else math.inf
 
 
 def partition_of(metrics: MetricRecord) -> int | None:

@@ -43,6 +43,7 @@ class SiloRound:
     accuracy: float | None = None  # federated evaluation on its held-out split
     loss: float | None = None
     he_s: float = 0.0  # of fixed_s: CKKS decryption, encryption and serialisation
+    update_norm: float | None = None  # ||w_i − w|| as the silo reported it
 
 
 @dataclass
@@ -333,6 +334,7 @@ def round_record(
                 emulated_speed=said_by.emulated_speed if said_by else 0.0,
                 next_batch_size=next_sizes.get(node, 0),
                 he_s=metrics.get(HE_S, 0.0),
+                update_norm=said_by.update_norm if said_by else None,
             )
         )
     return RoundRecord(

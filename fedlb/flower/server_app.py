@@ -49,6 +49,7 @@ def build_strategy(
     """The run's strategy from its settings; `strategy_class` and `extra` arguments: an
     experiment's variant of LoadBalancedFedAvg (fedlb.experiments' policies)."""
     out_dir = Path(config.out_dir) if config.out_dir else None
+    extra.setdefault("guard", bool(config.guard))
     return strategy_class(
         checkpoint_dir=out_dir,
         run_settings=fresh_settings(config),

@@ -17,7 +17,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from fedlb.balance import BatchSizeManager, WorkerReport
+from fedlb.balance import BatchSizeManager, StabilityGuard, WorkerReport
 
 from .checkpoint import Checkpoint, restore_strategy_state, save_checkpoint, strategy_state
 from .grid import PollingGrid
@@ -26,8 +26,10 @@ from .membership import Membership, say
 from .protocol import (
     EVAL_EXAMPLES,
     ROUND_FIGURES,
+    TRAIN_LOSS_NAMES,
     Orders,
     SiloReport,
+    first_number,
     numbers,
     user_metrics,
 )
@@ -95,6 +97,14 @@ class LoadBalancedFedAvg(FedAvg):
             `EncryptedModel`: save it with `save_encrypted`, decrypt it at a silo.
         checkpoint_dir: checkpoint.npz there after every round (see `restore`).
         run_settings: the run's settings, stored in checkpoints. Default None.
+        guard: keeps balancing from costing the model (`StabilityGuard`): no silo below
+            half the mean batch, and an update that blew up (its norm per step not finite
+            or 5x its peers' and its own recent ones, or a non-finite train loss) is left
+            out of the round's average and the floor rises a step (0.75, then uniform).
+            It reads the update norm `balance_mod()` reports (under HE too, with
+            `he_mod()` outside it) and the app's train loss metric. A higher `min_share`
+            of the balancer's tuner stays. Default True (fedlb's guard); False: none
+            (sizes fully balanced from round 2); or a `StabilityGuard` of your own.
     """
 
     def __init__(
@@ -125,6 +135,7 @@ class LoadBalancedFedAvg(FedAvg):
         he: EncryptedAggregation | None = None,
         checkpoint_dir: Path | None = None,
         run_settings: Mapping[str, Any] | None = None,
+        guard: StabilityGuard | bool = True,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -156,6 +167,9 @@ class LoadBalancedFedAvg(FedAvg):
         self.he = he
         self.checkpoint_dir = checkpoint_dir
         self.run_settings = dict(run_settings or {})
+        self.guard: StabilityGuard | None = (
+            guard if isinstance(guard, StabilityGuard) else StabilityGuard() if guard else None
+        )
         self.members = Membership(expected_silos or min_available_nodes, join_timeout, rejoin_grace)
         self.updates = UpdateCheck(weighted_by_key, he)
         self.report_check = ReportCheck(weighted_by_key)
@@ -166,6 +180,7 @@ class LoadBalancedFedAvg(FedAvg):
         self._sent: dict[int, tuple[int | None, int | None]] = {}  # node -> (B, τ) ordered
         self._messages: list[Message] = []  # this round's train messages
         self._started = 0.0
+        self._user_floor = 0.0
         self._own_loop = False  # start() ran: else a subclass's own start() drives the hooks
         self._aggregated: ArrayRecord | None = None  # the model the last round ended with
         self._finished = 0  # the last round finished (record closed, checkpointed)
@@ -374,11 +389,22 @@ class LoadBalancedFedAvg(FedAvg):
         if self.manager is None and said:  # the first reports: each silo's own B0 and τ
             initial = {str(n): self._initial_load(r) for n, r in sorted(said.items())}
             self.manager = self.members.start_balancing(self.balancer, initial, said)
+            # a floor the user set stays the least the guard keeps
+            self._user_floor = float(getattr(self.manager.tuner, "min_share", 0.0))
         next_sizes = (
             {}
             if self.manager is None
             else self.members.step(self.manager, said, reports, rejected, self._initial_load)
         )
+        diverged = self._guard_round(server_round, said, app_numbers)
+        if diverged:
+            kept = [m for m in kept if m.metadata.src_node_id not in diverged]
+            failed += [
+                f"{self.members.label(n)}: update diverged, left out of this round's average: {why}"
+                for n, why in diverged.items()
+            ]
+            if self.manager is not None:
+                next_sizes = {int(w): b for w, b in self.manager.sizes.items()}
         record = round_record(
             server_round,
             reports,
@@ -394,6 +420,52 @@ class LoadBalancedFedAvg(FedAvg):
         record.rejected = rejected
         record.events = self.members.take_events()
         return kept, record
+
+    def _guard_round(
+        self,
+        server_round: int,
+        said: Mapping[int, SiloReport],
+        app_numbers: Mapping[int, Mapping[str, float]],
+    ) -> dict[int, str]:
+        """The stability guard's verdict on the round: the diverged updates (node -> why),
+        to leave out; the silos' floor moved (and the sizes with it) when it says so."""
+        if self.guard is None:
+            return {}
+        # Per local step: a silo with more steps (a bigger dataset, τ = len(its loader))
+        # moves the model further without diverging.
+        norms = {
+            str(n): r.update_norm / r.local_steps
+            for n, r in said.items()
+            if r.update_norm is not None
+        }
+        losses = {
+            str(n): loss
+            for n in said
+            if (loss := first_number(app_numbers.get(n, {}), TRAIN_LOSS_NAMES)) is not None
+        }
+        verdict = self.guard.check(norms, losses)
+        found = {int(n): why for n, why in verdict.diverged.items()}
+        for node, why in found.items():
+            say(
+                WARNING,
+                "round %d: %s's update diverged and is left out of the average: %s",
+                server_round,
+                self.members.label(node),
+                why,
+            )
+        if self.manager is not None:
+            floor = max(self.guard.floor, self._user_floor)
+            if getattr(self.manager.tuner, "min_share", floor) < floor:
+                self.manager.set_min_share(floor)
+                if verdict.moved:
+                    say(
+                        WARNING,
+                        "round %d: every silo gets at least %.0f%% of the mean batch from "
+                        "now on, so the sizes that tipped the model are not tried again",
+                        server_round,
+                        100 * floor,
+                    )
+        return found
 
     # ---- evaluation --------------------------------------------------------------------
     def _evaluation_due(self, server_round: int) -> bool:

@@ -1,0 +1,319 @@
+"""Accuracy at the app's own settings: Flower's own apps, stock against fedlb's drop-in.
+
+Each run executes an app's real ServerApp `main` and ClientApp (tests/apps: Flower's
+quickstart-pytorch, the `flwr new` PyTorch app, advanced-pytorch with its own FedAvg
+subclass, lr schedule and per-client head) in this process, on an in-process grid (the
+messages the apps exchange are Flower's own; only the transport is short-circuited):
+- `stock`: the app as published (FedAvg, its own loader);
+- `default`: the three-line drop-in (tests/apps/adopt.py) with fedlb's defaults;
+- `unguarded`: the same without the StabilityGuard (`LoadBalancedFedAvg(guard=False)`).
+Silos have the emulated speeds given (`--speeds`, samples/s by partition-id) on the
+model clock (no sleeping: each silo reports τ·B/v; the sizes depend on the speeds alone),
+so a run's sizes are what a deployment with those speeds would give, and runs are fast.
+A seed fixes torch's RNG before the ServerApp starts (the initial model, every loader's
+shuffling), so stock and fedlb's runs of one seed start from the same model.
+
+The final model (the app's own final_model.pt) is scored with the app's own `test()` on
+a central test set (the quickstart's 359 held-out digits for the quickstart and `flwr
+new` apps, which share that offline data; Fashion-MNIST's t10k for advanced-pytorch).
+"Collapsed": final accuracy <= 0.15 (a dead network: FedAvg cannot leave it). E (compute
+clock) = T*/T_round per round from fedlb's records, rounds 2..N; for stock the same
+ratio for its uniform sizes at these speeds.
+
+    .venv/bin/python benchmarks/app_accuracy.py --app quickstart --seeds 0-9 \
+        --rounds 8 --set learning-rate=0.1 --json quickstart-lr0.1.jsonl
+    .venv/bin/python benchmarks/app_accuracy.py --from-json quickstart-lr0.1.jsonl
+
+Writes one JSON line per run (`--json`), then prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import importlib
+import json
+import logging
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Context, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fedlb.balance import (  # noqa: E402
+    BatchSizeManager,
+    PooledProportional,
+    ideal_round_time,
+)
+from fedlb.flower import LoadBalancedFedAvg, read_toml  # noqa: E402
+from tests.apps.adopt import adopt  # noqa: E402
+from tests.flower_fakes import InProcessGrid  # noqa: E402
+
+APPS = {  # name -> (fixture folder, default speeds: samples/s by partition-id)
+    "quickstart": ("quickstart_pytorch", "400,200,100"),
+    "flwr-new": ("flwr_new_pytorch", "400,200,100"),
+    "advanced": ("advanced_pytorch", "400,200,200,100"),
+}
+POLICIES = ("stock", "default", "unguarded")  # and floor:F, a fixed floor (no guard)
+DEAD = 0.15
+
+
+@contextlib.contextmanager
+def imported(app: Path) -> Iterator[dict[str, ModuleType]]:
+    """The app's modules, imported from `app` and forgotten afterwards (the stock and the
+    adopted copies share their package's name)."""
+    package = next(p.parent.name for p in app.glob("*/server_app.py"))
+    sys.path.insert(0, str(app))
+    try:
+        yield {
+            name: importlib.import_module(f"{package}.{name}")
+            for name in ("server_app", "client_app", "task")
+        }
+    finally:
+        sys.path.remove(str(app))
+        for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+            del sys.modules[name]
+
+
+def central_accuracy(app: str, modules: dict[str, ModuleType], model_file: Path) -> float:
+    """The final model scored by the app's own test() on a central test set."""
+    task = modules["task"]
+    net = task.Net()
+    net.load_state_dict(torch.load(model_file, weights_only=True))
+    if app == "advanced":
+        from torch.utils.data import DataLoader
+
+        split = task.load_split("test").with_transform(task.apply_eval_transforms)
+        loader = DataLoader(split, batch_size=32)
+    elif app == "quickstart":
+        loader = task.load_centralized_dataset()
+    else:  # the quickstart's held-out digits: the flwr new app's own hold-out too
+        with tempfile.TemporaryDirectory() as tmp:
+            quick, _ = adopt("quickstart_pytorch", Path(tmp), balanced=False)
+            with imported(quick) as quickstart:
+                loader = quickstart["task"].load_centralized_dataset()
+    _, accuracy = task.test(net, loader, "cpu")
+    return float(accuracy)
+
+
+@functools.cache
+def loader_steps(app: str, partitions: int) -> tuple[int, ...]:
+    """Each partition's len(trainloader) at the app's own batch size (32)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy, _ = adopt(APPS[app][0], Path(tmp), balanced=False)
+        with imported(copy) as modules:
+            load = modules["task"].load_data
+            return tuple(
+                len((load(p, partitions, 32) if app == "quickstart" else load(p, partitions))[0])
+                for p in range(partitions)
+            )
+
+
+def stock_efficiency(speeds: list[float], steps: dict[int, int], batch: int) -> float:
+    """T*/T_round of uniform sizes at these speeds and step counts (model clock)."""
+    names = {str(p): v for p, v in enumerate(speeds) if p in steps}
+    taus = {str(p): steps[p] for p in steps}
+    ideal = ideal_round_time(names, batch * len(names), taus)
+    return ideal / max(taus[n] * batch / names[n] for n in names)
+
+
+def run_once(
+    app: str,
+    policy: str,
+    seed: int,
+    rounds: int,
+    overrides: dict[str, Any],
+    speeds: list[float],
+) -> dict[str, Any]:
+    folder, _ = APPS[app]
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(tmp)
+        copy, _ = adopt(folder, where, balanced=policy != "stock")
+        config = read_toml(copy / "pyproject.toml")["tool"]["flwr"]["app"]["config"]
+        config = {**config, **overrides, "num-server-rounds": rounds}
+        nodes = {
+            10 + i: {
+                "partition-id": i,
+                "num-partitions": len(speeds),
+                "emulated-speed": v,
+                "emulated-clock": "model",
+            }
+            for i, v in enumerate(speeds)
+        }
+        made: list[LoadBalancedFedAvg] = []
+        init = LoadBalancedFedAvg.__init__
+
+        def keep(self: LoadBalancedFedAvg, *args: Any, **kwargs: Any) -> None:
+            if policy == "unguarded" or policy.startswith("floor:"):
+                kwargs["guard"] = False
+            if policy.startswith("floor:"):  # every silo >= F x the mean batch, all along
+                share = float(policy.removeprefix("floor:"))
+                kwargs["balancer"] = lambda sizes: BatchSizeManager(
+                    sizes, PooledProportional(min_share=share)
+                )
+            made.append(self)
+            init(self, *args, **kwargs)
+
+        LoadBalancedFedAvg.__init__ = keep  # type: ignore[method-assign]
+        here = Path.cwd()
+        os.chdir(where)  # the apps write final_model.pt (and outputs/) where they run
+        started = time.perf_counter()
+        try:
+            with imported(copy) as modules:
+                grid = InProcessGrid(nodes, config, modules["client_app"].app)
+                torch.manual_seed(seed)
+                random.seed(seed)  # FedAvg samples nodes with Python's global RNG
+                np.random.seed(seed)
+                modules["server_app"].main(grid, Context(1, 0, {}, RecordDict(), config))
+                accuracy = central_accuracy(app, modules, where / "final_model.pt")
+        finally:
+            os.chdir(here)
+            LoadBalancedFedAvg.__init__ = init  # type: ignore[method-assign]
+        seconds = time.perf_counter() - started
+    row: dict[str, Any] = {
+        "app": app,
+        "policy": policy,
+        "seed": seed,
+        "rounds": rounds,
+        "overrides": overrides,
+        "speeds": speeds,
+        "final_accuracy": accuracy,
+        "collapsed": accuracy <= DEAD,
+        "seconds": seconds,
+    }
+    if made:
+        records = made[0].reporter.records
+        row["efficiency"] = [r.efficiency for r in records]
+        row["sizes"] = [{s.silo: s.batch_size for s in r.silos} for r in records]
+        row["excluded"] = [[f for f in r.failed if "diverged" in f] for r in records]
+        manager = made[0].manager
+        row["floor"] = float(getattr(manager.tuner, "min_share", 0.0)) if manager else 0.0
+    else:  # stock: its uniform sizes' E at these speeds, per round
+        by_round: dict[int, list[int]] = {}  # FedAvg shares one config: count pushes
+        phase = 0
+        for previous, m in zip([None, *grid.sent], grid.sent, strict=False):
+            if m.metadata.message_type == "train":
+                if previous is None or previous.metadata.message_type != "train":
+                    phase += 1
+                by_round.setdefault(phase, []).append(m.metadata.dst_node_id)
+        steps = loader_steps(app, len(speeds))
+        row["efficiency"] = [
+            stock_efficiency(speeds, {n - 10: steps[n - 10] for n in round_nodes}, 32)
+            for _, round_nodes in sorted(by_round.items())
+        ]
+    return row
+
+
+def mean_sd(values: list[float]) -> str:
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = [
+        "| app | η | policy | runs | collapsed | final accuracy | not collapsed | E (rounds 2..N) "
+        "| runs with an update left out | floor at the end |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    keys = sorted(
+        {(r["app"], json.dumps(r["overrides"], sort_keys=True), r["policy"]) for r in rows},
+        key=lambda k: (k[0], k[1], POLICIES.index(k[2]) if k[2] in POLICIES else 9, k[2]),
+    )
+    for app, overrides, policy in keys:
+        group = [
+            r
+            for r in rows
+            if (r["app"], json.dumps(r["overrides"], sort_keys=True), r["policy"])
+            == (app, overrides, policy)
+        ]
+        finals = [r["final_accuracy"] for r in group]
+        alive = [a for a in finals if a > DEAD]
+        effs = [e for r in group for e in r["efficiency"][1:] if e is not None and math.isfinite(e)]
+        guarded = [r for r in group if any(r.get("excluded", []))]
+        floors = [r.get("floor", 0.0) for r in group if "floor" in r]
+        lr = json.loads(overrides).get("learning-rate", json.loads(overrides).get("lr", "app's"))
+        out.append(
+            f"| {app} | {lr} | {policy} | {len(group)} | {sum(r['collapsed'] for r in group)} "
+            f"| {mean_sd(finals)} | {mean_sd(alive)} | {mean_sd(effs)} "
+            f"| {len(guarded) if 'floor' in group[0] else '–'} "
+            f"| {mean_sd(floors) if floors else '–'} |"
+        )
+    return "\n".join(out)
+
+
+def parse_seeds(text: str) -> list[int]:
+    if "-" in text:
+        lo, hi = text.split("-")
+        return list(range(int(lo), int(hi) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def parse_value(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--app", choices=sorted(APPS), default="quickstart")
+    parser.add_argument("--seeds", default="0-9", help="e.g. 0-9 or 0,3,5")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument(
+        "--policies", nargs="+", default=list(POLICIES), help=f"{', '.join(POLICIES)}, floor:F"
+    )
+    parser.add_argument("--speeds", help="samples/s by partition-id, e.g. 400,200,100")
+    parser.add_argument("--set", nargs="*", default=[], help="run config overrides key=value")
+    parser.add_argument("--json", type=Path, help="append one JSON line per run here")
+    parser.add_argument("--from-json", type=Path, nargs="*", help="only print the table")
+    args = parser.parse_args()
+    if args.from_json:
+        rows = [json.loads(line) for f in args.from_json for line in f.read_text().splitlines()]
+        print(table(rows))
+        return
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    torch.set_num_threads(1)
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    speeds = [float(v) for v in (args.speeds or APPS[args.app][1]).split(",")]
+    overrides = dict(item.split("=", 1) for item in args.set)
+    overrides = {k: parse_value(v) for k, v in overrides.items()}
+    rows = []
+    for seed in parse_seeds(args.seeds):
+        for policy in args.policies:
+            row = run_once(args.app, policy, seed, args.rounds, overrides, speeds)
+            rows.append(row)
+            print(
+                f"{args.app} {overrides} seed {seed} {policy}: final accuracy "
+                f"{row['final_accuracy']:.3f} ({row['seconds']:.0f} s)"
+                + (f", left out {row['excluded']}" if any(row.get("excluded", [])) else ""),
+                flush=True,
+            )
+            if args.json:
+                with args.json.open("a") as out:
+                    out.write(json.dumps(row) + "\n")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

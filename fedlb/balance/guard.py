@@ -7,22 +7,25 @@ silo starts from the dead model; FedAvg cannot leave it). Measured on Flower's q
 at its own η = 0.1 (SGD, momentum 0.9), speeds 1:2:4, 60 seeds, 8 rounds
 (docs/experiments.md, "The default's guard"): fully balanced sizes (14/27/55) end at
 0.53 ± 0.26 with 10 dead networks, stock FedAvg 0.74 ± 0.22 with 3; a floor of half the
-mean batch (16/26/54) 0.62 ± 0.21 with 4. Guards that moved the floor with the training
-(down while the loss falls, up when it rises) did worse than the fixed floor (6-9 dead):
-at the edge of stability every change of sizes re-rolls the dice.
+mean batch (16/26/54) 0.62 ± 0.21 with 4. At that edge the outcome is chaotic: one
+sample more or less in one silo's batch re-rolls a run, so only distributions over many
+seeds say anything.
 
-So the guard is a fixed floor plus a reaction to blow-ups:
-- every silo gets at least `floors[0]` of the mean batch (default 0.5), so no silo's
-  updates rest on a sliver of the global batch. At speeds where the slowest silo runs at
-  half the mean speed or more it does not bind (E = 1); below, it caps the per-round
-  speed-up over FedAvg at 1/floor (2x);
-- an update *diverged* when its norm per local step is not finite, or more than `ratio`
-  times the larger of its peers' median this round and its own recent median, or when
-  the silo's training loss is not finite. A diverged update is left out of the round's
-  average (as a silo that did not answer would be) and the floor rises one step (0.75,
-  then uniform sizes), so the sizes that tipped the model are not tried again.
-The silos report their update norm (`balance_mod`) and their loss (the app's own
-metric); both travel in the clear, so the guard works under HE too.
+So by default every silo gets at least half the mean batch (`floors[start]`), and an
+update that *diverged* (its norm per step not finite, or more than `ratio` times the
+larger of its peers' median and its own recent median; or a non-finite training loss)
+is left out of the round's average and the floor goes up one step (0.75, then uniform
+sizes). Guards that moved the floor with the training did no better at the edge (any
+change of sizes re-rolls the dice there), but one of them tells a stable run apart:
+silos at a stable learning rate move the model by about the same amount per step (the
+coefficient of variation of their update norms per step ~0.01-0.1), at the edge their
+local runs scatter (0.14-0.7). With `calm`, `agitated` and `rise` set, the floor comes
+down a step after a *calm* round at unequal sizes (dispersion below `calm`) and goes up
+a step after an *agitated* one (above `agitated`, or the silos' losses rose by more than
+`rise`). Round 1, at equal sizes, says nothing about unequal ones.
+
+The silos report their update norm (`balance_mod`) and their loss (the app's own metric);
+both travel in the clear, so the guard works under HE too.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ class Verdict:
     """What the guard made of one round."""
 
     diverged: dict[str, str] = field(default_factory=dict)  # silo -> why
+    dispersion: float | None = None  # coefficient of variation of the norms per step
+    look: str = "steady"  # calm, steady, agitated or diverged
     floor_before: float = 0.0
     floor: float = 0.0  # the floor from now on
 
@@ -50,11 +55,23 @@ class Verdict:
 
 
 class StabilityGuard:
-    """A floor on every silo's share of the mean batch, raised when an update diverges.
+    """A floor on every silo's share of the mean batch that follows the training's calm.
 
     Args:
-        floors: the floor's steps, each a share of the mean batch, rising; the run starts
-            at the first. Default (0.5, 0.75, 1.0).
+        floors: the floor's steps, each a share of the mean batch, rising. Default
+            (0.0, 0.25, 0.5, 0.75, 1.0): from full balance to uniform sizes.
+        start: the step a run starts at. Default 2 (0.5).
+        calm: dispersion (coefficient of variation of the silos' update norms per step)
+            below which a round is calm. Default 0.0: never (a fixed floor).
+        agitated: dispersion above which a round is agitated. Default inf: never.
+        rise: mean log change of the silos' training losses above which a round is
+            agitated. Default inf: never.
+    The defaults are a fixed floor of half the mean batch that rises only when an update
+    diverges. `StabilityGuard(calm=0.12, agitated=0.3, rise=0.05)` follows the dispersion
+    (measured on the quickstart: as safe at η = 0.1, E 0.997 instead of 0.875 at η = 0.03),
+    but the dispersion also grows with unequal sizes wherever gradient noise dominates the
+    steps (later in training, or small batches: a silo's step then scales as 1/√B), where
+    it tightens for no instability; so it is not the default (docs/experiments.md).
         ratio: an update diverged when its norm per local step exceeds `ratio` times its
             reference (the larger of its peers' median this round and its own recent
             median). Default 5.0: balanced silos' updates run up to ~2x their peers'
@@ -62,17 +79,35 @@ class StabilityGuard:
             a blow-up counts.
     """
 
-    def __init__(self, floors: Sequence[float] = (0.5, 0.75, 1.0), ratio: float = 5.0) -> None:
+    def __init__(
+        self,
+        floors: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+        start: int = 2,
+        calm: float = 0.0,
+        agitated: float = math.inf,
+        rise: float = math.inf,
+        ratio: float = 5.0,
+    ) -> None:
         if not floors or any(not 0.0 <= f <= 1.0 for f in floors):
             raise ValueError(f"floors must lie within [0, 1], got {list(floors)}")
         if list(floors) != sorted(floors):
             raise ValueError(f"floors must rise, got {list(floors)}")
+        if not 0 <= start < len(floors):
+            raise ValueError(f"start must index floors (0..{len(floors) - 1}), got {start}")
+        if not 0.0 <= calm <= agitated:
+            raise ValueError(f"need 0 <= calm <= agitated, got {calm}, {agitated}")
+        if not rise >= 0.0:
+            raise ValueError(f"rise must be >= 0 (inf: off), got {rise}")
         if not (math.isfinite(ratio) and ratio > 1.0):
             raise ValueError(f"ratio must be a finite number > 1, got {ratio}")
         self.floors = list(floors)
+        self.level = start
+        self.calm = calm
+        self.agitated = agitated
+        self.rise = rise
         self.ratio = ratio
-        self.level = 0
         self.norms: dict[str, list[float]] = {}
+        self.losses: dict[str, float] = {}
 
     @property
     def floor(self) -> float:
@@ -80,16 +115,38 @@ class StabilityGuard:
         return self.floors[self.level]
 
     def check(
-        self, norms: Mapping[str, float], losses: Mapping[str, float] | None = None
+        self,
+        norms: Mapping[str, float],
+        losses: Mapping[str, float] | None = None,
+        sizes: Mapping[str, int] | None = None,
     ) -> Verdict:
-        """One round's update norms per local step and training losses, by silo: the
-        diverged updates, and the floor from now on (one step up if any diverged)."""
+        """One round's update norms per local step, training losses and batch sizes, by
+        silo: the diverged updates, how the round looked, and the floor from now on. A
+        calm round at equal sizes (round 1) says nothing of unequal ones: it holds."""
         verdict = Verdict(diverged=self._diverged(norms), floor_before=self.floor)
+        changes = []
         for name, loss in (losses or {}).items():
             if not math.isfinite(loss):
                 verdict.diverged.setdefault(name, f"its training loss is {loss}")
+                continue
+            previous = self.losses.get(name)
+            if previous is not None and previous > 0 and loss > 0:
+                changes.append(math.log(loss / previous))
+            self.losses[name] = loss
+        kept = [v for n, v in norms.items() if n not in verdict.diverged]
+        mean = statistics.fmean(kept) if len(kept) >= 2 else 0.0
+        verdict.dispersion = statistics.pstdev(kept) / mean if mean > 0 else None
+        rose = bool(changes) and statistics.fmean(changes) > self.rise
         if verdict.diverged:
+            verdict.look = "diverged"
+        elif rose or (verdict.dispersion is not None and verdict.dispersion > self.agitated):
+            verdict.look = "agitated"
+        elif verdict.dispersion is not None and verdict.dispersion < self.calm:
+            verdict.look = "calm"
+        if verdict.look in ("diverged", "agitated"):
             self.level = min(self.level + 1, len(self.floors) - 1)
+        elif verdict.look == "calm" and sizes and max(sizes.values()) > min(sizes.values()):
+            self.level = max(self.level - 1, 0)
         verdict.floor = self.floor
         return verdict
 
@@ -119,10 +176,16 @@ class StabilityGuard:
 
     def forget(self, name: str) -> None:
         self.norms.pop(name, None)
+        self.losses.pop(name, None)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"level": self.level, "norms": {n: list(h) for n, h in self.norms.items()}}
+        return {
+            "level": self.level,
+            "norms": {n: list(h) for n, h in self.norms.items()},
+            "losses": dict(self.losses),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.level = min(int(state["level"]), len(self.floors) - 1)
         self.norms = {n: [float(v) for v in h] for n, h in state["norms"].items()}
+        self.losses = {n: float(v) for n, v in state.get("losses", {}).items()}

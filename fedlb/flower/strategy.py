@@ -97,14 +97,16 @@ class LoadBalancedFedAvg(FedAvg):
             `EncryptedModel`: save it with `save_encrypted`, decrypt it at a silo.
         checkpoint_dir: checkpoint.npz there after every round (see `restore`).
         run_settings: the run's settings, stored in checkpoints. Default None.
-        guard: keeps balancing from costing the model (`StabilityGuard`): no silo below
-            half the mean batch, and an update that blew up (its norm per step not finite
-            or 5x its peers' and its own recent ones, or a non-finite train loss) is left
-            out of the round's average and the floor rises a step (0.75, then uniform).
-            It reads the update norm `balance_mod()` reports (under HE too, with
-            `he_mod()` outside it) and the app's train loss metric. A higher `min_share`
-            of the balancer's tuner stays. Default True (fedlb's guard); False: none
-            (sizes fully balanced from round 2); or a `StabilityGuard` of your own.
+        guard: keeps balancing from costing the model (`StabilityGuard`): a floor on every
+            silo's share of the mean batch, 0.5 at first, down a step after a calm round
+            (the silos' updates per step agree), up a step after an agitated one (they
+            scatter, or the losses rose) or when an update blew up (norm per step not
+            finite or 5x its peers' and its own, or a non-finite loss: that update is
+            left out of the round's average). It reads the update norm `balance_mod()`
+            reports (under HE too, with `he_mod()` outside it) and the app's train loss
+            metric. A higher `min_share` of the balancer's tuner stays. Default True
+            (fedlb's guard); False: none (sizes fully balanced from round 2); or a
+            `StabilityGuard` of your own (`StabilityGuard(calm=0)`: a fixed floor).
     """
 
     def __init__(
@@ -391,20 +393,19 @@ class LoadBalancedFedAvg(FedAvg):
             self.manager = self.members.start_balancing(self.balancer, initial, said)
             # a floor the user set stays the least the guard keeps
             self._user_floor = float(getattr(self.manager.tuner, "min_share", 0.0))
+        # The guard first: the floor it sets bounds this step's sizes.
+        diverged = self._guard_round(server_round, said, app_numbers)
+        if diverged:
+            kept = [m for m in kept if m.metadata.src_node_id not in diverged]
+            failed += [
+                f"{self.members.label(n)}: update diverged, left out of the average: {why}"
+                for n, why in diverged.items()
+            ]
         next_sizes = (
             {}
             if self.manager is None
             else self.members.step(self.manager, said, reports, rejected, self._initial_load)
         )
-        diverged = self._guard_round(server_round, said, app_numbers)
-        if diverged:
-            kept = [m for m in kept if m.metadata.src_node_id not in diverged]
-            failed += [
-                f"{self.members.label(n)}: update diverged, left out of this round's average: {why}"
-                for n, why in diverged.items()
-            ]
-            if self.manager is not None:
-                next_sizes = {int(w): b for w, b in self.manager.sizes.items()}
         record = round_record(
             server_round,
             reports,
@@ -443,7 +444,8 @@ class LoadBalancedFedAvg(FedAvg):
             for n in said
             if (loss := first_number(app_numbers.get(n, {}), TRAIN_LOSS_NAMES)) is not None
         }
-        verdict = self.guard.check(norms, losses)
+        sizes = {str(n): r.batch_size for n, r in said.items()}
+        verdict = self.guard.check(norms, losses, sizes)
         found = {int(n): why for n, why in verdict.diverged.items()}
         for node, why in found.items():
             say(
@@ -455,16 +457,17 @@ class LoadBalancedFedAvg(FedAvg):
             )
         if self.manager is not None:
             floor = max(self.guard.floor, self._user_floor)
-            if getattr(self.manager.tuner, "min_share", floor) < floor:
+            if getattr(self.manager.tuner, "min_share", floor) != floor:
                 self.manager.set_min_share(floor)
-                if verdict.moved:
-                    say(
-                        WARNING,
-                        "round %d: every silo gets at least %.0f%% of the mean batch from "
-                        "now on, so the sizes that tipped the model are not tried again",
-                        server_round,
-                        100 * floor,
-                    )
+                say(
+                    WARNING if floor > verdict.floor_before else INFO,
+                    "round %d: %s round (dispersion of the silos' updates %s): every silo "
+                    "gets at least %.0f%% of the mean batch from now on",
+                    server_round,
+                    verdict.look,
+                    "–" if verdict.dispersion is None else f"{verdict.dispersion:.2f}",
+                    100 * floor,
+                )
         return found
 
     # ---- evaluation --------------------------------------------------------------------

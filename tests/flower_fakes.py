@@ -17,9 +17,10 @@ Handler = Callable[[Message, Context], Message]
 
 
 def fedlb_app(*mods: Mod, clock=None, config=None) -> ClientApp:
-    """fedlb's silo app as fedlb's client_app builds it (balance_mod first), with extra
-    mods after it (he_mod), a silo clock, or a RunConfig instead of the run config."""
-    app = ClientApp(mods=[balance_mod(clock), *mods])
+    """fedlb's silo app as fedlb's client_app builds it (extra mods such as he_mod outside
+    balance_mod, so that it sees plaintext models), with a silo clock, or a RunConfig
+    instead of the run config."""
+    app = ClientApp(mods=[*mods, balance_mod(clock)])
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:

@@ -1,0 +1,162 @@
+"""The StabilityGuard: a floor on every silo's share of the mean batch, raised when an
+update diverges; and LoadBalancedFedAvg leaving a diverged update out of the average."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fedlb.balance import BatchSizeManager, PooledProportional, StabilityGuard
+from fedlb.flower import LoadBalancedFedAvg, RoundReporter
+from fedlb.flower.protocol import UPDATE_NORM
+from tests.test_flower_strategy import make_grid, sent_sizes, start
+
+
+def test_the_default_is_half_the_mean_batch_and_rises_only_on_a_blow_up():
+    guard = StabilityGuard()
+    assert guard.floor == 0.5
+    calm = {"a": 1.0, "b": 1.1, "c": 0.9}
+    for _ in range(5):  # calm rounds, or scattered ones, do not move the default floor
+        verdict = guard.check(calm, {"a": 2.0, "b": 2.1, "c": 1.9}, {"a": 16, "b": 26, "c": 54})
+        assert not verdict.diverged
+        verdict = guard.check({"a": 1.0, "b": 2.5, "c": 0.4}, {"a": 9.0, "b": 9.0, "c": 9.0})
+    assert guard.floor == 0.5
+    verdict = guard.check({"a": 1.0, "b": 1.2, "c": 6.0})  # c: 5.5x the others' median
+    assert set(verdict.diverged) == {"c"}
+    assert "5.5x" in verdict.diverged["c"]
+    assert (verdict.floor_before, verdict.floor) == (0.5, 0.75)
+    verdict = guard.check({"a": math.nan, "b": 1.0, "c": 1.0})
+    assert "not finite" in verdict.diverged["a"]
+    verdict = guard.check({"a": 1.0, "b": 1.0}, {"a": math.inf})
+    assert "training loss is inf" in verdict.diverged["a"]
+    assert guard.floor == 1.0  # the top: uniform sizes
+    assert guard.check({"a": 1.0, "b": 99.0}).floor == 1.0
+
+
+def test_a_silo_is_also_judged_against_its_own_recent_updates():
+    guard = StabilityGuard()
+    for _ in range(3):
+        guard.check({"a": 4.0, "b": 1.0})  # a's updates are large, and always were
+    assert not guard.check({"a": 6.0, "b": 1.0}).diverged  # 1.5x its own: not a blow-up
+    assert guard.check({"a": 25.0, "b": 1.0}).diverged  # 6x its own
+
+
+def test_the_dispersion_guard_comes_down_on_calm_rounds_at_unequal_sizes_only():
+    guard = StabilityGuard(calm=0.12, agitated=0.3, rise=0.05)
+    even = {"a": 1.0, "b": 1.05, "c": 0.95}
+    assert guard.check(even, None, {"a": 32, "b": 32, "c": 32}).floor == 0.5  # round 1
+    verdict = guard.check(even, None, {"a": 16, "b": 26, "c": 54})
+    assert (verdict.look, verdict.floor) == ("calm", 0.25)
+    verdict = guard.check({"a": 1.0, "b": 2.0, "c": 0.5}, None, {"a": 16, "b": 26, "c": 54})
+    assert (verdict.look, verdict.floor) == ("agitated", 0.5)
+    guard.check(even, {"a": 1.0, "b": 1.0, "c": 1.0}, {"a": 16, "b": 26, "c": 54})
+    verdict = guard.check(even, {"a": 1.2, "b": 1.2, "c": 1.2}, {"a": 16, "b": 26, "c": 54})
+    assert verdict.look == "agitated"  # the losses rose 20%
+
+
+def test_state_round_trips_and_bad_arguments_are_refused():
+    guard = StabilityGuard()
+    guard.check({"a": 1.0, "b": 9.0})
+    copy = StabilityGuard()
+    copy.load_state_dict(guard.state_dict())
+    assert copy.state_dict() == guard.state_dict()
+    for bad, why in (
+        ({"floors": (0.5, 0.25)}, "floors must rise"),
+        ({"floors": (0.5, 1.5)}, "within"),
+        ({"start": 9}, "start must index floors"),
+        ({"ratio": 1.0}, "ratio must be"),
+        ({"calm": 0.5, "agitated": 0.1}, "calm <= agitated"),
+        ({"rise": -1.0}, "rise must be"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            StabilityGuard(**bad)
+
+
+def test_set_min_share_raises_the_small_sizes_and_keeps_x():
+    manager = BatchSizeManager({"a": 14, "b": 27, "c": 55}, PooledProportional())
+    sizes = manager.set_min_share(0.5)
+    assert sum(sizes.values()) == 96
+    assert sizes["a"] == 16
+    assert sizes["b"] < sizes["c"]
+    assert manager.set_min_share(1.0) == {"a": 32, "b": 32, "c": 32}
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_the_strategy_leaves_a_blown_up_update_out_and_raises_the_floor(tmp_path):
+    grid = make_grid()  # silos at speeds 4:2:1 (model clock)
+
+    def blow_up(reply):  # silo 101's update in round 2 reports a norm 100x its peers'
+        metrics = reply.content.metric_records.get("metrics") if reply.has_content() else None
+        blown = grid.trained == 2 and reply.metadata.src_node_id == 101
+        if blown and metrics is not None and UPDATE_NORM in metrics:
+            metrics[UPDATE_NORM] = float(metrics[UPDATE_NORM]) * 100
+        return reply
+
+    grid.intercept = blow_up
+    strategy = LoadBalancedFedAvg(
+        batch_size=16, local_steps=3, min_available_nodes=3, reporter=RoundReporter(tmp_path)
+    )
+    start(strategy, grid, rounds=3)
+    records = strategy.reporter.records
+    assert [len(r.failed) for r in records] == [0, 1, 0]
+    assert "silo-1: update diverged, left out of the average" in records[1].failed[0]
+    sizes = sent_sizes(grid)
+    assert min(sizes[1].values()) == 8  # round 2: the default floor, half of 16
+    assert min(sizes[2].values()) == 12  # round 3: raised to 0.75
+    assert strategy.guard is not None
+    assert strategy.guard.floor == 0.75
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_without_the_guard_sizes_are_fully_balanced(tmp_path):
+    grid = make_grid()
+    strategy = LoadBalancedFedAvg(
+        batch_size=16,
+        local_steps=3,
+        min_available_nodes=3,
+        guard=False,
+        reporter=RoundReporter(tmp_path),
+    )
+    start(strategy, grid, rounds=2)
+    assert sorted(sent_sizes(grid)[1].values()) == [7, 14, 27]
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_balance_mod_reports_how_far_the_update_moved_the_model():
+    import numpy as np
+    import torch
+    from flwr.app import (
+        Array,
+        ArrayRecord,
+        ConfigRecord,
+        Context,
+        Message,
+        MetricRecord,
+        RecordDict,
+    )
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from fedlb.flower import balance_mod, balanced_loader
+
+    def record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+        return ArrayRecord({k: Array(v) for k, v in arrays.items()})
+
+    weights = {"w": np.ones((2, 3), np.float32), "steps": np.array([7], np.int64)}
+    message = Message(
+        RecordDict({"arrays": record(weights), "config": ConfigRecord({})}),
+        dst_node_id=1,
+        message_type="train",
+    )
+    loader = DataLoader(TensorDataset(torch.zeros(8, 1)), batch_size=4)
+
+    def handler(msg: Message, context: Context) -> Message:
+        for _ in balanced_loader(msg, loader):
+            pass
+        moved = {"w": weights["w"] + np.float32(0.5), "steps": np.array([9], np.int64)}
+        content = RecordDict({"arrays": record(moved), "metrics": MetricRecord({})})
+        return Message(content, reply_to=msg)
+
+    reply = balance_mod()(message, Context(1, 1, {}, RecordDict(), {}), handler)
+    # the float arrays only: 6 entries moved by 0.5 -> sqrt(6 * 0.25)
+    assert reply.content["metrics"][UPDATE_NORM] == pytest.approx(math.sqrt(1.5))

@@ -111,6 +111,40 @@ def central_accuracy(app: str, modules: dict[str, ModuleType], model_file: Path)
     return float(accuracy)
 
 
+def watch_server_evaluation(app: str, modules: dict[str, ModuleType]) -> list[float]:
+    """The central accuracy the app's own server-side evaluation finds each round (round
+    0: the initial model), recorded as it runs; the `flwr new` app has none."""
+    seen: list[float] = []
+    server: Any = modules["server_app"]  # the app's module: its own functions
+
+    def keep(evaluate: Any) -> Any:
+        def watched(server_round: int, arrays: Any) -> Any:
+            metrics = evaluate(server_round, arrays)
+            seen.append(float(metrics["accuracy"]))
+            return metrics
+
+        return watched
+
+    if app == "quickstart":
+        server.global_evaluate = keep(server.global_evaluate)
+    elif app == "advanced":
+        make = server.get_global_evaluate_fn
+        server.get_global_evaluate_fn = lambda device: keep(make(device))
+    return seen
+
+
+def time_to(row: dict[str, Any], target: float) -> float | None:
+    """Seconds on the model clock until the app's central accuracy first reached
+    `target` (None: not within the run, or no per-round accuracy)."""
+    accuracy = row.get("accuracy_by_round") or []
+    elapsed = 0.0
+    for number, seconds in enumerate(row.get("round_s") or [], start=1):
+        elapsed += seconds or 0.0
+        if number < len(accuracy) and accuracy[number] >= target:
+            return elapsed
+    return None
+
+
 @functools.cache
 def loader_steps(app: str, partitions: int) -> tuple[int, ...]:
     """Each partition's len(trainloader) at the app's own batch size (32)."""
@@ -175,6 +209,7 @@ def run_once(
         started = time.perf_counter()
         try:
             with imported(copy) as modules:
+                accuracy_by_round = watch_server_evaluation(app, modules)
                 grid = InProcessGrid(nodes, config, modules["client_app"].app)
                 torch.manual_seed(seed)
                 random.seed(seed)  # FedAvg samples nodes with Python's global RNG
@@ -196,8 +231,10 @@ def run_once(
         "collapsed": accuracy <= DEAD,
         "seconds": seconds,
     }
+    row["accuracy_by_round"] = accuracy_by_round  # round 0 (the initial model) on
     if made:
         records = made[0].reporter.records
+        row["round_s"] = [r.round_s for r in records]  # model clock: max_i τ_i·B_i/v_i
         row["efficiency"] = [r.efficiency for r in records]
         row["sizes"] = [{s.silo: s.batch_size for s in r.silos} for r in records]
         row["excluded"] = [[f for f in r.failed if "diverged" in f] for r in records]
@@ -216,6 +253,10 @@ def run_once(
             stock_efficiency(speeds, {n - 10: steps[n - 10] for n in round_nodes}, 32)
             for _, round_nodes in sorted(by_round.items())
         ]
+        row["round_s"] = [
+            max(steps[n - 10] * 32 / speeds[n - 10] for n in round_nodes)
+            for _, round_nodes in sorted(by_round.items())
+        ]
     return row
 
 
@@ -227,11 +268,11 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def table(rows: list[dict[str, Any]], target: float | None = None) -> str:
     out = [
         "| app | η | policy | runs | collapsed | final accuracy | not collapsed | E (rounds 2..N) "
-        "| runs with an update left out | floor at the end |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| runs with an update left out | floor at the end | model-clock s to target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     keys = sorted(
         {(r["app"], json.dumps(r["overrides"], sort_keys=True), r["policy"]) for r in rows},
@@ -250,11 +291,19 @@ def table(rows: list[dict[str, Any]]) -> str:
         guarded = [r for r in group if any(r.get("excluded", []))]
         floors = [r.get("floor", 0.0) for r in group if "floor" in r]
         lr = json.loads(overrides).get("learning-rate", json.loads(overrides).get("lr", "app's"))
+        reached = [t for r in group if target is not None and (t := time_to(r, target)) is not None]
+        to_target = (
+            "–"
+            if target is None or not any(r.get("accuracy_by_round") for r in group)
+            else f"{statistics.median(reached):.1f} (median; {len(reached)}/{len(group)} reached)"
+            if reached
+            else f"none of {len(group)} reached"
+        )
         out.append(
             f"| {app} | {lr} | {policy} | {len(group)} | {sum(r['collapsed'] for r in group)} "
             f"| {mean_sd(finals)} | {mean_sd(alive)} | {mean_sd(effs)} "
             f"| {len(guarded) if 'floor' in group[0] else '–'} "
-            f"| {mean_sd(floors) if floors else '–'} |"
+            f"| {mean_sd(floors) if floors else '–'} | {to_target} |"
         )
     return "\n".join(out)
 
@@ -287,10 +336,13 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], help="run config overrides key=value")
     parser.add_argument("--json", type=Path, help="append one JSON line per run here")
     parser.add_argument("--from-json", type=Path, nargs="*", help="only print the table")
+    parser.add_argument(
+        "--target", type=float, help="central accuracy for the time-to-target column"
+    )
     args = parser.parse_args()
     if args.from_json:
         rows = [json.loads(line) for f in args.from_json for line in f.read_text().splitlines()]
-        print(table(rows))
+        print(table(rows, args.target))
         return
     logging.getLogger("flwr").setLevel(logging.WARNING)
     torch.set_num_threads(1)
@@ -312,7 +364,7 @@ def main() -> None:
             if args.json:
                 with args.json.open("a") as out:
                     out.write(json.dumps(row) + "\n")
-    print(table(rows))
+    print(table(rows, args.target))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from fedlb.flower import LoadBalancedFedAvg, balance_mod, balanced_loader, deplo
 from fedlb.flower.protocol import BATCH_SIZE, COMPUTE_S, LOCAL_STEPS, PARTITION_ID
 from tests.apps.adopt import adopt
 from tests.flower_fakes import InProcessGrid
+from tests.test_data_files import make_mnist_folder
 
 SPEEDS = (400.0, 200.0, 100.0)  # samples/s the three silos emulate: 4:2:1
 DEPLOYED_SPEEDS = (120.0, 60.0, 30.0)  # the same, slower: each silo is its own process
@@ -155,6 +156,9 @@ def test_a_strategy_subclass_with_its_own_start_keeps_the_balance(tmp_path, monk
     balances, records every round (the last included), polls the loop's grid, and says
     once what the override costs."""
     monkeypatch.chdir(tmp_path)  # the app writes outputs/ and final_model.pt where it runs
+    # small Fashion-MNIST-shaped IDX files: the mechanics, not the accuracy, are under test
+    make_mnist_folder(tmp_path / "fashion", n_train=1200, n_test=100)
+    monkeypatch.setenv("FEDLB_APP_FASHION_DIR", str(tmp_path / "fashion"))
     app, _ = adopt("advanced_pytorch", tmp_path)
     nodes = {  # on the model clock: sizes from these speeds alone, not this machine's load
         10 + i: {

@@ -36,8 +36,8 @@ RUN_SETTING_HELP = {
     "(plain FedAvg).",
     "estimator": "change-point (fedlb's default), ema-restart, ema (α=0.2) or memoryless.",
     "min-batch": "Smallest B any silo gets.",
-    "min-share": "Accuracy guard (tuner pooled): no silo below min-share x the mean batch "
-    "(0: none; 0.5 for a learning rate near the edge of stability, see docs/experiments.md).",
+    "min-share": "Tuner pooled: no silo below min-share x the mean batch, whatever the "
+    "guard does (the guard's own floor is 0.5; with guard 0, min-share alone).",
     "max-batch": "Largest B any silo gets (0: no limit).",
     "guard": "1: the stability guard (no silo below half the mean batch; a blown-up update is "
     "left out and the floor raised; docs/experiments.md); 0: none, full balance (LB-BSP).",

@@ -8,7 +8,8 @@
 """pytorch-example: A Flower / PyTorch app."""
 
 import json
-import math  # fedlb: math, numpy, Dataset, fedlb.data (was: flwr_datasets, torchvision)
+import math  # fedlb: math, os, numpy, Dataset, fedlb.data (was: flwr_datasets, torchvision)
+import os
 from datetime import datetime
 from pathlib import Path
 
@@ -195,7 +196,8 @@ class FashionMNIST(Dataset):
 def load_split(split: str) -> FashionMNIST:
     """Fashion-MNIST's "train" (60,000) or "test" (t10k, 10,000) split, untransformed."""
     if not _splits:
-        for name, data in zip(("train", "test"), load_fashion_mnist(), strict=True):
+        folder = os.environ.get("FEDLB_APP_FASHION_DIR") or None  # tests: small IDX files
+        for name, data in zip(("train", "test"), load_fashion_mnist(folder), strict=True):
             images = np.rint(data.x * 255).astype(np.uint8)  # the files' bytes again
             _splits[name] = FashionMNIST(torch.from_numpy(images), torch.from_numpy(data.y))
     return _splits[split]

@@ -203,7 +203,14 @@ class LoadBalancedFedAvg(FedAvg):
             self.batch_size or "each silo's own loader batch size",
             self.local_steps or "each silo's own step count (kept from its first round)",
         )
-        flwr_log(INFO, "\t\t└── Balancer: %s", getattr(self.balancer, "__name__", self.balancer))
+        flwr_log(INFO, "\t\t├── Balancer: %s", getattr(self.balancer, "__name__", self.balancer))
+        flwr_log(
+            INFO,
+            "\t\t└── Stability guard: %s",
+            "off (full balance)"
+            if self.guard is None
+            else f"no silo below {self.guard.floor:.0%} of the mean batch; blow-ups left out",
+        )
 
     # ---- nodes and sizes ---------------------------------------------------------------
     def _round(self, flower_round: int) -> int:

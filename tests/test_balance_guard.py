@@ -160,3 +160,32 @@ def test_balance_mod_reports_how_far_the_update_moved_the_model():
     reply = balance_mod()(message, Context(1, 1, {}, RecordDict(), {}), handler)
     # the float arrays only: 6 entries moved by 0.5 -> sqrt(6 * 0.25)
     assert reply.content["metrics"][UPDATE_NORM] == pytest.approx(math.sqrt(1.5))
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_an_update_holding_nan_is_left_out_and_raises_the_floor(tmp_path):
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    grid = make_grid()
+
+    def poison(reply):  # silo 102's update in round 2 holds NaN
+        train = reply.metadata.message_type == "train" and reply.has_content()
+        if train and grid.trained == 2 and reply.metadata.src_node_id == 102:
+            name, record = next(iter(reply.content.array_records.items()))
+            key = next(iter(record.keys()))
+            bad = np.full_like(record[key].numpy(), np.nan)
+            reply.content[name] = ArrayRecord(
+                {k: Array(bad) if k == key else a for k, a in record.items()}
+            )
+        return reply
+
+    grid.intercept = poison
+    strategy = LoadBalancedFedAvg(
+        batch_size=16, local_steps=3, min_available_nodes=3, reporter=RoundReporter(tmp_path)
+    )
+    start(strategy, grid, rounds=3)
+    failed = strategy.reporter.records[1].failed
+    assert len(failed) == 1
+    assert "NaN or infinite" in failed[0]
+    assert min(sent_sizes(grid)[2].values()) == 12  # the floor raised to 0.75

@@ -14,6 +14,8 @@ from fedlb.he import CiphertextError
 from .he import EncryptedAggregation
 from .protocol import ProtocolError, SiloReport, numbers, read_report
 
+NON_FINITE = "holds NaN or infinite values"  # an update that blew up
+
 
 def only_metrics(msg: Message) -> MetricRecord:
     return next(iter(msg.content.metric_records.values()))
@@ -91,7 +93,7 @@ class UpdateCheck:
             except Exception as error:  # a corrupt payload must not take the server down
                 return f"array {key} cannot be decoded: {error}"
             if not np.all(np.isfinite(values)):
-                return f"array {key} holds NaN or infinite values"
+                return f"array {key} {NON_FINITE}"
         return None
 
 
@@ -134,6 +136,7 @@ class Triage:
     """A round's replies sorted: usable updates (in node order), and what went wrong."""
 
     valid: list[Message] = field(default_factory=list)
+    blown_up: list[int] = field(default_factory=list)  # updates holding NaN or infinity
     failed: list[str] = field(default_factory=list)  # "node-N: why", for the record
     answered: set[int] = field(default_factory=set)
     unreachable: list[int] = field(default_factory=list)  # the SuperLink answered for them
@@ -155,6 +158,8 @@ def triage_replies(replies: list[Message], sent_to: dict[str, int], updates: Upd
         problem = updates.problem(msg)
         if problem is not None:
             triage.failed.append(f"node-{node}: update rejected: {problem}")
+            if NON_FINITE in problem:
+                triage.blown_up.append(node)
             continue
         triage.valid.append(msg)
     # Replies arrive in any order; summing floats in a fixed one makes a run repeatable

@@ -401,7 +401,7 @@ class LoadBalancedFedAvg(FedAvg):
             # a floor the user set stays the least the guard keeps
             self._user_floor = float(getattr(self.manager.tuner, "min_share", 0.0))
         # The guard first: the floor it sets bounds this step's sizes.
-        diverged = self._guard_round(server_round, said, app_numbers)
+        diverged = self._guard_round(server_round, said, app_numbers, triage.blown_up)
         if diverged:
             kept = [m for m in kept if m.metadata.src_node_id not in diverged]
             failed += [
@@ -434,6 +434,7 @@ class LoadBalancedFedAvg(FedAvg):
         server_round: int,
         said: Mapping[int, SiloReport],
         app_numbers: Mapping[int, Mapping[str, float]],
+        blown_up: list[int],
     ) -> dict[int, str]:
         """The stability guard's verdict on the round: the diverged updates (node -> why),
         to leave out; the silos' floor moved (and the sizes with it) when it says so."""
@@ -446,6 +447,8 @@ class LoadBalancedFedAvg(FedAvg):
             for n, r in said.items()
             if r.update_norm is not None
         }
+        # updates rejected for NaN or infinity: left out already, and a blow-up all the same
+        norms.update({str(n): math.inf for n in blown_up})
         losses = {
             str(n): loss
             for n in said
@@ -453,7 +456,7 @@ class LoadBalancedFedAvg(FedAvg):
         }
         sizes = {str(n): r.batch_size for n, r in said.items()}
         verdict = self.guard.check(norms, losses, sizes)
-        found = {int(n): why for n, why in verdict.diverged.items()}
+        found = {int(n): why for n, why in verdict.diverged.items() if int(n) not in blown_up}
         for node, why in found.items():
             say(
                 WARNING,

@@ -189,3 +189,11 @@ def test_an_update_holding_nan_is_left_out_and_raises_the_floor(tmp_path):
     assert len(failed) == 1
     assert "NaN or infinite" in failed[0]
     assert min(sent_sizes(grid)[2].values()) == 12  # the floor raised to 0.75
+
+
+def test_a_resumed_run_goes_on_at_the_floor_it_had_reached():
+    guard = StabilityGuard()
+    guard.resume_at(0.75)
+    assert guard.floor == 0.75
+    guard.resume_at(0.0)  # a run without the guard's floor: the lowest step
+    assert guard.floor == 0.0

@@ -174,6 +174,12 @@ class StabilityGuard:
                 self.norms[name] = [*self.norms.get(name, []), norm][-HISTORY:]
         return diverged
 
+    def resume_at(self, share: float) -> None:
+        """Go on from a restored run's floor: the lowest step at or above `share`."""
+        self.level = next(
+            (i for i, f in enumerate(self.floors) if f >= share - 1e-9), len(self.floors) - 1
+        )
+
     def forget(self, name: str) -> None:
         self.norms.pop(name, None)
         self.losses.pop(name, None)

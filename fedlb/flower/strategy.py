@@ -651,5 +651,9 @@ class LoadBalancedFedAvg(FedAvg):
         self.manager = restore_strategy_state(
             checkpoint.strategy, self.balancer, self._rng, self.members, self.rounds
         )
+        if self.guard is not None and self.manager is not None:
+            # the floor the run had reached is in the tuner's state: the guard goes on there
+            share = float(getattr(self.manager.tuner, "min_share", 0.0))
+            self.guard.resume_at(share)
         self._offset = checkpoint.round
         return checkpoint.arrays

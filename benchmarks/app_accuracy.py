@@ -271,7 +271,7 @@ def mean_sd(values: list[float]) -> str:
 def table(rows: list[dict[str, Any]], target: float | None = None) -> str:
     out = [
         "| app | η | policy | runs | collapsed | final accuracy | not collapsed | E (rounds 2..N) "
-        "| runs with an update left out | floor at the end | model-clock s to target |",
+        "| runs with an update left out | floor at the end | model-clock s to target, median |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     keys = sorted(
@@ -291,13 +291,18 @@ def table(rows: list[dict[str, Any]], target: float | None = None) -> str:
         guarded = [r for r in group if any(r.get("excluded", []))]
         floors = [r.get("floor", 0.0) for r in group if "floor" in r]
         lr = json.loads(overrides).get("learning-rate", json.loads(overrides).get("lr", "app's"))
-        reached = [t for r in group if target is not None and (t := time_to(r, target)) is not None]
+        times = [time_to(r, target) for r in group] if target is not None else []
+        reached = [t for t in times if t is not None]
+        # the median over every run, a run that never reached the target counting as longer
+        middle = (
+            sorted(math.inf if t is None else t for t in times)[len(times) // 2] if times else 0
+        )
         to_target = (
             "–"
             if target is None or not any(r.get("accuracy_by_round") for r in group)
-            else f"{statistics.median(reached):.1f} (median; {len(reached)}/{len(group)} reached)"
-            if reached
-            else f"none of {len(group)} reached"
+            else f"{middle:.1f} ({len(reached)}/{len(group)} reached)"
+            if math.isfinite(middle)
+            else f"> the run ({len(reached)}/{len(group)} reached)"
         )
         out.append(
             f"| {app} | {lr} | {policy} | {len(group)} | {sum(r['collapsed'] for r in group)} "

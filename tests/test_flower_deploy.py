@@ -91,7 +91,8 @@ def test_three_silos_with_speed_factors_1_2_4(tmp_path):
     last = sizes[3]
     assert last["silo-0"] > last["silo-1"] > last["silo-2"]
     assert last["silo-0"] / last["silo-2"] >= 2.5  # toward 4 : 2 : 1
-    assert outcome.records[-1].efficiency > 0.9
+    assert min(last.values()) >= 8  # the stability guard: no silo below half the mean B
+    assert outcome.records[-1].efficiency > 0.8  # 27:14:7 is E = 1; the floor's 26:14:8 ~0.86
     assert all(not r.rejected and not r.failed for r in outcome.records)
     assert outcome.records[-1].accuracy is not None
 

@@ -140,6 +140,13 @@ class PooledProportional(Proportional):
             then = _modelled(given, proposal, speeds, overheads)
             if now <= then * (1.0 + self.deadband):
                 return dict(given.sizes)
+            # The measurements themselves must agree that the move helps: pooled speeds
+            # cannot tell silos apart, but sizes whose measured times were equal (silos
+            # of unequal τ, say) are balanced whatever pooling says.
+            measured_now = _modelled(given, given.sizes, given.speeds, given.overheads)
+            measured_then = _modelled(given, proposal, given.speeds, given.overheads)
+            if measured_now <= measured_then * (1.0 + self.deadband):
+                return dict(given.sizes)
         return proposal
 
     def pooled(self, given: TuningInput) -> tuple[dict[str, float], dict[str, float]]:

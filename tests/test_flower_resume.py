@@ -196,3 +196,26 @@ def _array(values):
     from flwr.app import Array
 
     return Array(np.asarray(values, dtype=np.float32))
+
+
+def test_a_half_written_last_line_is_dropped_on_resume_and_said(tmp_path, caplog):
+    """The server died while appending a round to rounds.jsonl: resuming keeps the whole
+    lines before the checkpoint, drops the torn one (saying so) instead of failing with a
+    JSONDecodeError; a damaged line before the last one is refused, naming it."""
+    import json
+
+    from fedlb.flower.report import ROUNDS_FILE, RoundReporter
+
+    empty = {"clock": "model", "round_silos": 0, "wall_s": 1.0, "round_s": None}
+    empty |= {"ideal_s": None, "efficiency": None, "idle_fraction": None}
+    whole = [json.dumps({"round": k, **empty}) for k in (1, 2)]
+    path = tmp_path / ROUNDS_FILE
+    path.write_text("\n".join(whole) + '\n{"round": 3, "clock": "mod')
+    caplog.set_level("WARNING")
+    reporter = RoundReporter(tmp_path, keep_before=3)
+    assert [r.round for r in reporter.records] == [1, 2]
+    assert path.read_text() == "".join(line + "\n" for line in whole)
+    assert "half-written line" in caplog.text
+    path.write_text(whole[0] + "\nnot json\n" + whole[1] + "\n")
+    with pytest.raises(ValueError, match=r"rounds.jsonl line 2 is not a round record"):
+        RoundReporter(tmp_path, keep_before=3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 from dataclasses import asdict, dataclass, field, fields
@@ -18,6 +19,8 @@ from fedlb.balance import WorkerReport, ideal_round_time
 from .protocol import HE_S, TRAIN_LOSS_NAMES, SiloReport, first_number
 
 # What a run writes to its out-dir (the checkpoint: checkpoint.py's CHECKPOINT_FILE)
+log = logging.getLogger("fedlb.flower")
+
 ROUNDS_FILE = "rounds.jsonl"  # one JSON line per silo and round
 SUMMARY_FILE = "summary.json"
 MODEL_FILE = "model.pt"  # the final model, a torch state dict
@@ -186,6 +189,33 @@ def render_round(record: RoundRecord) -> Table:
     return table
 
 
+def readable_lines(path: Path) -> list[str]:
+    """The JSON lines of a run's rounds.jsonl. A last line cut short (the server died while
+    writing it) is dropped, saying so: the checkpoint's rounds are run again. A damaged
+    line before the last one is an error that names the file and the line."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    good: list[str] = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("round"), int):
+                raise ValueError("no round number")
+        except ValueError as error:
+            if number == len(lines):
+                log.warning(
+                    "%s ended in a half-written line (the server stopped while writing it): "
+                    "dropped it; the rounds it belonged to are run again",
+                    path,
+                )
+                break
+            raise ValueError(
+                f"{path} line {number} is not a round record ({error}): the file is damaged; "
+                "restore it or remove that line, then resume again"
+            ) from None
+        good.append(line)
+    return good
+
+
 class RoundReporter:
     """Shows each finished round on a console and appends it to `out_dir/rounds.jsonl`.
 
@@ -211,7 +241,7 @@ class RoundReporter:
             path = self.out_dir / ROUNDS_FILE
             kept: list[str] = []
             if keep_before is not None and path.exists():
-                lines = [line for line in path.read_text().splitlines() if line.strip()]
+                lines = readable_lines(path)
                 kept = [line for line in lines if json.loads(line)["round"] < keep_before]
                 self.records = records_from_json_lines(kept)
             temporary = path.with_suffix(".tmp")

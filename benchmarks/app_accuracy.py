@@ -30,9 +30,7 @@ Writes one JSON line per run (`--json`), then prints the table.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import importlib
 import json
 import logging
 import math
@@ -42,7 +40,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -60,8 +57,8 @@ from fedlb.balance import (  # noqa: E402
     PooledProportional,
     ideal_round_time,
 )
-from fedlb.flower import LoadBalancedFedAvg, read_toml  # noqa: E402
-from tests.apps.adopt import adopt  # noqa: E402
+from fedlb.flower import LoadBalancedFedAvg  # noqa: E402
+from tests.apps.adopt import adopt, app_config, imported  # noqa: E402
 from tests.flower_fakes import InProcessGrid  # noqa: E402
 
 APPS = {  # name -> (fixture folder, default speeds: samples/s by partition-id)
@@ -71,23 +68,6 @@ APPS = {  # name -> (fixture folder, default speeds: samples/s by partition-id)
 }
 POLICIES = ("stock", "default", "unguarded")  # and floor:F, a fixed floor (no guard)
 DEAD = 0.15
-
-
-@contextlib.contextmanager
-def imported(app: Path) -> Iterator[dict[str, ModuleType]]:
-    """The app's modules, imported from `app` and forgotten afterwards (the stock and the
-    adopted copies share their package's name)."""
-    package = next(p.parent.name for p in app.glob("*/server_app.py"))
-    sys.path.insert(0, str(app))
-    try:
-        yield {
-            name: importlib.import_module(f"{package}.{name}")
-            for name in ("server_app", "client_app", "task")
-        }
-    finally:
-        sys.path.remove(str(app))
-        for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
-            del sys.modules[name]
 
 
 def central_accuracy(app: str, modules: dict[str, ModuleType], model_file: Path) -> float:
@@ -178,8 +158,7 @@ def run_once(
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
         copy, _ = adopt(folder, where, balanced=policy != "stock")
-        config = read_toml(copy / "pyproject.toml")["tool"]["flwr"]["app"]["config"]
-        config = {**config, **overrides, "num-server-rounds": rounds}
+        config = app_config(copy, **overrides, **{"num-server-rounds": rounds})
         nodes = {
             10 + i: {
                 "partition-id": i,

@@ -6,23 +6,18 @@ SuperLink with SuperNodes of unequal speed and dataset size."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import re
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedlb.flower import LoadBalancedFedAvg, balance_mod, balanced_loader, deploy, read_toml
+from fedlb.flower import LoadBalancedFedAvg, balance_mod, balanced_loader, deploy
 from fedlb.flower.protocol import BATCH_SIZE, COMPUTE_S, LOCAL_STEPS, PARTITION_ID
-from tests.apps.adopt import adopt
+from tests.apps.adopt import adopt, app_config, imported
 from tests.flower_fakes import InProcessGrid
 from tests.test_data_files import make_mnist_folder
 
@@ -31,28 +26,6 @@ DEPLOYED_SPEEDS = (120.0, 60.0, 30.0)  # the same, slower: each silo is its own 
 BALANCE = re.compile(r"fedlb: round (\d+) balance \[([^\]]+)\]: (.*?); round .* E = ([\d.–]+)")
 SIZE = re.compile(r"(silo-\d+) B=(\d+)→(\d+) τ=(\d+)")
 COMPUTE = re.compile(r"(silo-\d+) B=(\d+)→\d+ τ=(\d+) \(([\d.]+)\+")
-
-
-@contextlib.contextmanager
-def imported(app: Path) -> Iterator[dict[str, ModuleType]]:
-    """The app's server_app and client_app modules, imported from `app` (and forgotten
-    afterwards: the stock and the adopted copies share their package's name)."""
-    package = next(p.parent.name for p in app.glob("*/server_app.py"))
-    sys.path.insert(0, str(app))
-    try:
-        yield {
-            name: importlib.import_module(f"{package}.{name}")
-            for name in ("server_app", "client_app", "task")
-        }
-    finally:
-        sys.path.remove(str(app))
-        for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
-            del sys.modules[name]
-
-
-def app_config(app: Path, **overrides: object) -> dict[str, object]:
-    config = read_toml(app / "pyproject.toml")["tool"]["flwr"]["app"]["config"]
-    return {**config, **overrides}
 
 
 def balance_lines(log: str) -> dict[int, dict[str, tuple[int, int, int]]]:

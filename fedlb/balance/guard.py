@@ -49,10 +49,6 @@ class Verdict:
     floor_before: float = 0.0
     floor: float = 0.0  # the floor from now on
 
-    @property
-    def moved(self) -> bool:
-        return self.floor != self.floor_before
-
 
 class StabilityGuard:
     """A floor on every silo's share of the mean batch that follows the training's calm.
@@ -179,10 +175,6 @@ class StabilityGuard:
         self.level = next(
             (i for i, f in enumerate(self.floors) if f >= share - 1e-9), len(self.floors) - 1
         )
-
-    def forget(self, name: str) -> None:
-        self.norms.pop(name, None)
-        self.losses.pop(name, None)
 
     def state_dict(self) -> dict[str, Any]:
         return {

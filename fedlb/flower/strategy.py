@@ -97,16 +97,15 @@ class LoadBalancedFedAvg(FedAvg):
             `EncryptedModel`: save it with `save_encrypted`, decrypt it at a silo.
         checkpoint_dir: checkpoint.npz there after every round (see `restore`).
         run_settings: the run's settings, stored in checkpoints. Default None.
-        guard: keeps balancing from costing the model (`StabilityGuard`): a floor on every
-            silo's share of the mean batch, 0.5 at first, down a step after a calm round
-            (the silos' updates per step agree), up a step after an agitated one (they
-            scatter, or the losses rose) or when an update blew up (norm per step not
-            finite or 5x its peers' and its own, or a non-finite loss: that update is
-            left out of the round's average). It reads the update norm `balance_mod()`
-            reports (under HE too, with `he_mod()` outside it) and the app's train loss
-            metric. A higher `min_share` of the balancer's tuner stays. Default True
-            (fedlb's guard); False: none (sizes fully balanced from round 2); or a
-            `StabilityGuard` of your own (`StabilityGuard(calm=0)`: a fixed floor).
+        guard: keeps balancing from costing the model (`StabilityGuard`): no silo below
+            half the mean batch, and an update that blew up (norm per step not finite or
+            5x its peers' and its own, an update of NaN or infinity, or a non-finite
+            loss) is left out of the round's average and the floor rises a step (0.75,
+            then uniform). It reads the update norm `balance_mod()` reports (under HE
+            too, with `he_mod()` outside it) and the app's train loss metric. A higher
+            `min_share` of the balancer's tuner stays. Default True (fedlb's guard);
+            False: none (sizes fully balanced from round 2); or a `StabilityGuard` of
+            your own (`calm`, `agitated`, `rise`: a floor that follows the silos' calm).
     """
 
     def __init__(

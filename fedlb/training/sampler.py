@@ -176,11 +176,13 @@ class ResizableBatchSampler(Sampler[list[int]]):
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         if "order" in state:
-            rest = [int(i) for i in state["order"]]
-            # An epoch used up exactly: the next batch draws a fresh one.
-            self._order = np.asarray(rest, dtype=np.int64) if rest else None
-            self.epoch += 0 if rest else 1
-            if self._order is None and self.epoch_order is None:
-                raise ValueError("this sampler state needs epoch_order (it was saved with one)")
+            rest = np.asarray([int(i) for i in state["order"]], dtype=np.int64)
+            if rest.size:
+                self._order = rest
+            else:  # an epoch used up exactly: the next batch draws a fresh one
+                if self.epoch_order is None:
+                    raise ValueError("this sampler state needs epoch_order (saved with one)")
+                self._order = None
+                self.epoch += 1
         else:
             self._order = self._permutation(self.epoch)

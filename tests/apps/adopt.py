@@ -9,10 +9,18 @@ three changed lines plus imports, as docs/flower.md shows them.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import importlib
 import re
 import shutil
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from fedlb.flower import read_toml
 
 APPS = Path(__file__).parent
 IMPORT = re.compile(r"^\s*(from \S+ )?import ")
@@ -83,3 +91,26 @@ def adopt(name: str, destination: Path, balanced: bool = True) -> tuple[Path, li
         and not IMPORT.match(line[1:])
     ]
     return app, touched
+
+
+@contextlib.contextmanager
+def imported(app: Path) -> Iterator[dict[str, ModuleType]]:
+    """The app's server_app, client_app and task modules, imported from `app` (and
+    forgotten afterwards: the stock and the adopted copies share their package's name)."""
+    package = next(p.parent.name for p in app.glob("*/server_app.py"))
+    sys.path.insert(0, str(app))
+    try:
+        yield {
+            name: importlib.import_module(f"{package}.{name}")
+            for name in ("server_app", "client_app", "task")
+        }
+    finally:
+        sys.path.remove(str(app))
+        for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+            del sys.modules[name]
+
+
+def app_config(app: Path, **overrides: Any) -> dict[str, Any]:
+    """The app's run config (its pyproject's [tool.flwr.app.config]) with `overrides`."""
+    config = read_toml(app / "pyproject.toml")["tool"]["flwr"]["app"]["config"]
+    return {**config, **overrides}

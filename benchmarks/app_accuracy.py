@@ -6,7 +6,9 @@ subclass, lr schedule and per-client head) in this process, on an in-process gri
 messages the apps exchange are Flower's own; only the transport is short-circuited):
 - `stock`: the app as published (FedAvg, its own loader);
 - `default`: the three-line drop-in (tests/apps/adopt.py) with fedlb's defaults;
-- `unguarded`: the same without the StabilityGuard (`LoadBalancedFedAvg(guard=False)`).
+- `unguarded`: the same without the StabilityGuard (`LoadBalancedFedAvg(guard=False)`);
+- `floor:F`: a fixed floor of F x the mean batch, without the guard's reaction;
+- `guard:k=v,...`: the drop-in with `StabilityGuard(k=v, ...)` (e.g. guard:probe=0.15).
 Silos have the emulated speeds given (`--speeds`, samples/s by partition-id) on the
 model clock (no sleeping: each silo reports τ·B/v; the sizes depend on the speeds alone),
 so a run's sizes are what a deployment with those speeds would give, and runs are fast.
@@ -55,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 from fedlb.balance import (  # noqa: E402
     BatchSizeManager,
     PooledProportional,
+    StabilityGuard,
     ideal_round_time,
 )
 from fedlb.flower import LoadBalancedFedAvg  # noqa: E402
@@ -146,6 +149,15 @@ def stock_efficiency(speeds: list[float], steps: dict[int, int], batch: int) -> 
     return ideal / max(taus[n] * batch / names[n] for n in names)
 
 
+def tuned_guard(policy: str) -> StabilityGuard:
+    """`guard:probe=0.15,ratio=4` -> StabilityGuard(probe=0.15, ratio=4.0)."""
+    settings: dict[str, Any] = {}
+    for item in policy.removeprefix("guard:").split(","):
+        key, _, value = item.partition("=")
+        settings[key.strip()] = int(value) if key.strip() == "start" else float(value)
+    return StabilityGuard(**settings)
+
+
 def run_once(
     app: str,
     policy: str,
@@ -174,6 +186,8 @@ def run_once(
         def keep(self: LoadBalancedFedAvg, *args: Any, **kwargs: Any) -> None:
             if policy == "unguarded" or policy.startswith("floor:"):
                 kwargs["guard"] = False
+            if policy.startswith("guard:"):  # guard:probe=0.15: a guard of other settings
+                kwargs["guard"] = tuned_guard(policy)
             if policy.startswith("floor:"):  # every silo >= F x the mean batch, all along
                 share = float(policy.removeprefix("floor:"))
                 kwargs["balancer"] = lambda sizes: BatchSizeManager(
@@ -216,6 +230,11 @@ def run_once(
         row["round_s"] = [r.round_s for r in records]  # model clock: max_i τ_i·B_i/v_i
         row["efficiency"] = [r.efficiency for r in records]
         row["sizes"] = [{s.silo: s.batch_size for s in r.silos} for r in records]
+        row["norms_per_step"] = [
+            {s.silo: (s.update_norm or 0.0) / max(s.local_steps, 1) for s in r.silos}
+            for r in records
+        ]
+        row["train_loss"] = [{s.silo: s.train_loss for s in r.silos} for r in records]
         row["excluded"] = [[f for f in r.failed if "diverged" in f] for r in records]
         manager = made[0].manager
         row["floor"] = float(getattr(manager.tuner, "min_share", 0.0)) if manager else 0.0

@@ -105,7 +105,7 @@ class LoadBalancedFedAvg(FedAvg):
             too, with `he_mod()` outside it) and the app's train loss metric. A higher
             `min_share` of the balancer's tuner stays. Default True (fedlb's guard);
             False: none (sizes fully balanced from round 2); or a `StabilityGuard` of
-            your own (`calm`, `agitated`, `rise`: a floor that follows the silos' calm).
+            your own (`probe=0.15`: full balance when the first unequal round is calm).
     """
 
     def __init__(

@@ -261,6 +261,14 @@ def demo(
             "--overwrite", help="Replace the results of an earlier run in --out-dir (deleted)."
         ),
     ] = False,
+    warm: Annotated[
+        bool,
+        typer.Option(
+            "--warm/--cold",
+            help="Silos start ClientApps warm (torch and fedlb imported once, a fork per "
+            "message), or --cold: Flower's own fresh process per message.",
+        ),
+    ] = True,
     *,
     run_flags: dict[str, Any],
 ) -> None:
@@ -289,7 +297,7 @@ def demo(
         silo_context = keys.secret
     defaults = {"num-silos": len(factors), "num-rounds": 8, "local-steps": 10, "batch-size": 16}
     try:
-        silos = local_silos(factors, base_speed, silo_context)
+        silos = local_silos(factors, base_speed, silo_context, warm=warm)
         _, run = server_settings(None, run={**defaults, **run_flags})
     except ConfigError as error:
         raise UsageError(str(error)) from error

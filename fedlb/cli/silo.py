@@ -56,6 +56,14 @@ def silo(
         Path | None,
         typer.Option(help="This silo's private key (fedlb silo-key) when the server checks."),
     ] = None,
+    warm: Annotated[
+        bool | None,
+        typer.Option(
+            "--warm/--cold",
+            help="Start ClientApps warm: torch and fedlb imported once, a fork per message "
+            "(--cold: Flower's own fresh process per message). Default warm.",
+        ),
+    ] = None,
     connect_timeout: Annotated[
         float,
         typer.Option(
@@ -81,6 +89,7 @@ def silo(
             "he-context": he_context,
             "root-certificates": root_certificates,
             "auth-key": auth_key,
+            "warm": warm,
         }
     )
     if not connect_timeout >= 0:  # NaN too

@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -29,6 +29,7 @@ import psutil
 
 from .join import SUPERNODE_START, diagnose, supernode_join
 from .tls import TlsFiles
+from .warm import launcher_command, make_secret
 
 GUARD = Path(__file__).with_name("guard.py")
 CONNECTION = "fedlb"  # the name of the SuperLink connection in FLWR_HOME/config.toml
@@ -275,8 +276,13 @@ def start_supernode(
     env: Mapping[str, str] | None = None,
     extra_args: list[str] | None = None,
     root_certificates: Path | None = None,
+    warm: bool = False,
+    preload: Sequence[str] = (),
 ) -> FlowerProcess:
     """A SuperNode for one silo; `port` is its local runtime API (distinct per node).
+    `warm`: its ClientApps start warm (fedlb.flower.warm: torch and fedlb imported once,
+    a fork per message; `preload`: more modules to import once), else Flower's own
+    process per message.
     With `root_certificates` (the federation's ca.crt) it talks TLS to the SuperLink and
     refuses one whose certificate that CA did not sign; without, plain HTTP. Returns once
     its local API is up, connected or not (`wait_joined` waits for that); a SuperNode
@@ -298,6 +304,9 @@ def start_supernode(
         node_config_text(node_config),
         *(extra_args or []),
     ]
+    if warm:
+        secret = make_secret(workdir / f"home-{name}" / "superexec.secret")
+        command = launcher_command(f"127.0.0.1:{port}", secret, command, preload)
     log_path = workdir / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("a") as log:  # the log is appended to: mark where this start begins

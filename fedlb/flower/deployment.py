@@ -151,7 +151,7 @@ def run_server(
 
         record_processes()
         for silo in local_silos:
-            federation.add_silo(silo.name, silo.node_config())
+            federation.add_silo(silo.name, silo.node_config(), warm=silo.warm)
             record_processes()
         if on_ready is not None:
             on_ready(
@@ -303,6 +303,7 @@ def start_silo(
                 settings.port or free_port(),
                 root_certificates=ca,
                 extra_args=["--auth-supernode-private-key", str(key)] if key else None,
+                warm=settings.warm,
             )
             wait_joined(
                 node, settings.server, ca is not None, connect_timeout, on_wait, since=began

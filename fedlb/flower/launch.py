@@ -176,10 +176,15 @@ class Federation:
         return self
 
     def add_silo(
-        self, name: str, node_config: Mapping[str, Any], auth_key: Path | None = None
+        self,
+        name: str,
+        node_config: Mapping[str, Any],
+        auth_key: Path | None = None,
+        warm: bool = False,
     ) -> deploy.FlowerProcess:
         """A SuperNode on this machine (a demo or test silo); `auth_key`: its private key
-        when SuperNode authentication is on."""
+        when SuperNode authentication is on; `warm`: its ClientApps start warm
+        (fedlb.flower.warm)."""
         ca = self.tls.ca if self.tls is not None else None
         node = deploy.start_supernode(
             self.workdir,
@@ -188,6 +193,7 @@ class Federation:
             node_config,
             root_certificates=ca,
             extra_args=["--auth-supernode-private-key", str(auth_key)] if auth_key else None,
+            warm=warm,
         )
         self.silos[name] = node
         return node

@@ -217,6 +217,8 @@ class SiloSettings:
     he_context: the silos' secret CKKS context (`fedlb keygen`'s silo.context).
     root_certificates: TLS, the federation's CA certificate (`fedlb certs`' ca.crt).
     auth_key: this silo's private key (`fedlb silo-key`) when the server checks keys.
+    warm: its ClientApps start warm: torch and fedlb imported once, a fork per message
+        (fedlb.flower.warm); false: Flower's own fresh process per message.
     """
 
     server: str = "127.0.0.1:8000"
@@ -233,6 +235,7 @@ class SiloSettings:
     he_context: str = ""
     root_certificates: str = ""
     auth_key: str = ""
+    warm: bool = True
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> SiloSettings:
@@ -347,6 +350,7 @@ def local_silos(
     base_speed: float = BASE_SPEED,
     he_context: Path | None = None,
     server: str = "",
+    warm: bool = True,
 ) -> list[SiloSettings]:
     """One silo per slowdown on this machine (a demo): partition i of len(slowdowns), one
     torch thread each, emulated speed base_speed / slowdown. `server` '': the default
@@ -360,6 +364,7 @@ def local_silos(
                 "slowdown": float(slowdown),
                 "base-speed": float(base_speed),
                 "threads": 1,
+                "warm": warm,
                 **({"he-context": str(he_context)} if he_context is not None else {}),
             }
         )

@@ -1,0 +1,311 @@
+"""The warm silo path: a SuperNode whose ClientApps start warm.
+
+Flower 1.42 runs every message a silo receives in a fresh `flwr-clientapp` process: it
+waits for the SuperExec's next task poll (1 s), starts Python, imports flwr (~1.4 s),
+the app and torch (~1.7 s), and pays torch's first-use costs (~1 s) before the first
+training step (`../shared/notes/flower-1.42-wallclock.md`). On a cross-silo round that
+is 4-5 s per silo per round, on the critical path of every balanced round.
+
+Here a silo's SuperNode runs with `--isolation process` and this module takes the
+SuperExec's place. One long-lived process (`serve`) imports torch, flwr's ClientApp
+runtime and fedlb's silo once, warms torch up, then polls the SuperNode for tasks every
+`POLL_S` and forks itself per task: the child runs Flower's own `run_clientapp` (pull
+the message, install the FAB, load the app, call it, push the reply, exit) with every
+import already done. One process per message keeps Flower's isolation (a crash, a leak
+or a module-level global of one message does not reach the next; a fresh FAB loads
+fresh), and costs a fork (milliseconds) instead of a start.
+
+Security: the runtime API listens on loopback only, and the SuperNode hands out tasks
+(AcquireTask) only to a caller that signs with the silo's SuperExec secret (Flower's
+HMAC, `--superexec-auth-secret-file`): a file of the silo's own user, mode 0600. Each
+task's calls then carry the task's own token, as with Flower's executor.
+
+Lifetimes: `python -m fedlb.flower.warm --runtime-api-address A --secret-file F --
+flower-supernode ...` (what `start_supernode(warm=True)` runs, in the silo's process
+group under fedlb's guard) starts the SuperNode and the warm server, restarts the
+server if it dies (saying so; the message in flight fails as a ClientApp crash does,
+and the next one is served), and exits with the SuperNode's code when it exits. The
+server exits when the launcher does (Flower's parent-process monitor), the forked
+ClientApps when the server does.
+
+Flower behaviours relied on (tests/test_warm_silo.py checks each on real processes, so
+a Flower upgrade that changes one fails a test, not a run):
+- `flower-supernode --isolation process --superexec-auth-secret-file F` serves the
+  runtime API for an external SuperExec and refuses AcquireTask unsigned;
+- `RuntimeHttpClient.AcquireTask(AcquireTaskRequest(supported_task_types=...))` returns
+  a task and its token, signed by `SuperExecAuthHttpInterceptor`;
+- `run_clientapp(runtime_api_address, token, insecure, certificates, parent_pid)` runs
+  one task to its end and leaves through `flwr_exit` (SystemExit);
+- it pulls the message through its module's `pull_and_inflate_object_from_tree`, which
+  takes `initial_backoff` (fast_object_pulls shortens it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+POLL_S = 0.1  # task poll: one process polls, so a short interval costs little CPU
+PRELOAD = ("torch", "flwr.supernode.runtime.run_clientapp", "fedlb.flower.client_app")
+RESTART_PAUSE_S = 1.0
+# Flower pulls a message's objects from its SuperNode with a backoff that starts at 1 s;
+# the SuperNode has them a few ms after it announces the message, so the first retry
+# cost ~1 s a round. Ours start at this.
+PULL_BACKOFF_S = 0.02
+ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"  # the SuperExec-signed method
+
+log = logging.getLogger("fedlb.warm")
+
+
+def make_secret(path: Path) -> Path:
+    """A fresh SuperExec secret in `path`, readable by this user only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(os.urandom(32))
+    return path
+
+
+def launcher_command(
+    runtime_api_address: str, secret: Path, supernode: Sequence[str], preload: Sequence[str] = ()
+) -> list[str]:
+    """The command that runs `supernode` (flower-supernode and its arguments) warm."""
+    extra = [arg for module in preload for arg in ("--preload", module)]
+    return [
+        sys.executable,
+        "-m",
+        "fedlb.flower.warm",
+        "--runtime-api-address",
+        runtime_api_address,
+        "--secret-file",
+        str(secret),
+        *extra,
+        "--",
+        *supernode,
+        "--isolation",
+        "process",
+        "--superexec-auth-secret-file",
+        str(secret),
+    ]
+
+
+def serve(
+    runtime_api_address: str,
+    secret: bytes,
+    parent_pid: int | None = None,
+    preload: Sequence[str] = (),
+    poll_s: float = POLL_S,
+) -> None:
+    """Import what a ClientApp needs once, then fork a warm `run_clientapp` per task."""
+    started = time.perf_counter()
+    for module in (*PRELOAD, *preload):
+        importlib.import_module(module)
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.app_utils import start_parent_process_monitor
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.interceptors import (
+        RuntimeVersionHttpInterceptor,
+        SuperExecAuthHttpInterceptor,
+    )
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    from .dropin import warm_up_torch
+
+    fast_object_pulls()
+    warm_up_torch()
+    log.info(
+        "warm: %s imported and torch warmed up in %.1f s; serving ClientApp tasks of %s",
+        ", ".join((*PRELOAD, *preload)),
+        time.perf_counter() - started,
+        runtime_api_address,
+    )
+    if parent_pid is not None:
+        start_parent_process_monitor(parent_pid)
+    client = RuntimeHttpClient.from_server_address(
+        server_address=runtime_api_address,
+        insecure=True,  # loopback only (start_supernode binds the runtime API there)
+        root_certificates=None,
+        interceptors=[
+            RuntimeVersionHttpInterceptor(component_name="SuperExec"),
+            SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods={ACQUIRE_TASK}),
+        ],
+        retry_invoker=make_simple_http_retry_invoker(),
+    )
+    running: dict[int, int] = {}  # child pid -> task id
+    request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
+    while True:
+        _reap(running)
+        reply = client.AcquireTask(request)
+        if reply.HasField("task") and reply.token:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            child = os.fork()
+            if child == 0:
+                _run_task(runtime_api_address, reply.token, os.getppid())
+            running[child] = reply.task.task_id
+            continue  # another task may be waiting (a second run): no sleep
+        time.sleep(poll_s)
+
+
+def fast_object_pulls(backoff: float = PULL_BACKOFF_S) -> None:
+    """Make Flower's ClientApp runtime retry a message's object pulls after `backoff` s
+    (doubling, capped as Flower caps it) instead of 1 s."""
+    import functools
+
+    from flwr.supernode.runtime import run_clientapp as runtime
+
+    name = "pull_and_inflate_object_from_tree"  # imported into that module by name
+    pull = getattr(runtime, name)
+    original = pull.func if isinstance(pull, functools.partial) else pull
+    setattr(runtime, name, functools.partial(original, initial_backoff=backoff))
+
+
+def _run_task(runtime_api_address: str, token: str, server_pid: int) -> None:
+    """In the forked child: Flower's own ClientApp process body, then leave at once (the
+    parent's atexit handlers and threads are not the child's)."""
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+        run_clientapp(
+            runtime_api_address=runtime_api_address,
+            token=token,
+            insecure=True,
+            certificates=None,
+            parent_pid=server_pid,
+        )
+        code = 0
+    except SystemExit as leaving:  # flwr_exit
+        code = leaving.code if isinstance(leaving.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _reap(running: dict[int, int]) -> None:
+    """Collect finished ClientApps; say which ended badly (Flower reports an app's own
+    exception to the server; a killed process only this says, on the silo)."""
+    while running:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            running.clear()
+            return
+        if pid == 0:
+            return
+        task = running.pop(pid, None)
+        if os.WIFSIGNALED(status):
+            name = signal.Signals(os.WTERMSIG(status)).name
+            log.warning(
+                "warm: the ClientApp of task %s (pid %d) was killed by %s; its message "
+                "fails as a crashed ClientApp's does, the next one is served afresh",
+                task,
+                pid,
+                name,
+            )
+        elif os.WEXITSTATUS(status) != 0:
+            log.warning(
+                "warm: the ClientApp of task %s (pid %d) exited with code %d (its log is above)",
+                task,
+                pid,
+                os.WEXITSTATUS(status),
+            )
+
+
+def launch(
+    runtime_api_address: str, secret_file: Path, supernode: Sequence[str], preload: Sequence[str]
+) -> int:
+    """Run the SuperNode and the warm server; restart the server if it dies; return the
+    SuperNode's exit code."""
+    node = subprocess.Popen(list(supernode))
+    stopping = False
+
+    def stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        with contextlib.suppress(ProcessLookupError):
+            node.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server_command = [
+        sys.executable,
+        "-m",
+        "fedlb.flower.warm",
+        "serve",
+        "--runtime-api-address",
+        runtime_api_address,
+        "--secret-file",
+        str(secret_file),
+        "--parent-pid",
+        str(os.getpid()),
+        *[arg for module in preload for arg in ("--preload", module)],
+    ]
+    server = subprocess.Popen(server_command)
+    try:
+        while node.poll() is None:
+            if server.poll() is not None and not stopping:
+                log.warning(
+                    "warm: the silo's warm ClientApp server exited with code %s; "
+                    "restarting it (a message in flight fails as a crashed ClientApp's does)",
+                    server.returncode,
+                )
+                time.sleep(RESTART_PAUSE_S)
+                server = subprocess.Popen(server_command)
+            time.sleep(0.2)
+    finally:
+        if server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(5)
+            except subprocess.TimeoutExpired:
+                server.kill()
+    return int(node.wait())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per poll otherwise
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    serving = bool(arguments) and arguments[0] == "serve"
+    parser = argparse.ArgumentParser(prog="python -m fedlb.flower.warm")
+    parser.add_argument("--runtime-api-address", required=True)
+    parser.add_argument("--secret-file", type=Path, required=True)
+    parser.add_argument("--preload", action="append", default=[])
+    if serving:
+        parser.add_argument("--parent-pid", type=int)
+        args = parser.parse_args(arguments[1:])
+        with contextlib.suppress(KeyboardInterrupt):  # SIGINT: its launcher is gone
+            serve(
+                args.runtime_api_address,
+                args.secret_file.read_bytes(),
+                args.parent_pid,
+                args.preload,
+            )
+        return 0
+    if "--" not in arguments:
+        parser.error("give the SuperNode's command after --")
+    split = arguments.index("--")
+    args = parser.parse_args(arguments[:split])
+    return launch(args.runtime_api_address, args.secret_file, arguments[split + 1 :], args.preload)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

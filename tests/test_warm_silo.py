@@ -1,0 +1,138 @@
+"""The warm silo path (fedlb.flower.warm) on real processes, and the Flower behaviours it
+relies on: a Flower upgrade that changes one of them fails here, not in a user's run."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from fedlb.flower import RunConfig
+from fedlb.flower.launch import Federation
+from fedlb.flower.warm import ACQUIRE_TASK, fast_object_pulls, launcher_command, make_secret
+
+
+def test_the_flower_runtime_it_drives_has_the_shape_it_expects():
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest, AcquireTaskResponse
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.interceptors import SuperExecAuthHttpInterceptor
+    from flwr.supernode.runtime import run_clientapp as runtime
+
+    run = inspect.signature(runtime.run_clientapp).parameters
+    assert {"runtime_api_address", "token", "insecure", "certificates", "parent_pid"} <= set(run)
+    assert (
+        "initial_backoff" in inspect.signature(runtime.pull_and_inflate_object_from_tree).parameters
+    )
+    assert TaskType.CLIENT_APP.value == "flwr-clientapp"
+    AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
+    assert {"task", "token"} <= {f.name for f in AcquireTaskResponse.DESCRIPTOR.fields}
+    SuperExecAuthHttpInterceptor(master_secret=b"x" * 32, protected_methods={ACQUIRE_TASK})
+
+    before = runtime.pull_and_inflate_object_from_tree
+    try:
+        fast_object_pulls(0.05)
+        fast_object_pulls(0.02)  # twice: still one partial over Flower's function
+        pull = runtime.pull_and_inflate_object_from_tree
+        assert isinstance(pull, functools.partial)
+        assert pull.keywords == {"initial_backoff": 0.02}
+        assert not isinstance(pull.func, functools.partial)
+    finally:
+        runtime.pull_and_inflate_object_from_tree = before
+
+
+def test_the_secret_is_the_users_own_and_the_supernode_runs_isolated(tmp_path):
+    secret = make_secret(tmp_path / "home" / "superexec.secret")
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert len(secret.read_bytes()) == 32
+    first = secret.read_bytes()
+    make_secret(secret)
+    assert secret.read_bytes() != first  # a fresh one each start
+    command = launcher_command("127.0.0.1:9", secret, ["flower-supernode", "--insecure"])
+    tail = command[command.index("--") + 1 :]
+    assert tail[:2] == ["flower-supernode", "--insecure"]
+    assert tail[-4:] == ["--isolation", "process", "--superexec-auth-secret-file", str(secret)]
+
+
+def silo_config(i: int) -> dict[str, object]:
+    return {"partition-id": i, "num-partitions": 2, "emulated-speed": 400.0, "threads": 1}
+
+
+def run_settings(out_dir, **changes):
+    return {
+        **RunConfig().to_mapping(),
+        "num-silos": 2,
+        "num-rounds": 2,
+        "local-steps": 3,
+        "batch-size": 8,
+        "evaluate-every": 2,
+        "out-dir": str(out_dir),
+        **changes,
+    }
+
+
+def foreign_acquire(address: str, secret: bytes | None) -> None:
+    """AcquireTask as another caller would: unsigned, or signed with another secret."""
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.interceptors import (
+        RuntimeVersionHttpInterceptor,
+        SuperExecAuthHttpInterceptor,
+    )
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    interceptors: list = [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+    if secret is not None:
+        interceptors.append(
+            SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods={ACQUIRE_TASK})
+        )
+    client = RuntimeHttpClient.from_server_address(address, True, None, interceptors)
+    try:
+        client.AcquireTask(AcquireTaskRequest(supported_task_types=["flwr-clientapp"]))
+    finally:
+        client.close()
+
+
+def warm_server(node) -> psutil.Process:
+    """The silo's warm ClientApp server: the launcher's child that is not the SuperNode."""
+    launcher = psutil.Process(node.pid).children()[0]
+    for child in launcher.children():
+        if "serve" in child.cmdline():
+            return child
+    raise AssertionError(f"no warm server under {launcher.cmdline()}")
+
+
+@pytest.mark.slow
+def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
+    """Two warm silos: a run completes; each silo imported torch once (one server) and
+    ran each message in a fork of it; an unsigned caller is refused its tasks; a server
+    killed between runs is restarted, said so, and the next run completes."""
+    with Federation(tmp_path / "procs") as federation:
+        nodes = [federation.add_silo(f"silo-{i}", silo_config(i), warm=True) for i in range(2)]
+        servers = [warm_server(node) for node in nodes]
+        outcome = federation.run(run_settings(tmp_path / "one"), timeout=240)
+        assert outcome.status == "finished:completed", outcome.problem()
+        assert [r.round for r in outcome.records] == [1, 2]
+        for node, server in zip(nodes, servers, strict=True):
+            log = node.log_path.read_text()
+            assert log.count("warm: torch") == 1  # imported once, for every message
+            assert log.count("Loading ClientApp") >= 2  # a ClientApp per message
+            assert server.is_running()
+            assert warm_server(node).pid == server.pid
+
+        # The runtime API hands tasks only to a caller signed with the silo's secret.
+        for secret in (None, b"not the silo's secret, 32 bytes!"):
+            with pytest.raises(Exception, match=r"(?i)unauthenticated|401|403|auth"):
+                foreign_acquire(f"127.0.0.1:{nodes[0].port}", secret)
+
+        os.kill(servers[0].pid, signal.SIGKILL)  # a crash of the warm server
+        deadline = time.monotonic() + 30
+        while "restarting it" not in nodes[0].log_path.read_text():
+            assert time.monotonic() < deadline, "the launcher did not restart the server"
+            time.sleep(0.2)
+        outcome = federation.run(run_settings(tmp_path / "two"), timeout=240)
+        assert outcome.status == "finished:completed", outcome.problem()
+        assert warm_server(nodes[0]).pid != servers[0].pid

@@ -14,7 +14,13 @@ import pytest
 
 from fedlb.flower import RunConfig
 from fedlb.flower.launch import Federation
-from fedlb.flower.warm import ACQUIRE_TASK, fast_object_pulls, launcher_command, make_secret
+from fedlb.flower.warm import (
+    ACQUIRE_TASK,
+    fast_object_pulls,
+    launcher_command,
+    make_secret,
+    unsupported,
+)
 
 
 def test_the_flower_runtime_it_drives_has_the_shape_it_expects():
@@ -32,6 +38,7 @@ def test_the_flower_runtime_it_drives_has_the_shape_it_expects():
     AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
     assert {"task", "token"} <= {f.name for f in AcquireTaskResponse.DESCRIPTOR.fields}
     SuperExecAuthHttpInterceptor(master_secret=b"x" * 32, protected_methods={ACQUIRE_TASK})
+    assert unsupported() is None  # this Flower runs silos warm (else they start cold)
 
     before = runtime.pull_and_inflate_object_from_tree
     try:
@@ -116,6 +123,12 @@ def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
         outcome = federation.run(run_settings(tmp_path / "one"), timeout=240)
         assert outcome.status == "finished:completed", outcome.problem()
         assert [r.round for r in outcome.records] == [1, 2]
+        for record in outcome.records:  # each silo's timeline: its start-up, its wall
+            for silo in record.silos:
+                assert silo.start_s is not None
+                assert 0 <= silo.start_s < 3.0  # a fork: no imports (a cold start: ~4 s)
+                assert silo.wall_s is not None
+                assert silo.round_s <= silo.wall_s <= record.wall_s + 0.5
         for node, server in zip(nodes, servers, strict=True):
             log = node.log_path.read_text()
             assert log.count("warm: torch") == 1  # imported once, for every message

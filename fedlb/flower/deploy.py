@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shlex
 import signal
@@ -30,7 +31,9 @@ import psutil
 from .join import SUPERNODE_START, diagnose, supernode_join
 from .tls import TlsFiles
 from .warm import launcher_command, make_secret
+from .warm import unsupported as warm_unsupported
 
+log = logging.getLogger("fedlb.flower")
 GUARD = Path(__file__).with_name("guard.py")
 CONNECTION = "fedlb"  # the name of the SuperLink connection in FLWR_HOME/config.toml
 
@@ -304,13 +307,16 @@ def start_supernode(
         node_config_text(node_config),
         *(extra_args or []),
     ]
+    if warm and (why := warm_unsupported()):
+        log.warning("silo %s starts cold (Flower's process per message): %s", name, why)
+        warm = False
     if warm:
         secret = make_secret(workdir / f"home-{name}" / "superexec.secret")
         command = launcher_command(f"127.0.0.1:{port}", secret, command, preload)
     log_path = workdir / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("a") as log:  # the log is appended to: mark where this start begins
-        log.write(f"{SUPERNODE_START} {name} for {superlink} at {time.strftime('%F %T')}\n")
+    with log_path.open("a") as out:  # the log is appended to: mark where this start begins
+        out.write(f"{SUPERNODE_START} {name} for {superlink} at {time.strftime('%F %T')}\n")
     node = FlowerProcess.start(name, command, workdir / f"home-{name}", log_path, port, env)
     try:
         node.healthy_or_stopped()

@@ -20,16 +20,21 @@ fedlb.flower.protocol; the app's own metrics pass through untouched). It works b
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import math
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import psutil
 import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable, Mod
@@ -45,6 +50,7 @@ from .protocol import (
     RUN_EMULATED_CLOCK,
     RUN_EMULATED_SPEEDS,
     STREAM_STATE,
+    TASK_STARTED_ENV,
     Orders,
     SiloReport,
     sent_config,
@@ -97,6 +103,20 @@ class RoundTiming:
 _CURRENT: contextvars.ContextVar[RoundTiming | None] = contextvars.ContextVar(
     "fedlb_round_timing", default=None
 )
+
+
+def clientapp_age() -> float | None:
+    """Seconds since this ClientApp process started, where it was started for this
+    message: Flower's `flwr-clientapp` (Python, imports, Flower's pull of the message, the
+    app's loading) or a warm silo's fork of it (fedlb.flower.warm). None elsewhere (a
+    simulation's long-lived worker, a test): there the age says nothing of this message."""
+    forked = os.environ.get(TASK_STARTED_ENV)
+    if forked:
+        with contextlib.suppress(ValueError):
+            return max(0.0, time.time() - float(forked))
+    if Path(sys.argv[0]).name == "flwr-clientapp":
+        return max(0.0, time.time() - float(psutil.Process().create_time()))
+    return None
 
 
 def warm_up_torch() -> None:
@@ -239,6 +259,7 @@ class BalanceMod:
         if msg.metadata.message_type != MessageType.TRAIN:
             return call_next(msg, context)
         started = time.perf_counter()
+        start_s = clientapp_age()
         probe = ResourceProbe()
         orders = Orders.read(sent_config(msg))
         speed = _emulated_speed(context)
@@ -297,6 +318,7 @@ class BalanceMod:
             emulated_speed=pace.samples_per_s if isinstance(pace, EmulatedSpeed) else 0.0,
             model_clock=silo_clock is not None and silo_clock.name == "model",
             update_norm=_distance(received, sent),
+            start_s=None if start_s is None else start_s + warm_up_s,
         )
         if not reply.content.metric_records:
             reply.content["metrics"] = MetricRecord()

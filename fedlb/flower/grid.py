@@ -24,6 +24,9 @@ class PollingGrid(Grid):
             raise ValueError(f"poll interval must be > 0 seconds, got {interval}")
         self.inner = grid
         self.interval = interval
+        # the last send_and_receive: each reply's arrival, seconds after the push, by the
+        # message it answers (the server's clock: what a round's wall is made of)
+        self.replied_s: dict[str, float] = {}
 
     def set_run(self, run: Any) -> None:
         self.inner.set_run(run)
@@ -50,13 +53,17 @@ class PollingGrid(Grid):
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
+        pushed = time.monotonic()
         pending = set(self.push_messages(messages))
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else pushed + timeout
         replies: list[Message] = []
+        self.replied_s = {}
         while pending:
             received = list(self.pull_messages(pending))
             replies.extend(received)
-            pending -= {m.metadata.reply_to_message_id for m in received}
+            answered = {m.metadata.reply_to_message_id for m in received}
+            self.replied_s.update(dict.fromkeys(answered, time.monotonic() - pushed))
+            pending -= answered
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break
             time.sleep(self.interval)

@@ -42,6 +42,9 @@ PARTITION_ID = "fedlb.partition-id"  # the node config's partition-id: a stable 
 EMULATED_SPEED = "fedlb.emulated-speed"  # samples/s it emulated (0: real hardware speed)
 MODEL_CLOCK = "fedlb.model-clock"  # 1: the times are the model clock's, not measured
 HE_S = "fedlb.he-s"  # of overhead-s: CKKS decryption, encryption and serialisation
+# seconds from the ClientApp's process start to its training handler: Python, imports,
+# Flower's message pull, the FAB, torch's first use (a warm silo's fork: milliseconds)
+START_S = "fedlb.start-s"
 # ||w_i − w||: how far the silo's update moved the model it received (absent where the
 # mod saw only ciphertexts); the server's StabilityGuard watches it
 UPDATE_NORM = "fedlb.update-norm"
@@ -68,6 +71,10 @@ NODE_EMULATED_SPEED = "emulated-speed"  # samples/s to emulate (0: real speed)
 NODE_THREADS = "threads"  # torch threads (0: torch's default)
 NODE_DEVICE = "device"  # where it trains: auto (a GPU if it has one), cpu, cuda, cuda:N
 NODE_HE_CONTEXT = "he-context"  # the silos' secret CKKS context file
+
+# environment: the time.time() a warm silo forked the ClientApp handling this message
+# (fedlb.flower.warm sets it, the balancing mod reads it for its start-s)
+TASK_STARTED_ENV = "FEDLB_TASK_STARTED"
 
 # run config ([tool.flwr.app.config] or `flwr run --run-config`) keys fedlb reads
 # samples/s to emulate per partition-id, "400,200,100": heterogeneous silos in Flower's
@@ -155,6 +162,7 @@ class SiloReport:
     emulated_speed: float = 0.0
     model_clock: bool = False
     update_norm: float | None = None  # inf: the update was not finite
+    start_s: float | None = None  # its ClientApp's start-up before the handler
 
     def metrics(self) -> dict[str, int | float]:
         """The report as MetricRecord entries (fedlb's keys only)."""
@@ -172,6 +180,8 @@ class SiloReport:
             out[MODEL_CLOCK] = 1
         if self.update_norm is not None:
             out[UPDATE_NORM] = self.update_norm
+        if self.start_s is not None:
+            out[START_S] = self.start_s
         return out
 
     def worker_report(self, worker: str) -> WorkerReport:
@@ -236,6 +246,7 @@ def read_report(metrics: Mapping[str, Any]) -> SiloReport:
         emulated_speed=values.get(EMULATED_SPEED, 0.0),
         model_clock=values.get(MODEL_CLOCK, 0.0) > 0,
         update_norm=_update_norm(metrics.get(UPDATE_NORM)),
+        start_s=values[START_S] if values.get(START_S, -1.0) >= 0 else None,
     )
 
 

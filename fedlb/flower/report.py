@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ class SiloRound:
     loss: float | None = None
     he_s: float = 0.0  # of fixed_s: CKKS decryption, encryption and serialisation
     update_norm: float | None = None  # ||w_i − w|| as the silo reported it
+    start_s: float | None = None  # its ClientApp's start-up before training (its clock)
+    wall_s: float | None = None  # the server's wall clock: train message pushed -> reply in
 
 
 @dataclass
@@ -156,7 +159,9 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def render_round(record: RoundRecord) -> Table:
-    """The per-round table: silo, B, τ, compute s, fixed s, round s, idle s, and E."""
+    """The per-round table: silo, B, τ, compute s, fixed s, round s (its busy time), idle
+    s, start s (its ClientApp's start-up), wall s (push to reply on the server's clock),
+    and E; the title has the round's wall time beside the slowest silo's busy time."""
     idle = "–" if record.idle_fraction is None else f"{record.idle_fraction:.0%}"
     title = (
         f"round {record.round} — clock: {record.clock} — round {_fmt(record.round_s, 2)} s "
@@ -170,7 +175,8 @@ def render_round(record: RoundRecord) -> Table:
     if record.server_accuracy is not None:
         title += f" (server {record.server_accuracy:.3f})"
     table = Table(title=title, title_justify="left")
-    for name in ("silo", "B", "τ", "compute s", "fixed s", "round s", "idle s", "next B", "acc"):
+    columns = ("silo", "B", "τ", "compute s", "fixed s", "round s", "idle s", "start s", "wall s")
+    for name in (*columns, "next B", "acc"):
         table.add_column(name, justify="left" if name == "silo" else "right")
     for s in record.silos:
         table.add_row(
@@ -181,11 +187,13 @@ def render_round(record: RoundRecord) -> Table:
             _fmt(s.fixed_s),
             _fmt(s.round_s),
             _fmt(s.idle_s),
+            _fmt(s.start_s, 2),
+            _fmt(s.wall_s, 2),
             str(s.next_batch_size),
             _fmt(s.accuracy),
         )
     for name in record.failed:
-        table.add_row(f"[red]{name}[/]", "–", "–", "no reply", "", "", "", "", "")
+        table.add_row(f"[red]{name}[/]", "–", "–", "no reply", *[""] * 8)
     return table
 
 
@@ -318,12 +326,14 @@ def round_record(
     sent: dict[int, tuple[int | None, int | None]],
     wall_s: float,
     weighted_by_key: str,
+    replied_s: Mapping[int, float] | None = None,
 ) -> RoundRecord:
     """A train round's record: every replying silo's sizes and seconds, the slowest busy
     time, the ideal T* for the speeds measured, E and the idle share.
 
     `reports` are the balancer's (only reports it accepted), `silo_reports` what each silo
-    said it ran, `app_metrics` the app's own numbers per node (train loss, weight)."""
+    said it ran, `app_metrics` the app's own numbers per node (train loss, weight),
+    `replied_s` each node's reply's arrival, in seconds after the round's push."""
     busy = {n: r.round_s for n, r in reports.items()}
     slowest = max(busy.values()) if busy else math.nan
     ideal = efficiency = idle = math.nan
@@ -365,6 +375,8 @@ def round_record(
                 next_batch_size=next_sizes.get(node, 0),
                 he_s=metrics.get(HE_S, 0.0),
                 update_norm=said_by.update_norm if said_by else None,
+                start_s=said_by.start_s if said_by else None,
+                wall_s=(replied_s or {}).get(node),
             )
         )
     return RoundRecord(

@@ -186,6 +186,7 @@ class LoadBalancedFedAvg(FedAvg):
         self._aggregated: ArrayRecord | None = None  # the model the last round ended with
         self._finished = 0  # the last round finished (record closed, checkpointed)
         self._told_foreign_loop = False
+        self._polling: PollingGrid | None = None  # its replies' arrival times per round
 
     @property
     def reporter(self) -> RoundReporter:
@@ -412,6 +413,7 @@ class LoadBalancedFedAvg(FedAvg):
             if self.manager is None
             else self.members.step(self.manager, said, reports, rejected, self._initial_load)
         )
+        arrived = self._polling.replied_s if self._polling is not None else {}
         record = round_record(
             server_round,
             reports,
@@ -422,6 +424,7 @@ class LoadBalancedFedAvg(FedAvg):
             self._sent,
             wall,
             self.weighted_by_key,
+            {n: arrived[i] for i, n in sent_to.items() if i in arrived},
         )
         record.failed = failed
         record.rejected = rejected
@@ -564,7 +567,7 @@ class LoadBalancedFedAvg(FedAvg):
                 done + 1,
             )
         if self.poll_interval is not None:
-            grid = PollingGrid(grid, self.poll_interval)
+            grid = self._polling = PollingGrid(grid, self.poll_interval)
         server_evaluate = None
         if evaluate_fn is not None:
             inner = evaluate_fn
@@ -605,6 +608,7 @@ class LoadBalancedFedAvg(FedAvg):
             polling = PollingGrid(grid, self.poll_interval)
             with contextlib.suppress(AttributeError):  # the loop calls this grid's method
                 grid.send_and_receive = polling.send_and_receive  # type: ignore[method-assign]
+                self._polling = polling
         if self._told_foreign_loop:
             return
         self._told_foreign_loop = True

@@ -67,6 +67,22 @@ ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"  # the SuperExec-signed method
 log = logging.getLogger("fedlb.warm")
 
 
+def unsupported() -> str | None:
+    """Why this Flower cannot run a silo warm (None: it can): the warm path drives the
+    runtime API of Flower 1.42's process isolation."""
+    try:
+        from flwr.proto.runtime_pb2 import AcquireTaskRequest
+        from flwr.supercore.interceptors import SuperExecAuthHttpInterceptor  # noqa: F401
+        from flwr.supernode.runtime import run_clientapp as runtime
+    except ImportError as error:
+        return f"this Flower lacks its runtime API for an external SuperExec ({error})"
+    if "supported_task_types" not in AcquireTaskRequest.DESCRIPTOR.fields_by_name:
+        return "this Flower's AcquireTask takes no task types"
+    if not hasattr(runtime, "pull_and_inflate_object_from_tree"):
+        return "this Flower's ClientApp runtime pulls messages another way"
+    return None
+
+
 def make_secret(path: Path) -> Path:
     """A fresh SuperExec secret in `path`, readable by this user only."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,6 +194,9 @@ def _run_task(runtime_api_address: str, token: str, server_pid: int) -> None:
     parent's atexit handlers and threads are not the child's)."""
     code = 1
     try:
+        from .protocol import TASK_STARTED_ENV
+
+        os.environ[TASK_STARTED_ENV] = repr(time.time())  # the ClientApp's start, for its report
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         from flwr.supernode.runtime.run_clientapp import run_clientapp
 

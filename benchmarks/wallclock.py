@@ -11,6 +11,9 @@ Flower's own per-message floor. For each silo count, in one run on this machine:
 - `default cold` / `default warm`: fedlb's default (pooled tuner, change-point estimator,
   stability guard: no silo below half the mean batch);
 - `full balance warm`: the default without the guard (LB-BSP as published).
+The silos' speed profiles go to a folder of the run's own (FEDLB_PROFILE_DIR): the first
+default run stores them, the later ones (a federation that has run before) ask for them
+and run round 1 balanced; "E round 1" shows which.
 
 Per-round wall = the ServerApp's wall-clock of the round (train phase + evaluation, which
 rides in the next train message), rounds 2..N-1 (round 1 also pays for the silos' first
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import statistics
 import sys
@@ -44,8 +48,8 @@ from fedlb.flower import Federation, RunConfig  # noqa: E402
 BASE_SPEED = 200.0
 SLOWDOWNS = {3: (1.0, 2.0, 4.0), 5: (1.0, 1.5, 2.0, 3.0, 4.0)}
 POLICIES: dict[str, tuple[dict[str, Any], bool]] = {  # run settings, warm silos
-    "fedavg cold": ({"tuner": "static"}, False),
-    "fedavg warm": ({"tuner": "static"}, True),
+    "fedavg cold": ({"tuner": "static", "profiles": 0}, False),
+    "fedavg warm": ({"tuner": "static", "profiles": 0}, True),
     "default cold": ({}, False),
     "default warm": ({}, True),
     "full balance warm": ({"guard": 0}, True),
@@ -95,6 +99,7 @@ def measure(policy: str, silos: int, rounds: int, local_steps: int, work: Path) 
         "beyond_compute_s": statistics.median(w - s for w, s in zip(walls, slowest, strict=True)),
         "run_wall_s": run_s,
         "efficiency": statistics.mean(r.efficiency or 0.0 for r in middle),
+        "round1_efficiency": outcome.records[0].efficiency,
         "final_accuracy": outcome.records[-1].accuracy,
         "walls": walls,
         "sizes": [{s.silo: s.batch_size for s in r.silos} for r in outcome.records],
@@ -104,8 +109,9 @@ def measure(policy: str, silos: int, rounds: int, local_steps: int, work: Path) 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| silos | policy | round wall s | slowest silo busy s | beyond compute s | "
-        "FedAvg cold / this, per round | whole run s | FedAvg cold / this, run | E | accuracy |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "FedAvg cold / this, per round | whole run s | FedAvg cold / this, run | E | E round 1 "
+        "| accuracy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for silos in sorted({r["silos"] for r in rows}):
         group = [r for r in rows if r["silos"] == silos]
@@ -117,7 +123,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {silos} | {r['policy']} | {r['round_wall_s']:.1f} | "
                 f"{r['slowest_busy_s']:.1f} | {r['beyond_compute_s']:.1f} | {per_round} | "
-                f"{r['run_wall_s']:.0f} | {per_run} | {r['efficiency']:.3f} | {accuracy} |"
+                f"{r['run_wall_s']:.0f} | {per_run} | {r['efficiency']:.3f} | "
+                f"{r.get('round1_efficiency') or 0:.3f} | {accuracy} |"
             )
     return "\n".join(lines)
 
@@ -137,7 +144,9 @@ def main() -> None:
         print(table(rows))
         return
     rows = []
+    profiles = Path(tempfile.mkdtemp(prefix="fedlb-profiles-"))
     for silos in (int(x) for x in args.silos.split(",")):
+        os.environ["FEDLB_PROFILE_DIR"] = str(profiles / f"silos-{silos}")  # fresh per count
         for policy in args.policies.split(","):
             with tempfile.TemporaryDirectory() as tmp:
                 row = measure(policy, silos, args.rounds, args.local_steps, Path(tmp))

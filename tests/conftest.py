@@ -11,6 +11,9 @@ def _partition_cache(tmp_path_factory):
     os.environ, so the SuperNodes and ClientApps the tests start inherit it)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FEDLB_CACHE_DIR", str(tmp_path_factory.mktemp("partition-cache")))
+        # no speed profiles unless a test asks for them: a run's round 1 must not depend
+        # on the tests that ran before it
+        patch.setenv("FEDLB_PROFILE_DIR", "off")
         yield
 
 

@@ -83,7 +83,8 @@ server = ServerApp()
 def _server(grid: Grid, context: Context) -> None:
     _, config = experiment(context.run_config)
     policy = POLICIES[str(context.run_config[POLICY])]
-    run_app(grid, config, policy.strategy_class, policy.strategy_args())
+    # round 1 from stored profiles would make a seed's run depend on the runs before it
+    run_app(grid, config, policy.strategy_class, {**policy.strategy_args(), "profiles": False})
 
 
 def scenario_clock(context: Context) -> EmulatedClock:

@@ -41,6 +41,8 @@ RUN_SETTING_HELP = {
     "max-batch": "Largest B any silo gets (0: no limit).",
     "guard": "1: the stability guard (no silo below half the mean batch; a blown-up update is "
     "left out and the floor raised; docs/experiments.md); 0: none, full balance (LB-BSP).",
+    "profiles": "1: a federation that has run this model before starts round 1 balanced, from "
+    "the speed profiles its silos stored; 0: round 1 at every silo's B0.",
     "evaluate-every": "Federated evaluation every k rounds and after the last.",
     "evaluate-mode": "with-train (inside the next train message) or separate (own phase).",
     "dataset": "digits (embedded), fashion-mnist, mnist-5k, cifar10, heart-disease, "
@@ -112,6 +114,9 @@ class RunConfig:
     min_share: with tuner 'pooled', no silo below min_share × X/n (0: no floor).
     guard: 1 (default): LoadBalancedFedAvg's StabilityGuard (no silo below half the mean
         batch, blown-up updates left out); 0: none (sizes fully balanced from round 2).
+    profiles: 1 (default): when this server has balanced this model before, it asks the
+        silos for their stored speed profiles before round 1 and starts balanced
+        (fedlb.flower.profiles); 0: round 1 at every silo's B0.
     evaluate_every: federated evaluation every k rounds (and always after the last).
     evaluate_mode: 'with-train' (default): silos evaluate the model they receive inside the
         next round's train message, saving a whole framework round trip per evaluation;
@@ -150,6 +155,7 @@ class RunConfig:
     max_batch: int = 0
     min_share: float = 0.0
     guard: int = 1
+    profiles: int = 1
     evaluate_every: int = 1
     evaluate_mode: str = "with-train"
     dataset: str = "digits"
@@ -200,6 +206,8 @@ class RunConfig:
             problems.append("poll-interval must be a finite number >= 0")
         if self.guard not in (0, 1):
             problems.append("guard must be 0 or 1")
+        if self.profiles not in (0, 1):
+            problems.append("profiles must be 0 or 1")
         if self.keep_updates not in (0, 1):
             problems.append("keep-updates must be 0 or 1")
         # numpy refuses a negative seed; the silos seed torch with seed x 1_000_003 + ...,

@@ -42,6 +42,15 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from fedlb.training import EmulatedSpeed, Pace, ResizableBatchSampler, ResourceProbe, synchronize
 
+from .profiles import (
+    PROFILE_OF,
+    SiloProfile,
+    hardware,
+    load_profile,
+    model_key,
+    profile_reply,
+    save_profile,
+)
 from .protocol import (
     EMULATED_CLOCKS,
     NODE_EMULATED_CLOCK,
@@ -83,6 +92,7 @@ class RoundTiming:
     orders: Orders
     pace: Pace | None
     batch_size: int | None = None
+    own_batch_size: int | None = None  # the app's loader's: the silo's B0
     steps: int = 0
     compute_s: float = 0.0  # as the silo lived it (padded when emulated)
     real_compute_s: float = 0.0
@@ -202,6 +212,16 @@ def _partition_id(context: Context) -> int | None:
     return int(value) if float(value).is_integer() else None
 
 
+def _label(context: Context) -> str:
+    """The silo's name for its stored profile: silo-<partition-id>, else its node id."""
+    partition = _partition_id(context)
+    return f"silo-{partition}" if partition is not None else f"node-{context.node_id}"
+
+
+def _hardware(context: Context) -> dict[str, Any]:
+    return hardware(context.node_config)
+
+
 def _plain_arrays(content: RecordDict) -> dict[str, np.ndarray] | None:
     """The message's model as floating-point arrays, or None where there is none or it
     travels encrypted (ciphertexts are bytes: the HE mod runs outside this one)."""
@@ -256,6 +276,12 @@ class BalanceMod:
         self.clock = clock
 
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        if msg.metadata.message_type == MessageType.TRAIN and PROFILE_OF in sent_config(msg):
+            # the server's question before round 1, answered without the app (a train
+            # message, as Flower runs a mod only around a handler the app registered)
+            model = str(sent_config(msg)[PROFILE_OF])
+            profile = load_profile(_label(context), model, _hardware(context))
+            return profile_reply(msg, profile, _partition_id(context))
         if msg.metadata.message_type != MessageType.TRAIN:
             return call_next(msg, context)
         started = time.perf_counter()
@@ -325,6 +351,19 @@ class BalanceMod:
         target = next(iter(reply.content.metric_records.values()))
         for key, value in report.metrics().items():
             target[key] = value
+        if received is not None and compute > 0:
+            save_profile(
+                _label(context),
+                model_key(next(iter(msg.content.array_records.values()))),
+                _hardware(context),
+                SiloProfile(
+                    speed=timing.batch_size * timing.steps / compute,
+                    overhead_s=fixed,
+                    batch_size=timing.own_batch_size or timing.batch_size,
+                    local_steps=timing.steps,
+                    measured_at=time.time(),
+                ),
+            )
         return reply
 
 
@@ -348,6 +387,7 @@ class BalancedLoader:
             )
         self.original = loader
         self.timing = timing
+        timing.own_batch_size = own
         self.batch_size = timing.orders.batch_size or own
         steps = timing.orders.local_steps
         self.steps_per_pass = steps if steps is not None else len(loader)

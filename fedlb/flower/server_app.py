@@ -50,6 +50,7 @@ def build_strategy(
     experiment's variant of LoadBalancedFedAvg (fedlb.experiments' policies)."""
     out_dir = Path(config.out_dir) if config.out_dir else None
     extra.setdefault("guard", bool(config.guard))
+    extra.setdefault("profiles", bool(config.profiles))
     return strategy_class(
         checkpoint_dir=out_dir,
         run_settings=fresh_settings(config),

@@ -23,6 +23,15 @@ from .checkpoint import Checkpoint, restore_strategy_state, save_checkpoint, str
 from .grid import PollingGrid
 from .he import EncryptedAggregation, EncryptedModel
 from .membership import Membership, say
+from .profiles import (
+    SiloProfile,
+    ask_profiles,
+    model_key,
+    profile_report,
+    remember_model,
+    seen_before,
+    stale,
+)
 from .protocol import (
     EVAL_EXAMPLES,
     ROUND_FIGURES,
@@ -106,6 +115,12 @@ class LoadBalancedFedAvg(FedAvg):
             `min_share` of the balancer's tuner stays. Default True (fedlb's guard);
             False: none (sizes fully balanced from round 2); or a `StabilityGuard` of
             your own (`probe=0.15`: full balance when the first unequal round is calm).
+        profiles: when this machine's server has balanced this model before, ask the
+            silos for their stored speed profiles before round 1 (one train message
+            without a model, answered by `balance_mod()` without the app) and start
+            round 1 balanced; a profile the round finds off by more than 30% is said to
+            be stale (fedlb.flower.profiles).
+            Default False (a run's first round then never depends on earlier runs).
     """
 
     def __init__(
@@ -137,6 +152,7 @@ class LoadBalancedFedAvg(FedAvg):
         checkpoint_dir: Path | None = None,
         run_settings: Mapping[str, Any] | None = None,
         guard: StabilityGuard | bool = True,
+        profiles: bool = False,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -187,6 +203,9 @@ class LoadBalancedFedAvg(FedAvg):
         self._finished = 0  # the last round finished (record closed, checkpointed)
         self._told_foreign_loop = False
         self._polling: PollingGrid | None = None  # its replies' arrival times per round
+        self.profiles = profiles
+        self._model_key: str | None = None  # the model's layout, for speed profiles
+        self._profiled: dict[int, SiloProfile] = {}  # round 1's profiles, checked after it
 
     @property
     def reporter(self) -> RoundReporter:
@@ -235,6 +254,64 @@ class LoadBalancedFedAvg(FedAvg):
         """The same, by silo label (silo-<partition-id> where known)."""
         return {self.members.label(n): b for n, b in self.current_sizes().items()}
 
+    def _start_from_profiles(self, grid: Grid, arrays: ArrayRecord, nodes: list[int]) -> None:
+        """Round 1 balanced: the silos' stored speed profiles as their first reports,
+        when this server has balanced this model before and every sampled silo has one."""
+        if self._model_key is None and self.he is None:
+            self._model_key = model_key(arrays)
+        if self._model_key is None or not seen_before(self._model_key):
+            return
+        found = ask_profiles(grid, nodes, self._model_key)
+        missing = [n for n in nodes if n not in found]
+        if missing:
+            say(
+                INFO,
+                "round 1 at every silo's B0: %d of %d silos have no stored speed profile "
+                "for this model and hardware",
+                len(missing),
+                len(nodes),
+            )
+            return
+        said = {n: profile_report(p, partition) for n, (p, partition) in found.items()}
+        for node, report in said.items():
+            self.members.name(node, report.partition_id)
+        self.manager = self.members.start_balancing(
+            self.balancer, {str(n): r.batch_size for n, r in said.items()}, said
+        )
+        self._user_floor = float(getattr(self.manager.tuner, "min_share", 0.0))
+        if self.guard is not None:
+            self.manager.set_min_share(max(self.guard.floor, self._user_floor))
+        self.manager.step([r.worker_report(str(n)) for n, r in said.items()])
+        self._profiled = {n: p for n, (p, _) in found.items()}
+        say(
+            INFO,
+            "round 1 balanced from the silos' stored speed profiles (%s): sizes %s",
+            ", ".join(
+                f"{self.members.label(n)} {p.speed:.0f} samples/s, {p.age_s / 3600:.1f} h old"
+                for n, p in sorted(self._profiled.items())
+            ),
+            self.sizes_by_silo(),
+        )
+
+    def _check_profiles(self, said: Mapping[int, SiloReport]) -> None:
+        """After round 1: say which stored profiles the measurement contradicts (the
+        estimator follows the measurement from here, as after any change of speed)."""
+        for node, profile in self._profiled.items():
+            report = said.get(node)
+            ratio = stale(profile, report) if report is not None else None
+            if ratio is not None:
+                say(
+                    WARNING,
+                    "%s's stored speed profile was stale: it ran at %.2fx the stored %.0f "
+                    "samples/s; re-measured from now on",
+                    self.members.label(node),
+                    ratio,
+                    profile.speed,
+                )
+        self._profiled = {}
+        if self.profiles and self._model_key is not None:
+            remember_model(self._model_key)
+
     # Hooks the experiment-only variants (fedlb.experiments) override ------------------
     def _orders(self, server_round: int, node: int) -> Orders:
         """What `node` is told to run this round."""
@@ -277,6 +354,8 @@ class LoadBalancedFedAvg(FedAvg):
             if self.fraction_train == 0.0:
                 return []
             present, nodes = self._sample(self.fraction_train, self.min_train_nodes, grid)
+            if self.manager is None and not self._sent and self.profiles:
+                self._start_from_profiles(grid, arrays, nodes)
             if self.manager is not None:
                 self.members.sync(self.manager, present, nodes)
             flwr_log(
@@ -395,6 +474,8 @@ class LoadBalancedFedAvg(FedAvg):
             self.members.name(node, report.partition_id)
             said[node] = report
             reports[node] = self._load_report(node, report)
+        if server_round == self._offset + 1 or self._profiled:
+            self._check_profiles(said)
         if self.manager is None and said:  # the first reports: each silo's own B0 and τ
             initial = {str(n): self._initial_load(r) for n, r in sorted(said.items())}
             self.manager = self.members.start_balancing(self.balancer, initial, said)
@@ -548,6 +629,7 @@ class LoadBalancedFedAvg(FedAvg):
         round numbers. Under HE, `Result.arrays` is an `EncryptedModel`."""
         self._num_rounds = num_rounds
         self._own_loop = True
+        self._model_key = model_key(initial_arrays)  # plaintext: under HE too
         done = self._offset
         if self.he is not None:
             if evaluate_fn is not None:

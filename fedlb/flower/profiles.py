@@ -1,0 +1,276 @@
+"""Round 1 balanced: each silo keeps its measured speed profile, the server asks for it.
+
+Without a profile, round 1 runs every silo at its own B0 (E 0.44 at speeds 1:2:4): the
+server knows nothing of the silos until their first reports. Each silo's balancing mod
+stores what it measured (samples/s, fixed seconds, its B0 and τ) after every train round,
+keyed by what the speed depends on: the model (its arrays' names, shapes and dtypes), the
+silo (its label) and its hardware (CPU model, cores, torch threads, device, emulated
+speed and clock). A server that has run this model before asks the silos for their
+profiles before round 1 (one train message without a model, answered by the balancing
+mod without the app) and starts balanced. A profile is a prior, never trusted blindly:
+a silo answers only for the same model and hardware; its age is sent along and one older than
+`MAX_AGE_S` is ignored; after round 1 the measured speed is compared with the profile's
+and a profile off by more than `STALE` is said to be stale (the estimator then follows
+the measurement, as after any change of speed).
+
+Where: $FEDLB_PROFILE_DIR, else $XDG_CACHE_HOME/fedlb/profiles, else
+~/.cache/fedlb/profiles; FEDLB_PROFILE_DIR=off turns profiles off. Files are 0600.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+
+from .protocol import PARTITION_ID, SERVER_ROUND, SiloReport, numbers
+
+if TYPE_CHECKING:  # a silo answering a query never needs the server side
+    from flwr.serverapp import Grid
+
+log = logging.getLogger("fedlb.flower")
+
+ENV_DIR = "FEDLB_PROFILE_DIR"
+OFF = "off"
+MAX_AGE_S = 30 * 24 * 3600.0  # older profiles are ignored: hardware and software drift
+QUERY_TIMEOUT_S = 20.0  # a silo that has not answered by then: round 1 at B0
+STALE = 0.3  # measured speed off the profile's by more than this: the profile was stale
+SEEN_FILE = "models-seen.json"  # the server's: models it has balanced before
+
+# server -> silo, in the ConfigRecord of a train message without a model: the model whose
+# profile the server asks for (the query)
+PROFILE_OF = "fedlb.profile-of"
+# silo -> server, in the reply's MetricRecord
+PROFILE_SPEED = "fedlb.profile-speed"  # samples/s
+PROFILE_OVERHEAD = "fedlb.profile-overhead-s"
+PROFILE_BATCH = "fedlb.profile-batch"  # its own B0
+PROFILE_STEPS = "fedlb.profile-steps"  # τ it ran
+PROFILE_AGE = "fedlb.profile-age-s"
+PROFILE_PARTITION = PARTITION_ID  # the same key as a train report's
+
+
+@dataclass(frozen=True)
+class SiloProfile:
+    """What a silo measured of itself for one model on its hardware."""
+
+    speed: float  # samples/s of its local steps
+    overhead_s: float  # its fixed seconds per round
+    batch_size: int  # its own B0 (what it brings to X)
+    local_steps: int
+    measured_at: float  # time.time()
+
+    @property
+    def age_s(self) -> float:
+        return max(0.0, time.time() - self.measured_at)
+
+
+def profile_dir() -> Path | None:
+    chosen = os.environ.get(ENV_DIR, "")
+    if chosen.strip().lower() == OFF:
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "fedlb" / "profiles"
+
+
+def model_key(arrays: ArrayRecord) -> str:
+    """The model's identity for speed: its arrays' names, shapes and dtypes."""
+    layout = [[name, list(array.shape), str(array.dtype)] for name, array in arrays.items()]
+    return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
+
+
+def hardware(node_config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a silo's speed depends on besides the model: the machine, and the node
+    config's threads, device and emulation (torch's thread count itself is not read: an
+    app may set it inside its handler, after a query was answered)."""
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "threads": node_config.get("threads", 0),
+        "device": str(node_config.get("device", "")),
+        "emulated-speed": node_config.get("emulated-speed", 0),
+        "emulated-clock": str(node_config.get("emulated-clock", "")),
+    }
+
+
+def _entry(folder: Path, label: str, model: str, machine: Mapping[str, Any]) -> Path:
+    key = json.dumps([label, model, machine], sort_keys=True)
+    return folder / f"profile-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def save_profile(label: str, model: str, machine: Mapping[str, Any], profile: SiloProfile) -> None:
+    """Store a silo's profile (atomically; a failure is said, never raised: a profile
+    only saves time)."""
+    folder = profile_dir()
+    if folder is None:
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = _entry(folder, label, model, machine)
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".profile-")
+        with os.fdopen(handle, "w") as out:  # mkstemp's file is 0600
+            json.dump({"label": label, "model": model, "hardware": machine, **asdict(profile)}, out)
+        os.replace(temporary, path)
+    except OSError as error:
+        log.warning("could not store this silo's speed profile in %s: %s", folder, error)
+
+
+def load_profile(label: str, model: str, machine: Mapping[str, Any]) -> SiloProfile | None:
+    """The silo's profile for this model on this hardware; None if there is none, it is
+    unreadable or older than MAX_AGE_S."""
+    folder = profile_dir()
+    if folder is None:
+        return None
+    path = _entry(folder, label, model, machine)
+    try:
+        stored = json.loads(path.read_text())
+        profile = SiloProfile(
+            speed=float(stored["speed"]),
+            overhead_s=float(stored["overhead_s"]),
+            batch_size=int(stored["batch_size"]),
+            local_steps=int(stored["local_steps"]),
+            measured_at=float(stored["measured_at"]),
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        log.warning("ignoring an unreadable speed profile %s: %s", path, error)
+        return None
+    if not (profile.speed > 0 and profile.overhead_s >= 0 and profile.age_s <= MAX_AGE_S):
+        return None
+    return profile
+
+
+def profile_reply(msg: Message, profile: SiloProfile | None, partition: int | None) -> Message:
+    """The answer to a profile query (empty metrics: no profile)."""
+    metrics = MetricRecord()
+    if profile is not None:
+        metrics[PROFILE_SPEED] = profile.speed
+        metrics[PROFILE_OVERHEAD] = profile.overhead_s
+        metrics[PROFILE_BATCH] = profile.batch_size
+        metrics[PROFILE_STEPS] = profile.local_steps
+        metrics[PROFILE_AGE] = profile.age_s
+        if partition is not None:
+            metrics[PROFILE_PARTITION] = partition
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+def profile_query(model: str) -> RecordDict:
+    # server-round 0, as a train message carries one: mods outside the balancing mod may read it
+    return RecordDict({"config": ConfigRecord({SERVER_ROUND: 0, PROFILE_OF: model})})
+
+
+def read_profile(reply: Message) -> tuple[SiloProfile, int | None] | None:
+    """A query reply's profile and partition id; None where it has none or is malformed."""
+    if reply.has_error() or not reply.content.metric_records:
+        return None
+    values = numbers(next(iter(reply.content.metric_records.values())))
+    try:
+        profile = SiloProfile(
+            speed=values[PROFILE_SPEED],
+            overhead_s=values[PROFILE_OVERHEAD],
+            batch_size=int(values[PROFILE_BATCH]),
+            local_steps=int(values[PROFILE_STEPS]),
+            measured_at=time.time() - values[PROFILE_AGE],
+        )
+    except KeyError:
+        return None
+    if not (
+        profile.speed > 0
+        and 0 <= profile.overhead_s < 1e6
+        and 1 <= profile.batch_size <= 2**24
+        and 1 <= profile.local_steps <= 2**24
+    ):
+        return None
+    partition = values.get(PROFILE_PARTITION)
+    return profile, None if partition is None or not partition.is_integer() else int(partition)
+
+
+def seen_before(model: str) -> bool:
+    """Whether this machine's server has balanced this model before (then its silos may
+    have profiles: worth a query before round 1)."""
+    folder = profile_dir()
+    if folder is None:
+        return False
+    try:
+        return model in json.loads((folder / SEEN_FILE).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def remember_model(model: str) -> None:
+    folder = profile_dir()
+    if folder is None:
+        return
+    path = folder / SEEN_FILE
+    try:
+        seen = json.loads(path.read_text()) if path.exists() else {}
+        if not isinstance(seen, dict):
+            seen = {}
+    except (OSError, ValueError):
+        seen = {}
+    seen[model] = time.time()
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".seen-")
+        with os.fdopen(handle, "w") as out:
+            json.dump(seen, out)
+        os.replace(temporary, path)
+    except OSError as error:
+        log.warning("could not note the model in %s: %s", folder, error)
+
+
+def ask_profiles(
+    grid: Grid, nodes: Sequence[int], model: str, timeout: float = QUERY_TIMEOUT_S
+) -> dict[int, tuple[SiloProfile, int | None]]:
+    """Each node's stored profile for `model` (nodes without one, or that do not answer
+    within `timeout` s, are left out)."""
+    messages = [
+        # a train message without a model: Flower runs mods only around handlers an app
+        # registered, and every balanced app has a train handler
+        Message(profile_query(model), message_type=MessageType.TRAIN, dst_node_id=node)
+        for node in nodes
+    ]
+    found: dict[int, tuple[SiloProfile, int | None]] = {}
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        answer = read_profile(reply)
+        if answer is not None:
+            found[reply.metadata.src_node_id] = answer
+    return found
+
+
+def profile_report(profile: SiloProfile, partition: int | None) -> SiloReport:
+    """A profile as the report of a round run at its B0 (what round 1 would have shown)."""
+    return SiloReport(
+        batch_size=profile.batch_size,
+        local_steps=profile.local_steps,
+        compute_s=profile.local_steps * profile.batch_size / profile.speed,
+        overhead_s=profile.overhead_s,
+        partition_id=partition,
+    )
+
+
+def stale(profile: SiloProfile, report: SiloReport) -> float | None:
+    """The measured speed's ratio to the profile's where it is off by more than STALE."""
+    if report.compute_s <= 0:
+        return None
+    ratio = report.batch_size * report.local_steps / report.compute_s / profile.speed
+    return ratio if abs(ratio - 1.0) > STALE else None

@@ -329,3 +329,30 @@ def test_server_certificates_silos_would_refuse_are_refused_up_front(tmp_path):
     (mixed / "server.key").write_bytes(good.key.read_bytes())
     with pytest.raises(ConfigError, match="not now: make new certificates"):
         ServerSettings.from_mapping({"certs": str(mixed)})
+
+
+def test_runs_side_by_side_on_the_wall_clock():
+    """`fedlb demo --compare`'s table: the time to the accuracy both runs reached."""
+    from rich.console import Console
+
+    from fedlb.flower import compare_runs
+    from fedlb.flower.report import wall_to
+
+    def run(walls, accuracies):
+        records = []
+        for number, (wall, accuracy) in enumerate(zip(walls, accuracies, strict=True), 1):
+            r = record(number)
+            r.wall_s, r.accuracy = wall, accuracy
+            records.append(r)
+        return records
+
+    fedavg = run([20.0, 20.0, 20.0, 20.0], [0.3, 0.6, 0.7, 0.8])
+    fedlb = run([12.0, 12.0, 12.0, 12.0], [0.3, 0.5, 0.7, 0.85])
+    assert wall_to(fedavg, 0.8) == 80.0
+    assert wall_to(fedlb, 0.8) == 48.0
+    assert wall_to(fedlb, 0.9) is None
+    console = Console(width=200, record=True)
+    console.print(compare_runs({"FedAvg": fedavg, "fedlb": fedlb, "none": []}))
+    text = console.export_text()
+    assert "time to the same accuracy 0.800" in text
+    assert "1.67x sooner" in text  # 80 s against 48 s

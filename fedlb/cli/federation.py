@@ -18,12 +18,14 @@ from rich.markup import escape
 from fedlb.flower import (
     ConfigError,
     DeployError,
+    RoundRecord,
     RunConfig,
     RunOutcome,
     ServerReady,
     ServerSettings,
     SiloSettings,
     check_run_folder,
+    compare_runs,
     load_checkpoint,
     local_silos,
     resume_settings,
@@ -91,7 +93,7 @@ def serve(
     run: RunConfig,
     silos: list[SiloSettings] | None = None,
     overwrite: bool = False,
-) -> None:
+) -> RunOutcome:
     """Run the server (and local silos), show every round, exit non-zero unless it
     completed every round. SIGTERM stops everything it started."""
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
@@ -112,6 +114,7 @@ def serve(
     finally:
         signal.signal(signal.SIGTERM, previous)
     finish(outcome)
+    return outcome
 
 
 def announce(ready: ServerReady) -> None:
@@ -269,6 +272,15 @@ def demo(
             "message), or --cold: Flower's own fresh process per message.",
         ),
     ] = True,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="Run plain FedAvg on Flower's own silos first, then fedlb, and show both "
+            "side by side on the wall clock (round wall, whole run, time to the same "
+            "accuracy); results in out-dir/fedavg and out-dir/fedlb.",
+        ),
+    ] = False,
     *,
     run_flags: dict[str, Any],
 ) -> None:
@@ -303,4 +315,21 @@ def demo(
         raise UsageError(str(error)) from error
     if run.num_silos != len(factors):
         raise UsageError(f"--num-silos {run.num_silos} but {len(factors)} --slowdowns")
-    serve(settings, run, silos, overwrite)
+    if not compare:
+        serve(settings, run, silos, overwrite)
+        return
+    runs: dict[str, list[RoundRecord]] = {}
+    for name, where, changes, warm_silos in (
+        ("FedAvg, Flower's own silos", "fedavg", {"tuner": "static", "profiles": 0}, False),
+        ("fedlb" + ("" if warm else ", cold silos"), "fedlb", {}, warm),
+    ):
+        try:
+            each = ServerSettings.from_mapping({"port": 0, "out-dir": str(folder / where)})
+            check_run_folder(folder / where, overwrite)
+            _, each_run = server_settings(None, run={**defaults, **run_flags, **changes})
+            each_silos = local_silos(factors, base_speed, silo_context, warm=warm_silos)
+        except ConfigError as error:
+            raise UsageError(str(error)) from error
+        console.rule(f"[bold]{name}")
+        runs[name] = serve(each, each_run, each_silos, overwrite).records
+    console.print(compare_runs(runs))

@@ -47,16 +47,21 @@ PREFIX = "partition-"
 Split = tuple[LabelledData, LabelledData]
 
 
-def partition_cache_dir() -> Path | None:
-    """The folder entries go to, from the environment; None when FEDLB_CACHE_DIR=off."""
-    chosen = os.environ.get(ENV_DIR, "")
+def user_cache_dir(env: str, leaf: str) -> Path | None:
+    """A fedlb cache folder: $`env`, else $XDG_CACHE_HOME/fedlb/`leaf`, else
+    ~/.cache/fedlb/`leaf`; None when $`env` is "off" (an empty one counts as unset)."""
+    chosen = os.environ.get(env, "")
     if chosen.strip().lower() == OFF:
         return None
     if chosen:
         return Path(chosen).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "fedlb" / "partitions"
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "fedlb" / leaf
+
+
+def partition_cache_dir() -> Path | None:
+    """The folder entries go to, from the environment; None when FEDLB_CACHE_DIR=off."""
+    return user_cache_dir(ENV_DIR, "partitions")
 
 
 def dataset_fingerprint(name: str, data_dir: str | Path = "") -> dict[str, Any]:

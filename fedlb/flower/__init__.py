@@ -16,7 +16,8 @@ Running fedlb (what `fedlb server`, `fedlb silo` and `fedlb demo` parse options 
 - `make_certificates`, `make_silo_key` (`TlsFiles`, `TlsError`): TLS and silo keys.
 - `Checkpoint`, `load_checkpoint`, `save_checkpoint` (`CheckpointError`): a run's state.
 - `RoundRecord`, `SiloRound`, `RoundReporter`, `records_from_json_lines`,
-  `summarise_rounds`, `accuracy_of`: per-round results and what they add up to.
+  `summarise_rounds`, `accuracy_of`, `compare_runs`: per-round results and what they add
+  up to.
 - `read_toml`, `dataclass_arguments`: settings files and checked dataclasses (scenarios).
 
 The wire protocol (every key fedlb adds to Flower's messages) is `fedlb.flower.protocol`;
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         RoundReporter,
         SiloRound,
         accuracy_of,
+        compare_runs,
         records_from_json_lines,
         summarise_rounds,
     )
@@ -121,6 +123,7 @@ _EXPORTS = {
     "accuracy_of": ".report",
     "records_from_json_lines": ".report",
     "summarise_rounds": ".report",
+    "compare_runs": ".report",
 }
 
 __all__ = [
@@ -150,6 +153,7 @@ __all__ = [
     "balanced_loader",
     "check_partition",
     "check_run_folder",
+    "compare_runs",
     "dataclass_arguments",
     "decrypt_record",
     "evaluate_reply",

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
+from fedlb.data.cache import user_cache_dir
+
 from .protocol import PARTITION_ID, SERVER_ROUND, SiloReport, numbers
 
 if TYPE_CHECKING:  # a silo answering a query never needs the server side
@@ -42,7 +44,6 @@ if TYPE_CHECKING:  # a silo answering a query never needs the server side
 log = logging.getLogger("fedlb.flower")
 
 ENV_DIR = "FEDLB_PROFILE_DIR"
-OFF = "off"
 MAX_AGE_S = 30 * 24 * 3600.0  # older profiles are ignored: hardware and software drift
 QUERY_TIMEOUT_S = 20.0  # a silo that has not answered by then: round 1 at B0
 STALE = 0.3  # measured speed off the profile's by more than this: the profile was stale
@@ -76,13 +77,7 @@ class SiloProfile:
 
 
 def profile_dir() -> Path | None:
-    chosen = os.environ.get(ENV_DIR, "")
-    if chosen.strip().lower() == OFF:
-        return None
-    if chosen:
-        return Path(chosen).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "fedlb" / "profiles"
+    return user_cache_dir(ENV_DIR, "profiles")
 
 
 def model_key(arrays: ArrayRecord) -> str:

@@ -409,3 +409,56 @@ def balance_line(record: RoundRecord) -> str:
 
 def _none_if_nan(value: float) -> float | None:
     return None if math.isnan(value) else value
+
+
+def wall_to(records: list[RoundRecord], target: float) -> float | None:
+    """Wall seconds from round 1's push to the end of the first round whose model reached
+    `target` accuracy (`accuracy_of`); None if none did."""
+    spent = 0.0
+    for record in records:
+        spent += record.wall_s + (record.eval_wall_s or 0.0)
+        accuracy = accuracy_of(record)
+        if accuracy is not None and accuracy >= target:
+            return spent
+    return None
+
+
+def compare_runs(runs: Mapping[str, list[RoundRecord]]) -> Table:
+    """Runs of the same federation side by side on the wall clock: the median round wall
+    (rounds 2..N-1, else all), the whole run's wall, the final accuracy, and the wall time
+    to the accuracy all of them reached (the lowest of their best)."""
+    ran = [rs for rs in runs.values() if rs]
+    bests = [max(a) for rs in ran if (a := [x for x in map(accuracy_of, rs) if x is not None])]
+    target = min(bests) if bests and len(bests) == len(ran) else None
+    first = next(iter(runs.values()))
+    title = "side by side — clock: wall (the ServerApp's) — time to the same accuracy " + (
+        f"{target:.3f}" if target is not None else "(a run has no accuracy)"
+    )
+    table = Table(title=title, title_justify="left")
+    columns = ("run", "rounds", "round wall s", "slowest silo s", "run wall s", "accuracy")
+    for name in (*columns, "to the same accuracy s", "vs the first"):
+        table.add_column(name, justify="left" if name == "run" else "right")
+    reached_first = wall_to(first, target) if target is not None else None
+    for name, records in runs.items():
+        if not records:
+            table.add_row(name, "0", *["–"] * 6)
+            continue
+        middle = [r for r in records if 1 < r.round < records[-1].round] or records
+        reached = wall_to(records, target) if target is not None else None
+        final = accuracy_of(records[-1])
+        speedup = (
+            f"{reached_first / reached:.2f}x sooner"
+            if reached and reached_first and records is not first
+            else "–"
+        )
+        table.add_row(
+            name,
+            str(len(records)),
+            _fmt(statistics.median(r.wall_s + (r.eval_wall_s or 0.0) for r in middle), 1),
+            _fmt(statistics.median(r.round_s or 0.0 for r in middle), 1),
+            _fmt(sum(r.wall_s + (r.eval_wall_s or 0.0) for r in records), 1),
+            _fmt(final),
+            _fmt(reached, 1),
+            speedup,
+        )
+    return table

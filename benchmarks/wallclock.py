@@ -22,6 +22,13 @@ busy time as it reported it. The whole run is timed from `flwr run` to the run's
 
     .venv/bin/python benchmarks/wallclock.py [--silos 3,5] [--rounds 6] [--local-steps 50]
         [--json wall.jsonl]
+    .venv/bin/python benchmarks/wallclock.py --phases OUT_DIR [OUT_DIR ...]
+
+`--phases` reads finished runs' rounds.jsonl (e.g. `fedlb demo --compare`'s fedavg/ and
+fedlb/) and splits the slowest silo's round (rounds 2..N-1, medians) into its ClientApp's
+start-up (its own clock), its busy time (compute + fixed), Flower's share for it (push to
+reply on the server's clock, less those two: the SuperNode's pick-up and the transfers),
+and the rest of the round (aggregation, the next push).
 
 Clock: wall (time.monotonic in the ServerApp for rounds, time.perf_counter here for runs).
 Takes ~20 minutes on 2 cores.
@@ -43,7 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedlb.flower import Federation, RunConfig  # noqa: E402
+from fedlb.flower import Federation, RunConfig, records_from_json_lines  # noqa: E402
 
 BASE_SPEED = 200.0
 SLOWDOWNS = {3: (1.0, 2.0, 4.0), 5: (1.0, 1.5, 2.0, 3.0, 4.0)}
@@ -129,6 +136,28 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def phases(folder: Path) -> dict[str, float]:
+    """Where the slowest silo's round went, medians over rounds 2..N-1 of a finished run."""
+    records = records_from_json_lines((folder / "rounds.jsonl").read_text().splitlines())
+    middle = [r for r in records if 1 < r.round < records[-1].round] or records
+    rows: dict[str, list[float]] = {}
+    for record in middle:
+        slowest = max(record.silos, key=lambda s: s.wall_s or 0.0)
+        start = slowest.start_s or 0.0
+        parts = {
+            "ClientApp start-up (its clock)": start,
+            "busy: compute + fixed": slowest.round_s,
+            "Flower: pick-up, transfers": (slowest.wall_s or 0.0) - start - slowest.round_s,
+            "server: aggregation, next push": record.wall_s
+            + (record.eval_wall_s or 0.0)
+            - (slowest.wall_s or 0.0),
+            "round wall": record.wall_s + (record.eval_wall_s or 0.0),
+        }
+        for name, value in parts.items():
+            rows.setdefault(name, []).append(value)
+    return {name: statistics.median(values) for name, values in rows.items()}
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # stop the processes
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -138,7 +167,15 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--json", type=Path, help="append one JSON line per run")
     parser.add_argument("--from-json", type=Path, help="print the table of earlier runs")
+    parser.add_argument("--phases", type=Path, nargs="+", help="finished runs' out-dirs")
     args = parser.parse_args()
+    if args.phases:
+        split = {str(folder): phases(folder) for folder in args.phases}
+        print("| phase (slowest silo, median s) | " + " | ".join(split) + " |")
+        print("|---|" + "---|" * len(split))
+        for name in next(iter(split.values())):
+            print(f"| {name} | " + " | ".join(f"{p[name]:.2f}" for p in split.values()) + " |")
+        return
     if args.from_json:
         rows = [json.loads(line) for line in args.from_json.read_text().splitlines() if line]
         print(table(rows))

@@ -356,3 +356,12 @@ def test_runs_side_by_side_on_the_wall_clock():
     text = console.export_text()
     assert "time to the same accuracy 0.800" in text
     assert "1.67x sooner" in text  # 80 s against 48 s
+
+
+def test_rounds_written_before_the_timeline_fields_still_read():
+    line = json.loads(record(1).json_lines()[0])
+    for key in ("start_s", "silo_wall_s"):
+        line.pop(key)
+    (back,) = records_from_json_lines([json.dumps(line)])
+    assert back.silos[0].start_s is None
+    assert back.silos[0].wall_s is None

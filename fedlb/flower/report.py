@@ -110,6 +110,7 @@ def records_from_json_lines(lines: list[str], complete_only: bool = False) -> li
     """Rebuild RoundRecords from `rounds.jsonl` lines (one line per silo and round);
     with complete_only, rounds whose lines have not all arrived are left out."""
     silo_fields = {f.name for f in fields(SiloRound)}
+    may_be_none = {f.name for f in fields(SiloRound) if f.default is None}
     round_fields = {f.name for f in fields(RoundRecord)} - {"silos"}
     rounds: dict[int, RoundRecord] = {}
     expected: dict[int, int | None] = {}
@@ -122,11 +123,15 @@ def records_from_json_lines(lines: list[str], complete_only: bool = False) -> li
             rounds[number] = RoundRecord(silos=[], **{k: row[k] for k in round_fields if k in row})
         if expected[number] == 0:
             continue  # a round without updates: its one line has no silo
+        # a silo's field named like a round's is written silo_<name>; fields added since
+        # a file was written take their defaults
         silo: dict[str, Any] = {
-            k: row[f"silo_{k}" if f"silo_{k}" in row else k] for k in silo_fields
+            k: row[name]
+            for k in silo_fields
+            if (name := f"silo_{k}" if k in round_fields or f"silo_{k}" in row else k) in row
         }
         for key, value in silo.items():  # null was NaN: a silo that did not report
-            if value is None and key not in ("accuracy", "loss"):
+            if value is None and key not in may_be_none:
                 silo[key] = math.nan
         rounds[number].silos.append(SiloRound(**silo))
     return [

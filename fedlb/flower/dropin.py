@@ -49,7 +49,7 @@ from .profiles import (
     load_profile,
     model_key,
     profile_reply,
-    save_profile,
+    record_round,
 )
 from .protocol import (
     EMULATED_CLOCKS,
@@ -352,10 +352,11 @@ class BalanceMod:
         for key, value in report.metrics().items():
             target[key] = value
         if received is not None and compute > 0:
-            save_profile(
+            record_round(
                 _label(context),
                 model_key(next(iter(msg.content.array_records.values()))),
                 _hardware(context),
+                msg.metadata.run_id,
                 SiloProfile(
                     speed=timing.batch_size * timing.steps / compute,
                     overhead_s=fixed,

@@ -28,7 +28,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +58,8 @@ PROFILE_OVERHEAD = "fedlb.profile-overhead-s"
 PROFILE_BATCH = "fedlb.profile-batch"  # its own B0
 PROFILE_STEPS = "fedlb.profile-steps"  # τ it ran
 PROFILE_AGE = "fedlb.profile-age-s"
+PROFILE_ROUNDS = "fedlb.profile-rounds"
+MOST_ROUNDS = 5  # a profile counts as at most this many rounds' reports
 PROFILE_PARTITION = PARTITION_ID  # the same key as a train report's
 
 
@@ -70,6 +72,8 @@ class SiloProfile:
     batch_size: int  # its own B0 (what it brings to X)
     local_steps: int
     measured_at: float  # time.time()
+    rounds: int = 1  # the rounds of one run its speed and fixed cost are the mean of
+    run_id: int = 0  # that run's
 
     @property
     def age_s(self) -> float:
@@ -128,6 +132,30 @@ def save_profile(label: str, model: str, machine: Mapping[str, Any], profile: Si
         log.warning("could not store this silo's speed profile in %s: %s", folder, error)
 
 
+def record_round(
+    label: str, model: str, machine: Mapping[str, Any], run_id: int, measured: SiloProfile
+) -> None:
+    """Add a train round's measurement to the silo's profile: the mean over the rounds of
+    the run it comes from (a new run starts the profile afresh)."""
+    before = load_profile(label, model, machine)
+    if before is None or before.run_id != run_id:
+        save_profile(label, model, machine, replace(measured, rounds=1, run_id=run_id))
+        return
+    n = before.rounds
+    save_profile(
+        label,
+        model,
+        machine,
+        replace(
+            measured,
+            speed=(before.speed * n + measured.speed) / (n + 1),
+            overhead_s=(before.overhead_s * n + measured.overhead_s) / (n + 1),
+            rounds=n + 1,
+            run_id=run_id,
+        ),
+    )
+
+
 def load_profile(label: str, model: str, machine: Mapping[str, Any]) -> SiloProfile | None:
     """The silo's profile for this model on this hardware; None if there is none, it is
     unreadable or older than MAX_AGE_S."""
@@ -143,6 +171,8 @@ def load_profile(label: str, model: str, machine: Mapping[str, Any]) -> SiloProf
             batch_size=int(stored["batch_size"]),
             local_steps=int(stored["local_steps"]),
             measured_at=float(stored["measured_at"]),
+            rounds=max(1, int(stored.get("rounds", 1))),
+            run_id=int(stored.get("run_id", 0)),
         )
     except FileNotFoundError:
         return None
@@ -163,6 +193,7 @@ def profile_reply(msg: Message, profile: SiloProfile | None, partition: int | No
         metrics[PROFILE_BATCH] = profile.batch_size
         metrics[PROFILE_STEPS] = profile.local_steps
         metrics[PROFILE_AGE] = profile.age_s
+        metrics[PROFILE_ROUNDS] = profile.rounds
         if partition is not None:
             metrics[PROFILE_PARTITION] = partition
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
@@ -185,6 +216,7 @@ def read_profile(reply: Message) -> tuple[SiloProfile, int | None] | None:
             batch_size=int(values[PROFILE_BATCH]),
             local_steps=int(values[PROFILE_STEPS]),
             measured_at=time.time() - values[PROFILE_AGE],
+            rounds=max(1, min(MOST_ROUNDS, int(values.get(PROFILE_ROUNDS, 1)))),
         )
     except KeyError:
         return None

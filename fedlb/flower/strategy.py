@@ -281,7 +281,12 @@ class LoadBalancedFedAvg(FedAvg):
         self._user_floor = float(getattr(self.manager.tuner, "min_share", 0.0))
         if self.guard is not None:
             self.manager.set_min_share(max(self.guard.floor, self._user_floor))
-        self.manager.step([r.worker_report(str(n)) for n, r in said.items()])
+        # a profile is the mean of the rounds it was measured over: as many reports (a
+        # single one would leave silos within the tuner's noise prior pooled)
+        for repeat in range(max(p.rounds for p, _ in found.values())):
+            self.manager.step(
+                [r.worker_report(str(n)) for n, r in said.items() if found[n][0].rounds > repeat]
+            )
         self._profiled = {n: p for n, (p, _) in found.items()}
         say(
             INFO,

@@ -320,8 +320,8 @@ def demo(
         return
     runs: dict[str, list[RoundRecord]] = {}
     for name, where, changes, warm_silos in (
-        ("FedAvg, Flower's own silos", "fedavg", {"tuner": "static", "profiles": 0}, False),
-        ("fedlb" + ("" if warm else ", cold silos"), "fedlb", {}, warm),
+        ("FedAvg", "fedavg", {"tuner": "static", "profiles": 0}, False),
+        ("fedlb", "fedlb", {}, warm),
     ):
         try:
             each = ServerSettings.from_mapping({"port": 0, "out-dir": str(folder / where)})
@@ -330,6 +330,10 @@ def demo(
             each_silos = local_silos(factors, base_speed, silo_context, warm=warm_silos)
         except ConfigError as error:
             raise UsageError(str(error)) from error
-        console.rule(f"[bold]{name}")
+        console.rule(
+            f"[bold]{name}[/]: "
+            + ("Flower's own silos, every silo at B0" if where == "fedavg" else "fedlb's default")
+            + ("" if where == "fedavg" or warm else ", cold silos")
+        )
         runs[name] = serve(each, each_run, each_silos, overwrite).records
     console.print(compare_runs(runs))

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
 from rich.table import Table
@@ -164,9 +165,9 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def render_round(record: RoundRecord) -> Table:
-    """The per-round table: silo, B, τ, compute s, fixed s, round s (its busy time), idle
-    s, start s (its ClientApp's start-up), wall s (push to reply on the server's clock),
-    and E; the title has the round's wall time beside the slowest silo's busy time."""
+    """The per-round table, in seconds: silo, B, τ, compute, fixed, busy (compute + fixed),
+    idle, start (its ClientApp's start-up), wall (push to reply on the server's clock), next
+    B, accuracy; the title has the round's busy time, ideal, E and wall time."""
     idle = "–" if record.idle_fraction is None else f"{record.idle_fraction:.0%}"
     title = (
         f"round {record.round} — clock: {record.clock} — round {_fmt(record.round_s, 2)} s "
@@ -179,19 +180,25 @@ def render_round(record: RoundRecord) -> Table:
         title += f", accuracy {record.accuracy:.3f}"
     if record.server_accuracy is not None:
         title += f" (server {record.server_accuracy:.3f})"
-    table = Table(title=title, title_justify="left")
-    columns = ("silo", "B", "τ", "compute s", "fixed s", "round s", "idle s", "start s", "wall s")
-    for name in (*columns, "next B", "acc"):
-        table.add_column(name, justify="left" if name == "silo" else "right")
+    table = Table(
+        title=title + " — silos in seconds:",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,  # light borders: eleven columns fit an 80-column terminal
+        pad_edge=False,
+    )
+    # seconds, except B, τ and acc; narrow enough for an 80-column terminal
+    columns = ("silo", "B", "τ", "compute", "fixed", "busy", "idle", "start", "wall")
+    for name in (*columns, "next", "acc"):  # next: B next round
+        table.add_column(name, justify="left" if name == "silo" else "right", min_width=len(name))
     for s in record.silos:
         table.add_row(
             s.silo,
             str(s.batch_size),
             str(s.local_steps),
-            _fmt(s.compute_s),
-            _fmt(s.fixed_s),
-            _fmt(s.round_s),
-            _fmt(s.idle_s),
+            _fmt(s.compute_s, 2),
+            _fmt(s.fixed_s, 2),
+            _fmt(s.round_s, 2),
+            _fmt(s.idle_s, 2),
             _fmt(s.start_s, 2),
             _fmt(s.wall_s, 2),
             str(s.next_batch_size),
@@ -436,12 +443,14 @@ def compare_runs(runs: Mapping[str, list[RoundRecord]]) -> Table:
     bests = [max(a) for rs in ran if (a := [x for x in map(accuracy_of, rs) if x is not None])]
     target = min(bests) if bests and len(bests) == len(ran) else None
     first = next(iter(runs.values()))
-    title = "side by side — clock: wall (the ServerApp's) — time to the same accuracy " + (
-        f"{target:.3f}" if target is not None else "(a run has no accuracy)"
+    title = (
+        "side by side — clock: wall (the ServerApp's), seconds — the same accuracy: "
+        + (f"{target:.3f}" if target is not None else "– (a run has none)")
+        + "; sooner: than the first run"
     )
-    table = Table(title=title, title_justify="left")
-    columns = ("run", "rounds", "round wall s", "slowest silo s", "run wall s", "accuracy")
-    for name in (*columns, "to the same accuracy s", "vs the first"):
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    columns = ("run", "rounds", "round wall", "slowest busy", "run wall", "acc")
+    for name in (*columns, "to that acc", "sooner"):
         table.add_column(name, justify="left" if name == "run" else "right")
     reached_first = wall_to(first, target) if target is not None else None
     for name, records in runs.items():
@@ -452,7 +461,7 @@ def compare_runs(runs: Mapping[str, list[RoundRecord]]) -> Table:
         reached = wall_to(records, target) if target is not None else None
         final = accuracy_of(records[-1])
         speedup = (
-            f"{reached_first / reached:.2f}x sooner"
+            f"{reached_first / reached:.2f}x"
             if reached and reached_first and records is not first
             else "–"
         )

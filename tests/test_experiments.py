@@ -382,3 +382,22 @@ def test_the_experiment_app_declares_every_run_config_key():
     declared = shipped["tool"]["flwr"]["app"]["config"]
     assert declared == app_defaults()
     assert set(run_config(Scenario(), "lb", Path("/x"))) == set(declared)
+
+
+def test_an_experiment_never_replaces_an_earlier_runs_results_unasked(tmp_path):
+    """Into a finished run's folder (an experiment's or a server's, or a symlink to one):
+    refused before anything runs, the results untouched; --overwrite replaces them."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "rounds.jsonl").write_text('{"round": 1}\n')
+    (earlier / "summary.json").write_text("{}")
+    link = tmp_path / "link"
+    link.symlink_to(earlier)
+    for folder in (earlier, link):
+        result = CliRunner().invoke(app, ["experiment", "--rounds", "1", "--out", str(folder)])
+        assert result.exit_code == 2, result.output
+        said = " ".join(result.output.split())
+        assert "holds an earlier run (rounds.jsonl, summary.json)" in said
+        assert "--overwrite" in said
+    assert (earlier / "rounds.jsonl").read_text() == '{"round": 1}\n'
+    assert (earlier / "summary.json").read_text() == "{}"

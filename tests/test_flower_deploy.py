@@ -444,4 +444,8 @@ def test_fedlb_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path):
     assert third == {n: b for n, b in planned.items()}
     assert third != {n: 16 for n in third}
     assert load_checkpoint(out).round == 3
-    assert (out / "summary.json").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_after"] == stopped_at.round
+    walls = {r["round"]: r["wall_s"] for r in rows}
+    assert summary["wall_s"] >= sum(walls.values())  # every round's, not only this process's
+    assert summary["process_wall_s"] < summary["wall_s"] + 60

@@ -365,3 +365,70 @@ def test_rounds_written_before_the_timeline_fields_still_read():
     (back,) = records_from_json_lines([json.dumps(line)])
     assert back.silos[0].start_s is None
     assert back.silos[0].wall_s is None
+
+
+@pytest.mark.slow
+def test_a_second_server_on_a_live_servers_port_is_refused_and_stops_nothing(tmp_path):
+    """Before: the second SuperLink failed to bind, the health check and `flwr` reached
+    the live one, and its run was stopped as "left unfinished by an earlier server"."""
+    from fedlb.flower import Federation
+
+    with Federation(tmp_path / "live") as live:
+        assert live.link is not None
+        port = live.link.port
+        result = runner.invoke(
+            app, ["server", "--port", str(port), "--out-dir", str(tmp_path / "second")]
+        )
+        assert result.exit_code == 1, result.output
+        text = said(result)
+        assert f"port 127.0.0.1:{port} is in use" in text
+        assert "Nothing was started or stopped" in text
+        assert "Traceback" not in result.output
+        assert live.link.alive()  # the live server's SuperLink is untouched
+        assert not (tmp_path / "second").exists()  # refused before its out-dir was made
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_the_server_says_how_to_go_on(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "fedlb.cli", "server", "--port", "0", "--out-dir", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "server.json").exists():  # its SuperLink is up, waiting for silos
+            assert time.monotonic() < deadline, "its SuperLink did not start"
+            assert server.poll() is None, server.stdout.read() if server.stdout else ""
+            time.sleep(0.2)
+        time.sleep(1.0)
+        server.send_signal(signal.SIGINT)
+        output, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    text = " ".join(output.split())
+    assert server.returncode == 130, text
+    assert f"fedlb server --resume {out.resolve()}" in text
+    assert "Traceback" not in text
+
+
+def test_a_batch_no_silo_can_fill_is_refused_before_anything_starts(tmp_path):
+    """Before: --batch-size 1000000000 was accepted, each silo's ClientApp grew to ~7 GB."""
+    for flags, limit in (
+        (["--batch-size", "1000000000"], "batch-size 1000000000 is more than any silo's"),
+        (["--max-batch", "1000000000"], "max-batch 1000000000 is more than the federation's"),
+    ):
+        out = tmp_path / flags[0].strip("-")
+        result = runner.invoke(app, ["server", "--port", "0", "--out-dir", str(out), *flags])
+        assert result.exit_code == 2, result.output
+        assert limit in said(result)
+        assert "give " in said(result)
+        assert not out.exists()

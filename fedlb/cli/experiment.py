@@ -139,6 +139,12 @@ def experiment(
         typer.Option("--he/--no-he", help="Encrypt updates with CKKS (fresh keys)."),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Results folder.")] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Replace the results of an earlier run in the results folder."
+        ),
+    ] = False,
     from_results: Annotated[
         Path | None,
         typer.Option(
@@ -226,7 +232,9 @@ def experiment(
             )
 
         try:  # its data checks (files, the split for every seed) come before any policy runs
-            summary = run_experiment(chosen, folder, on_policy=done, on_round=round_done)
+            summary = run_experiment(
+                chosen, folder, on_policy=done, on_round=round_done, overwrite=overwrite
+            )
         except ScenarioError as error:
             raise UsageError(str(error)) from error
         except RuntimeError as error:  # a policy's run failed: its message names the log

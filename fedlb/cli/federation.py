@@ -97,15 +97,28 @@ def serve(
     """Run the server (and local silos), show every round, exit non-zero unless it
     completed every round. SIGTERM stops everything it started."""
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+    ready: list[ServerReady] = []
+
+    def announced(where: ServerReady) -> None:
+        ready.append(where)
+        announce(where)
+
     try:
         outcome = run_server(
             settings,
             run,
             local_silos=silos or [],
-            on_ready=announce,
+            on_ready=announced,
             on_round=console.print,
             overwrite=overwrite,
         )
+    except KeyboardInterrupt:
+        if ready:  # the SuperLink was up: a run may have checkpointed rounds to go on from
+            console.print(
+                f"stopped (Ctrl-C); everything it started is stopped. `fedlb server --resume "
+                f"{ready[0].out_dir}` goes on after the last checkpointed round"
+            )
+        raise typer.Exit(130) from None
     except ConfigError as error:  # checked before anything started
         raise UsageError(str(error)) from error
     except DeployError as error:

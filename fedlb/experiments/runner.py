@@ -19,7 +19,7 @@ from fedlb.flower import DeployError, Federation, RoundRecord, records_from_json
 
 from .plots import plot_results, plot_seeds
 from .results import ROUNDS_FILE, SUMMARY_FILE, PolicyResult, combine_seeds, write_results
-from .scenario import Scenario
+from .scenario import Scenario, ScenarioError
 from .simulation import app_dir, run_config
 
 
@@ -82,13 +82,22 @@ def run_experiment(
     out: Path,
     on_policy: Callable[[str, PolicyResult], None] | None = None,
     on_round: Callable[[RoundRecord], None] | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Every policy of the scenario, then the results and plots in `out`; with repeats,
     every seed's in `out/seed-S` and their combination in `out`. Flower's processes and
-    each run's ServerApp log are in `out/processes`."""
+    each run's ServerApp log are in `out/processes`. ScenarioError, before anything runs,
+    where `out` holds an earlier run's results (an experiment's or a server's) unless
+    `overwrite`."""
+    out = out.resolve()  # a symlink to another run's folder is that folder
+    held = [name for name in (ROUNDS_FILE, SUMMARY_FILE) if (out / name).exists()]
+    if held and not overwrite:
+        raise ScenarioError(
+            f"{out} holds an earlier run ({', '.join(held)}): this experiment would replace "
+            "its results. Give another --out, or --overwrite to replace them"
+        )
     for seed in scenario.seeds():  # the split follows the seed
         replace(scenario, seed=seed, repeats=1).check_data()
-    out = out.resolve()  # the runs' ServerApp writes there from its own working directory
     out.mkdir(parents=True, exist_ok=True)
     summaries: dict[int, dict[str, Any]] = {}
     all_results: dict[int, dict[str, PolicyResult]] = {}

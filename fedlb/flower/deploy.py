@@ -58,6 +58,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Refuse (DeployError) a port something already listens on, before starting a
+    process there: a second SuperLink on a live server's port would fail to bind, and
+    the health check and `flwr` commands that follow would reach the live server's (and
+    stop its run)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise DeployError(
+                f"{what}'s port {host}:{port} is in use ({error.strerror}): another fedlb "
+                "server or silo, or another program, listens there. Nothing was started or "
+                "stopped. Give another port (--port), or stop what holds it"
+            ) from None
+
+
 def bin_dir() -> Path:
     """Where this Python's console scripts are (flower-superlink, flwr, ...)."""
     return Path(sys.executable).parent
@@ -223,6 +240,8 @@ def start_superlink(
 ) -> FlowerProcess:
     """A SuperLink serving Fleet, Control and Runtime APIs on one port: HTTPS with `tls`,
     plain HTTP (Flower's --insecure) without."""
+    if port:
+        check_port_free(host, port, "the SuperLink")
     port = port or free_port(host)
     security = (
         [
@@ -290,6 +309,8 @@ def start_supernode(
     refuses one whose certificate that CA did not sign; without, plain HTTP. Returns once
     its local API is up, connected or not (`wait_joined` waits for that); a SuperNode
     refused before its API came up raises JoinError with Flower's reason."""
+    if port:
+        check_port_free("127.0.0.1", port, f"silo {name}'s SuperNode")
     port = port or free_port()
     security = (
         ["--root-certificates", str(root_certificates)]

@@ -37,6 +37,7 @@ from .config import ConfigError, RunConfig
 from .deploy import (
     FlowerProcess,
     JoinError,
+    check_port_free,
     free_port,
     process_start_time,
     start_supernode,
@@ -102,6 +103,8 @@ def run_server(
     settings that cannot run (checked before anything starts) and DeployError when a
     process will not start."""
     run = checked_run(run.to_mapping())
+    if server.port:  # before anything is written or stopped (a live server may hold it)
+        check_port_free(server.host, server.port, "the SuperLink")
     out_dir = Path(run.out_dir) if run.out_dir and not server.out_dir else server.results_dir()
     out_dir = out_dir.resolve()
     run_config = {**run.to_mapping(), "out-dir": str(out_dir)}

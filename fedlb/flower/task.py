@@ -59,15 +59,28 @@ def check_partition(config: RunConfig) -> None:
         parts = partition(pool.y, config.num_silos, config.partition, config.seed, pool.groups)
     except (OSError, ValueError) as error:
         raise ConfigError(f"{what}: {error}") from error
-    if tests_per_group(config):
-        return  # every silo trains on its whole part
-    for i, part in enumerate(parts):
-        keep, _ = split_holdout(len(part), config.silo_test_fraction, config.seed + 1 + i)
-        if len(keep) == 0:
-            raise ConfigError(
-                f"{what}: silo {i} gets {len(part)} samples and none left to train on after "
-                f"silo-test-fraction {config.silo_test_fraction}; use fewer silos"
-            )
+    trains = [len(part) for part in parts]
+    if not tests_per_group(config):  # else every silo trains on its whole part
+        for i, part in enumerate(parts):
+            keep, _ = split_holdout(len(part), config.silo_test_fraction, config.seed + 1 + i)
+            if len(keep) == 0:
+                raise ConfigError(
+                    f"{what}: silo {i} gets {len(part)} samples and none left to train on "
+                    f"after silo-test-fraction {config.silo_test_fraction}; use fewer silos"
+                )
+            trains[i] = len(keep)
+    # A batch draws distinct samples of a silo's part: a B0 above every silo's part only
+    # repeats them (and a huge one fills a silo's memory with indices before it fails).
+    if config.batch_size > max(trains):
+        raise ConfigError(
+            f"batch-size {config.batch_size} is more than any silo's training samples ({what}: "
+            f"the largest part has {max(trains)}); give batch-size <= {max(trains)}"
+        )
+    if config.max_batch > sum(trains):
+        raise ConfigError(
+            f"max-batch {config.max_batch} is more than the federation's training samples "
+            f"({sum(trains)}); give max-batch <= {sum(trains)}, or 0 (the balancer's X bounds it)"
+        )
 
 
 def silo_data(config: RunConfig, partition_id: int, num_partitions: int) -> SiloData:

@@ -432,3 +432,53 @@ def test_a_batch_no_silo_can_fill_is_refused_before_anything_starts(tmp_path):
         assert limit in said(result)
         assert "give " in said(result)
         assert not out.exists()
+
+
+def test_decrypt_checks_a_model_that_lost_its_digest_file(tmp_path):
+    """Before: a bit-flipped model.ckks.npz without its .sha256 decrypted, exit 0, to
+    weights off by 6.8e7. Its digest now travels inside the file; a file with neither
+    digest (an older fedlb's) is refused unless --unchecked."""
+    from fedlb.flower import save_encrypted
+    from fedlb.flower.he import INNER_DIGEST, encrypt_record
+    from fedlb.he import load_context, write_keys
+
+    keys = write_keys(tmp_path / "keys")
+    record = encrypt_record(
+        load_context(keys.secret, "silo"),
+        ArrayRecord({"w": Array(np.linspace(-1, 1, 32, dtype=np.float32))}),
+    )
+    model = save_encrypted(record, tmp_path / "model.ckks.npz")  # no .sha256 beside it
+
+    def decrypt(*extra):
+        return runner.invoke(
+            app,
+            [
+                "decrypt",
+                str(model),
+                "--context",
+                str(keys.secret),
+                "--out",
+                str(tmp_path / "m.pt"),
+                *extra,
+            ],
+        )
+
+    assert decrypt().exit_code == 0  # the digest inside vouches for it
+    with np.load(model) as data:
+        entries = {k: np.array(data[k]) for k in data.files}
+    flipped = dict(entries)
+    flipped["ckks/0"] = flipped["ckks/0"].copy()
+    flipped["ckks/0"][200] ^= 0x01
+    with model.open("wb") as handle:
+        np.savez(handle, **flipped)
+    result = decrypt()
+    assert result.exit_code == 2, result.output
+    assert "does not match the digest written inside it" in said(result)
+    older = {k: v for k, v in entries.items() if k != INNER_DIGEST}  # as an older fedlb wrote
+    with model.open("wb") as handle:
+        np.savez(handle, **older)
+    result = decrypt()
+    assert result.exit_code == 2, result.output
+    assert "carries no digest" in said(result)
+    assert "--unchecked" in said(result)
+    assert decrypt("--unchecked").exit_code == 0

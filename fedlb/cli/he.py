@@ -54,6 +54,14 @@ def decrypt(
     out: Annotated[Path, typer.Option(help="Where to write the PyTorch state_dict.")] = Path(
         "model.pt"
     ),
+    unchecked: Annotated[
+        bool,
+        typer.Option(
+            "--unchecked",
+            help="Decrypt a model that carries no digest (written by an older fedlb) and has "
+            "none beside it: its integrity is then not checked.",
+        ),
+    ] = False,
 ) -> None:
     """Decrypt the federation's final model (a silo's job: it holds the secret key)."""
     import torch
@@ -63,7 +71,7 @@ def decrypt(
 
     try:
         secret = load_context(context, "silo")
-        record = decrypt_record(secret, load_encrypted(model))
+        record = decrypt_record(secret, load_encrypted(model, unchecked=unchecked))
     except (HeKeyError, CiphertextError) as error:
         raise UsageError(str(error)) from error
     torch.save(record.to_torch_state_dict(), out)

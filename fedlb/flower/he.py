@@ -9,10 +9,11 @@ arrays so Flower chunks them like any model. No context or key ever travels.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,22 +81,40 @@ def read_encrypted(record: ArrayRecord) -> tuple[list[bytes], Layout]:
         raise CiphertextError(f"the encrypted arrays cannot be decoded: {error}") from error
 
 
+INNER_DIGEST = "__sha256__"  # an encrypted model's own digest, inside its .npz
+
+
+def _arrays_digest(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+    """sha256 over every array's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        array = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(array.tobytes())
+    return np.frombuffer(digest.digest(), dtype=np.uint8)
+
+
 def save_encrypted(record: ArrayRecord, path: Path) -> Path:
-    """An encrypted model to an .npz of its uint8 arrays (no key inside)."""
+    """An encrypted model to an .npz of its uint8 arrays (no key inside), with their
+    digest inside the file: a copy that lost its side files is still checked."""
     read_encrypted(record)  # refuses anything that is not one
+    arrays = {k: a.numpy() for k, a in record.items()}
     with path.open("wb") as handle:
-        np.savez(handle, **{k: a.numpy() for k, a in record.items()})  # type: ignore[arg-type]
+        np.savez(handle, **arrays, **{INNER_DIGEST: _arrays_digest(arrays)})  # type: ignore[arg-type]
     return path
 
 
-def load_encrypted(path: Path) -> ArrayRecord:
-    """What `save_encrypted` wrote; CiphertextError if the file is not an encrypted model."""
+def load_encrypted(path: Path, unchecked: bool = False) -> ArrayRecord:
+    """What `save_encrypted` wrote; CiphertextError if the file is not an encrypted model,
+    is damaged (its digest inside, or the .sha256 beside it, does not match), or cannot be
+    checked at all (neither digest) unless `unchecked`: one flipped bit in a ciphertext
+    decrypts, without a word, to weights off by 10^7."""
     from fedlb.he import CiphertextError
 
     try:
-        check_digest(path)
+        beside = check_digest(path)
         with np.load(path, allow_pickle=False) as data:
-            record = ArrayRecord(OrderedDict((k, Array(data[k])) for k in data.files))
+            arrays = {k: data[k] for k in data.files}
     except DigestError as error:
         raise CiphertextError(str(error)) from error
     except Exception as error:  # zip, header and pickle errors alike: a damaged file
@@ -103,6 +122,19 @@ def load_encrypted(path: Path) -> ArrayRecord:
             f"{path}: not an encrypted model file, or a damaged one "
             f"({type(error).__name__}: {error})"
         ) from error
+    inner = arrays.pop(INNER_DIGEST, None)
+    if inner is not None and not np.array_equal(inner, _arrays_digest(arrays)):
+        raise CiphertextError(
+            f"{path} does not match the digest written inside it: the file was damaged or "
+            "changed after fedlb wrote it. Use an intact copy"
+        )
+    if inner is None and not beside and not unchecked:
+        raise CiphertextError(
+            f"{path} carries no digest and has none beside it ({path.name}.sha256): its "
+            "integrity cannot be checked. Restore the .sha256 file, or decrypt it unchecked "
+            "(--unchecked) if you trust this copy"
+        )
+    record = ArrayRecord(OrderedDict((k, Array(arrays[k])) for k in arrays))
     read_encrypted(record)
     return record
 

@@ -161,6 +161,7 @@ GOOD_REPORT = {
 @example({"fedlb.compute-s": -1.0})  # found by this test: round_record's ideal time raised
 @example({"fedlb.compute-s": 0})
 @example({"fedlb.overhead-s": 1.8e305})  # found by this test: the estimator overflowed
+@example({"fedlb.compute-s": 1e-320})  # found by this test: an infinite speed, not rejected
 def test_a_random_report_never_stops_the_round(changes):
     strategy = strategy_in_round_two()
     good = reply(GLOBAL, MetricRecord(GOOD_REPORT), node=8)

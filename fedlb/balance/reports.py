@@ -67,6 +67,12 @@ class WorkerReport:
                 found.append(f"{name} must be {bound}, got {value!r}")
             elif value > LONGEST_S:
                 found.append(f"{name} {value:g} s is longer than any round ({LONGEST_S:g} s)")
+        if not found and not math.isfinite(self.batch_size * self.iterations / self.compute_s):
+            # a subnormal compute time (1e-320 s): the speed it gives is infinite
+            found.append(
+                f"compute_s {self.compute_s!r} s is too short to measure {self.batch_size} x "
+                f"{self.iterations} samples (an infinite speed)"
+            )
         for name in ("cpu", "mem", "accel_mem"):
             value = getattr(self, name)
             if value is None:

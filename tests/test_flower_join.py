@@ -428,3 +428,67 @@ def test_a_silo_started_before_its_key_is_registered_joins_once_it_is(federation
         late.process.send_signal(signal.SIGTERM)
         stranger.process.kill()
     assert late.end() == 0, late.said
+
+
+@pytest.mark.slow
+def test_a_silo_rejoins_a_server_restarted_on_its_address(tmp_path):
+    """Before: every silo exited 1 with a raw 401 traceback when a new server came up on
+    the address it had joined; silos/README.md says a silo stays up until Ctrl-C."""
+    import subprocess
+    import sys
+    import time
+
+    from fedlb.flower import deploy
+
+    port = deploy.free_port()
+    first = deploy.start_superlink(tmp_path / "first", "127.0.0.1", port)
+    silo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedlb.cli",
+            "silo",
+            "--server",
+            f"127.0.0.1:{port}",
+            "--partition-id",
+            "0",
+            "--num-partitions",
+            "2",
+            "--workdir",
+            str(tmp_path / "silo"),
+            "--cold",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    said: list[str] = []
+
+    def wait_for(text: str, count: int = 1, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while sum(text in line for line in said) < count:
+            assert time.monotonic() < deadline, "".join(said)
+            assert silo.stdout is not None
+            line = silo.stdout.readline()
+            if not line and silo.poll() is not None:
+                raise AssertionError("the silo exited: " + "".join(said))
+            said.append(line)
+
+    second = None
+    try:
+        wait_for(" joined ")
+        first.stop()
+        second = deploy.start_superlink(tmp_path / "second", "127.0.0.1", port)
+        wait_for("rejoining")
+        wait_for(" joined ", count=2)
+        assert silo.poll() is None
+        silo.send_signal(signal.SIGTERM)
+        rest, _ = silo.communicate(timeout=60)
+        assert silo.returncode == 0, "".join(said) + rest
+        assert "Traceback" not in "".join(said) + rest
+    finally:
+        if silo.poll() is None:
+            silo.kill()
+        first.stop()
+        if second is not None:
+            second.stop()

@@ -4,18 +4,80 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 
-from fedlb.flower import ConfigError, DeployError, silo_settings, start_silo
-from fedlb.flower.deploy import JoinError
+from fedlb.flower import ConfigError, DeployError, SiloSettings, silo_settings, start_silo
+from fedlb.flower.deploy import FlowerProcess, JoinError
 from fedlb.flower.join import supernode_join
 
 from .common import UsageError, app, console
 from .federation import given
+
+QUICK_EXIT_S = 30.0  # a SuperNode that leaves this soon after joining, again and again,
+REJOINS_IN_A_ROW = 5  # this many times: something else is wrong, the silo gives up
+
+
+def _join(
+    settings: SiloSettings,
+    name: str,
+    address: str,
+    connect_timeout: float,
+    waiting: Callable[[str], None],
+) -> FlowerProcess | None:
+    """Start the silo's SuperNode and wait until it joined (None: stopped meanwhile)."""
+    try:
+        node = start_silo(settings, connect_timeout or None, on_wait=waiting)
+    except ConfigError as error:
+        raise UsageError(str(error)) from error
+    except JoinError as error:
+        console.print(f"[red]{name} did not join {address}:[/] {escape(str(error))}")
+        raise typer.Exit(1) from error
+    except DeployError as error:
+        console.print(f"[red]could not start the silo:[/] {escape(str(error))}")
+        raise typer.Exit(1) from error
+    except KeyboardInterrupt:
+        console.print(f"{name} stopped before it joined")
+        return None
+    speed = settings.speed
+    clock = (
+        f"emulated {speed:.0f} samples/s (clock: measured, sleep-padded)" if speed else "real speed"
+    )
+    node_id = supernode_join(node.log_path).node_id
+    console.print(
+        f"[bold]{name}[/] joined {address} as node {node_id} (pid {node.pid}, {clock}); "
+        f"log {node.log_path}"
+    )
+    return node
+
+
+def _rejoin_or_exit(node: FlowerProcess, name: str, address: str, quick_exits: int) -> None:
+    """After a joined SuperNode exited by itself: say it and join again, or end (exit 1)."""
+    code = node.process.returncode
+    forgotten = "401 Unauthorized" in node.log_tail(40)  # a new SuperLink's answer
+    if code != 0 and not forgotten:  # killed or crashed: say so and end
+        console.print(
+            f"[red]{name}: its SuperNode exited (code {code}); its log ({node.log_path}) "
+            f"ends with:[/]\n{escape(node.log_tail())}"
+        )
+        raise typer.Exit(1)
+    # Flower's SuperNode leaves cleanly (code 0), or on a 401, when its server is gone
+    # or no longer knows it (a server restarted on the same address): join again.
+    if quick_exits >= REJOINS_IN_A_ROW:
+        console.print(
+            f"[red]{name}: its SuperNode left {address} {quick_exits} times in a row within "
+            f"{QUICK_EXIT_S:.0f} s of joining (code {code}); giving up. Its log "
+            f"({node.log_path}) ends with:[/]\n{escape(node.log_tail())}"
+        )
+        raise typer.Exit(1)
+    console.print(
+        f"{name}: its SuperNode left {address} (code {code}: the server restarted or no "
+        "longer knows this silo); rejoining"
+    )
 
 
 @app.command()
@@ -100,7 +162,7 @@ def silo(
         raise UsageError(str(error)) from error
     if settings.he_context:
         console.print(f"HE on: key fingerprint {settings.he_fingerprint()} ({settings.he_context})")
-    name, address, speed = settings.name, settings.server, settings.speed
+    name, address = settings.name, settings.server
 
     def request_stop(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop is enough
@@ -112,41 +174,22 @@ def silo(
     replaced = signal.signal(signal.SIGTERM, request_stop)
     try:
         console.print(f"{name}: connecting to {address}")
+        quick_exits = 0
+        node: FlowerProcess | None = None
         try:
-            node = start_silo(settings, connect_timeout or None, on_wait=waiting)
-        except ConfigError as error:
-            raise UsageError(str(error)) from error
-        except JoinError as error:
-            console.print(f"[red]{name} did not join {address}:[/] {escape(str(error))}")
-            raise typer.Exit(1) from error
-        except DeployError as error:
-            console.print(f"[red]could not start the silo:[/] {escape(str(error))}")
-            raise typer.Exit(1) from error
-        except KeyboardInterrupt:
-            console.print(f"{name} stopped before it joined")
-            return
-        clock = (
-            f"emulated {speed:.0f} samples/s (clock: measured, sleep-padded)"
-            if speed
-            else "real speed"
-        )
-        node_id = supernode_join(node.log_path).node_id
-        console.print(
-            f"[bold]{name}[/] joined {address} as node {node_id} (pid {node.pid}, {clock}); "
-            f"log {node.log_path}"
-        )
-        try:
-            while node.alive():
-                time.sleep(0.5)
-        except KeyboardInterrupt:  # asked to stop: a clean end
-            node.stop()
+            while True:
+                node = _join(settings, name, address, connect_timeout, waiting)
+                if node is None:
+                    return
+                joined = time.monotonic()
+                while node.alive():
+                    time.sleep(0.5)
+                node.stop()  # what it left behind
+                quick_exits = quick_exits + 1 if time.monotonic() - joined < QUICK_EXIT_S else 0
+                _rejoin_or_exit(node, name, address, quick_exits)
+        except KeyboardInterrupt:  # asked to stop (Ctrl-C, SIGTERM): a clean end
+            if node is not None:
+                node.stop()
             console.print(f"{name} stopped")
-            return
-        node.stop()  # what it left behind
-        console.print(
-            f"[red]{name}: its SuperNode exited (code {node.process.returncode}); its log "
-            f"({node.log_path}) ends with:[/]\n{escape(node.log_tail())}"
-        )
-        raise typer.Exit(1)
     finally:
         signal.signal(signal.SIGTERM, replaced)

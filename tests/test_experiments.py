@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 
@@ -396,7 +397,7 @@ def test_an_experiment_never_replaces_an_earlier_runs_results_unasked(tmp_path):
     for folder in (earlier, link):
         result = CliRunner().invoke(app, ["experiment", "--rounds", "1", "--out", str(folder)])
         assert result.exit_code == 2, result.output
-        said = " ".join(result.output.split())
+        said = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())  # rich's box
         assert "holds an earlier run (rounds.jsonl, summary.json)" in said
         assert "--overwrite" in said
     assert (earlier / "rounds.jsonl").read_text() == '{"round": 1}\n'

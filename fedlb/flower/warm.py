@@ -58,6 +58,7 @@ from pathlib import Path
 POLL_S = 0.1  # task poll: one process polls, so a short interval costs little CPU
 PRELOAD = ("torch", "flwr.supernode.runtime.run_clientapp", "fedlb.flower.client_app")
 RESTART_PAUSE_S = 1.0
+RESTARTS_IN_A_ROW = 5  # a server dying this often right after its start cannot start here
 # Flower pulls a message's objects from its SuperNode with a backoff that starts at 1 s;
 # the SuperNode has them a few ms after it announces the message, so the first retry
 # cost ~1 s a round. Ours start at this.
@@ -278,16 +279,29 @@ def launch(
         *[arg for module in preload for arg in ("--preload", module)],
     ]
     server = subprocess.Popen(server_command)
+    started, quick_deaths = time.monotonic(), 0
     try:
         while node.poll() is None:
             if server.poll() is not None and not stopping:
+                quick_deaths = quick_deaths + 1 if time.monotonic() - started < 10 else 1
+                if quick_deaths >= RESTARTS_IN_A_ROW:  # it cannot start here: end the silo
+                    log.error(
+                        "warm: the silo's warm ClientApp server died %d times in a row within "
+                        "10 s of starting (last code %s); stopping the silo (its log above "
+                        "says why; `--cold` runs Flower's own ClientApp processes instead)",
+                        quick_deaths,
+                        server.returncode,
+                    )
+                    node.terminate()
+                    node.wait(30)
+                    return 1
                 log.warning(
                     "warm: the silo's warm ClientApp server exited with code %s; "
                     "restarting it (a message in flight fails as a crashed ClientApp's does)",
                     server.returncode,
                 )
                 time.sleep(RESTART_PAUSE_S)
-                server = subprocess.Popen(server_command)
+                server, started = subprocess.Popen(server_command), time.monotonic()
             time.sleep(0.2)
     finally:
         if server.poll() is None:

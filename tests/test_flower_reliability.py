@@ -482,3 +482,31 @@ def test_decrypt_checks_a_model_that_lost_its_digest_file(tmp_path):
     assert "carries no digest" in said(result)
     assert "--unchecked" in said(result)
     assert decrypt("--unchecked").exit_code == 0
+
+
+def test_a_folder_that_cannot_be_made_is_one_line_with_its_path():
+    """Before: a traceback. /proc refuses new folders even to root (os.access says yes)."""
+    import errno
+    import subprocess
+    import sys
+
+    from fedlb.cli.common import file_error
+
+    for command in (
+        ["server", "--port", "0", "--out-dir"],
+        ["experiment", "--rounds", "1", "--out"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "fedlb.cli", *command, "/proc/fedlb-no-such-folder"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        text = " ".join((done.stdout + done.stderr).split())
+        assert done.returncode == 1, text
+        assert "fedlb stopped: /proc/fedlb-no-such-folder" in text
+        assert "Traceback" not in text
+    full = OSError(errno.ENOSPC, "No space left on device", "/data/run/rounds.jsonl")
+    assert file_error(full).startswith("the disk is full at /data/run/rounds.jsonl")
+    read_only = OSError(errno.EROFS, "Read-only file system", "/mnt/ro/x")
+    assert "read-only filesystem" in file_error(read_only)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 # Importing a module registers its commands; `fedlb --help` lists them in this order.
 from . import cluster, experiment, federation, silo, security, he, tune  # noqa: F401 # isort: skip
-from .common import app
+from .common import app, console, file_error
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except OSError as error:  # a disk or folder problem no command caught: one line, its path
+        console.print(f"[red]fedlb stopped:[/] {file_error(error)}")
+        raise SystemExit(1) from None
 
 
 __all__ = ["app", "main"]

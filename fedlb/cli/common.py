@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import Annotated
 
@@ -17,6 +18,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+
+
+def file_error(error: OSError) -> str:
+    """An OSError as the operator's line: what, where, and what to do."""
+    where = error.filename or "a file it writes"
+    if error.errno == errno.ENOSPC:
+        return f"the disk is full at {where}: free space there, or give another folder"
+    if error.errno == errno.EROFS:
+        return f"{where} is on a read-only filesystem: give a folder on a writable one"
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return f"no permission to write {where}: give a folder you can write to"
+    return f"{where}: {error.strerror or error}: give a folder it can create and write to"
 
 
 class UsageError(typer.BadParameter):

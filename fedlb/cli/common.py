@@ -22,7 +22,9 @@ console = Console()
 
 def file_error(error: OSError) -> str:
     """An OSError as the operator's line: what, where, and what to do."""
-    where = error.filename or "a file it writes"
+    if not error.filename:  # not a file's (a socket's, a process's): say what it was
+        return f"{error.strerror or error} ({type(error).__name__})"
+    where = error.filename
     if error.errno == errno.ENOSPC:
         return f"the disk is full at {where}: free space there, or give another folder"
     if error.errno == errno.EROFS:

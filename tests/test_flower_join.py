@@ -492,3 +492,62 @@ def test_a_silo_rejoins_a_server_restarted_on_its_address(tmp_path):
         first.stop()
         if second is not None:
             second.stop()
+
+
+@pytest.mark.slow
+def test_a_silo_says_on_its_console_why_its_clientapp_failed(tmp_path):
+    """Before: a silo whose --num-partitions disagreed with the run printed nothing on its
+    own console (the error went to the server and the silo's log only)."""
+    import subprocess
+    import sys
+    import time
+
+    from fedlb.flower import RunConfig
+    from fedlb.flower.launch import Federation
+
+    with Federation(tmp_path / "procs") as federation:
+        silos = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "fedlb.cli",
+                    "silo",
+                    "--server",
+                    federation.address,
+                    "--partition-id",
+                    str(i),
+                    "--num-partitions",
+                    str(count),
+                    "--workdir",
+                    str(tmp_path / f"silo-{i}"),
+                    "--threads",
+                    "1",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for i, count in ((0, 2), (1, 3))  # silo-1 splits the data another way
+        ]
+        try:
+            settings = {
+                **RunConfig().to_mapping(),
+                "num-silos": 2,
+                "num-rounds": 1,
+                "local-steps": 2,
+                "batch-size": 8,
+                "round-timeout": 60.0,
+                "out-dir": str(tmp_path / "out"),
+            }
+            federation.run(settings, timeout=180)
+            time.sleep(2.0)  # the silo reads its log every 0.5 s
+        finally:
+            for silo in silos:
+                silo.send_signal(signal.SIGTERM)
+            outputs = [" ".join(silo.communicate(timeout=60)[0].split()) for silo in silos]
+    failed = "a message failed in its ClientApp: SiloConfigError: this silo has num-partitions 3"
+    assert failed in outputs[1], outputs[1]
+    assert "but the run has num-silos 2" in outputs[1]
+    assert "restart it with --num-partitions 2" in outputs[1]
+    assert "failed in its ClientApp" not in outputs[0]

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from fedlb.flower import ConfigError, DeployError, SiloSettings, silo_settings, start_silo
 from fedlb.flower.deploy import FlowerProcess, JoinError
-from fedlb.flower.join import supernode_join
+from fedlb.flower.join import ClientAppFailures, supernode_join
 
 from .common import UsageError, app, console
 from .federation import given
@@ -182,8 +182,15 @@ def silo(
                 if node is None:
                     return
                 joined = time.monotonic()
+                failures = ClientAppFailures(node.log_path)
                 while node.alive():
                     time.sleep(0.5)
+                    for failure in failures.new():
+                        console.print(
+                            f"[red]{name}: a message failed in its ClientApp:[/] "
+                            f"{escape(failure)} (the server goes on without this silo's "
+                            f"reply; the traceback is in {node.log_path})"
+                        )
                 node.stop()  # what it left behind
                 quick_exits = quick_exits + 1 if time.monotonic() - joined < QUICK_EXIT_S else 0
                 _rejoin_or_exit(node, name, address, quick_exits)

@@ -102,3 +102,41 @@ def diagnose(address: str, tls: bool, timeout: float = 3.0) -> str:
     except (OSError, ValueError) as error:
         why = getattr(error, "strerror", None) or str(error)
         return f"cannot reach the server at {address} ({why}): is it up, is the address right?"
+
+
+_APP_FAILED = "ClientApp raised an exception"  # Flower's line before the traceback
+_RAISED = re.compile(r"^([\w.]*(?:Error|Exception)): (.+)$")  # a traceback's last line
+
+
+class ClientAppFailures:
+    """New ClientApp failures in a SuperNode's log, one line each, as `fedlb silo` reads
+    it while the silo runs: Flower sends the error to the server and logs the traceback
+    in the silo's log; the operator at the silo's console saw nothing."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.offset = log_path.stat().st_size if log_path.exists() else 0
+        self.failing = False  # inside a failure's traceback
+        self.said: set[str] = set()  # Flower logs each failure twice (two handlers)
+
+    def new(self) -> list[str]:
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self.offset)
+                chunk = log.read()
+        except OSError:
+            return []
+        complete = chunk.rfind(b"\n") + 1  # a line still being written waits
+        self.offset += complete
+        found = []
+        for line in chunk[:complete].decode(errors="replace").splitlines():
+            line = _ANSI.sub("", line).strip()
+            if _APP_FAILED in line:
+                self.failing = True
+            elif self.failing and (match := _RAISED.match(line)):
+                self.failing = False
+                failure = f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2)}"
+                if failure not in self.said:
+                    self.said.add(failure)
+                    found.append(failure)
+        return found

@@ -22,7 +22,7 @@ busy time as it reported it. The whole run is timed from `flwr run` to the run's
 
     .venv/bin/python benchmarks/wallclock.py [--silos 3,5] [--rounds 6] [--local-steps 50]
         [--json wall.jsonl]
-    .venv/bin/python benchmarks/wallclock.py --phases OUT_DIR [OUT_DIR ...]
+    .venv/bin/python benchmarks/wallclock.py --phases RUN [RUN ...]   # out-dirs or rounds.jsonl
 
 `--phases` reads finished runs' rounds.jsonl (e.g. `fedlb demo --compare`'s fedavg/ and
 fedlb/) and splits the slowest silo's round (rounds 2..N-1, medians) into its ClientApp's
@@ -50,7 +50,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedlb.flower import Federation, RunConfig, records_from_json_lines  # noqa: E402
+from fedlb.flower import (  # noqa: E402
+    Federation,
+    RunConfig,
+    middle_rounds,
+    records_from_json_lines,
+)
 
 BASE_SPEED = 200.0
 SLOWDOWNS = {3: (1.0, 2.0, 4.0), 5: (1.0, 1.5, 2.0, 3.0, 4.0)}
@@ -92,8 +97,8 @@ def measure(policy: str, silos: int, rounds: int, local_steps: int, work: Path) 
         run_s = time.perf_counter() - started
     if not outcome.ok:
         raise RuntimeError(f"{policy}: run ended as {outcome.status}; see {outcome.log_path}")
-    middle = [r for r in outcome.records if 1 < r.round < rounds]
-    walls = [r.wall_s + (r.eval_wall_s or 0.0) for r in middle]
+    middle = middle_rounds(outcome.records)
+    walls = [r.total_wall_s for r in middle]
     slowest = [r.round_s or 0.0 for r in middle]
     return {
         "policy": policy,
@@ -136,10 +141,12 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def phases(folder: Path) -> dict[str, float]:
-    """Where the slowest silo's round went, medians over rounds 2..N-1 of a finished run."""
-    records = records_from_json_lines((folder / "rounds.jsonl").read_text().splitlines())
-    middle = [r for r in records if 1 < r.round < records[-1].round] or records
+def phases(run: Path) -> dict[str, float]:
+    """Where the slowest silo's round went, medians over rounds 2..N-1 of a finished run
+    (its out-dir, or its rounds.jsonl)."""
+    path = run / "rounds.jsonl" if run.is_dir() else run
+    records = records_from_json_lines(path.read_text().splitlines())
+    middle = middle_rounds(records)
     rows: dict[str, list[float]] = {}
     for record in middle:
         slowest = max(record.silos, key=lambda s: s.wall_s or 0.0)
@@ -148,10 +155,8 @@ def phases(folder: Path) -> dict[str, float]:
             "ClientApp start-up (its clock)": start,
             "busy: compute + fixed": slowest.round_s,
             "Flower: pick-up, transfers": (slowest.wall_s or 0.0) - start - slowest.round_s,
-            "server: aggregation, next push": record.wall_s
-            + (record.eval_wall_s or 0.0)
-            - (slowest.wall_s or 0.0),
-            "round wall": record.wall_s + (record.eval_wall_s or 0.0),
+            "server: aggregation, next push": record.total_wall_s - (slowest.wall_s or 0.0),
+            "round wall": record.total_wall_s,
         }
         for name, value in parts.items():
             rows.setdefault(name, []).append(value)
@@ -167,7 +172,9 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--json", type=Path, help="append one JSON line per run")
     parser.add_argument("--from-json", type=Path, help="print the table of earlier runs")
-    parser.add_argument("--phases", type=Path, nargs="+", help="finished runs' out-dirs")
+    parser.add_argument(
+        "--phases", type=Path, nargs="+", help="finished runs' out-dirs or rounds.jsonl files"
+    )
     args = parser.parse_args()
     if args.phases:
         split = {str(folder): phases(folder) for folder in args.phases}

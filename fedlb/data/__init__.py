@@ -1,6 +1,6 @@
 """fedlb.data: dataset loaders and partitioners (numpy only)."""
 
-from .cache import cached_partition, dataset_fingerprint, partition_cache_dir
+from .cache import cached_partition, dataset_fingerprint, partition_cache_dir, user_cache_dir
 from .digits import load_digits
 from .files import load_npz
 from .images import (
@@ -66,4 +66,5 @@ __all__ = [
     "server_holdout",
     "silo_split",
     "split_holdout",
+    "user_cache_dir",
 ]

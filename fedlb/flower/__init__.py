@@ -16,8 +16,8 @@ Running fedlb (what `fedlb server`, `fedlb silo` and `fedlb demo` parse options 
 - `make_certificates`, `make_silo_key` (`TlsFiles`, `TlsError`): TLS and silo keys.
 - `Checkpoint`, `load_checkpoint`, `save_checkpoint` (`CheckpointError`): a run's state.
 - `RoundRecord`, `SiloRound`, `RoundReporter`, `records_from_json_lines`,
-  `summarise_rounds`, `accuracy_of`, `compare_runs`: per-round results and what they add
-  up to.
+  `summarise_rounds`, `accuracy_of`, `compare_runs`, `middle_rounds`: per-round results
+  and what they add up to.
 - `read_toml`, `dataclass_arguments`: settings files and checked dataclasses (scenarios).
 
 The wire protocol (every key fedlb adds to Flower's messages) is `fedlb.flower.protocol`;
@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         SiloRound,
         accuracy_of,
         compare_runs,
+        middle_rounds,
         records_from_json_lines,
         summarise_rounds,
     )
@@ -124,6 +125,7 @@ _EXPORTS = {
     "records_from_json_lines": ".report",
     "summarise_rounds": ".report",
     "compare_runs": ".report",
+    "middle_rounds": ".report",
 }
 
 __all__ = [
@@ -163,6 +165,7 @@ __all__ = [
     "local_silos",
     "make_certificates",
     "make_silo_key",
+    "middle_rounds",
     "read_toml",
     "records_from_json_lines",
     "resume_settings",

@@ -218,10 +218,6 @@ def _label(context: Context) -> str:
     return f"silo-{partition}" if partition is not None else f"node-{context.node_id}"
 
 
-def _hardware(context: Context) -> dict[str, Any]:
-    return hardware(context.node_config)
-
-
 def _plain_arrays(content: RecordDict) -> dict[str, np.ndarray] | None:
     """The message's model as floating-point arrays, or None where there is none or it
     travels encrypted (ciphertexts are bytes: the HE mod runs outside this one)."""
@@ -280,7 +276,7 @@ class BalanceMod:
             # the server's question before round 1, answered without the app (a train
             # message, as Flower runs a mod only around a handler the app registered)
             model = str(sent_config(msg)[PROFILE_OF])
-            profile = load_profile(_label(context), model, _hardware(context))
+            profile = load_profile(_label(context), model, hardware(context.node_config))
             return profile_reply(msg, profile, _partition_id(context))
         if msg.metadata.message_type != MessageType.TRAIN:
             return call_next(msg, context)
@@ -355,7 +351,7 @@ class BalanceMod:
             record_round(
                 _label(context),
                 model_key(next(iter(msg.content.array_records.values()))),
-                _hardware(context),
+                hardware(context.node_config),
                 msg.metadata.run_id,
                 SiloProfile(
                     speed=timing.batch_size * timing.steps / compute,

@@ -20,6 +20,7 @@ Where: $FEDLB_PROFILE_DIR, else $XDG_CACHE_HOME/fedlb/profiles, else
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from fedlb.data.cache import user_cache_dir
+from fedlb.data import user_cache_dir
 
 from .protocol import PARTITION_ID, SERVER_ROUND, SiloReport, numbers
 
@@ -90,18 +91,22 @@ def model_key(arrays: ArrayRecord) -> str:
     return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
 
 
+@functools.cache
+def _cpu_model() -> str:
+    """The CPU's model name (read once per process: a silo asks every round)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
 def hardware(node_config: Mapping[str, Any]) -> dict[str, Any]:
     """What a silo's speed depends on besides the model: the machine, and the node
     config's threads, device and emulation (torch's thread count itself is not read: an
     app may set it inside its handler, after a query was answered)."""
-    cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     return {
-        "cpu": cpu,
+        "cpu": _cpu_model(),
         "cores": os.cpu_count(),
         "threads": node_config.get("threads", 0),
         "device": str(node_config.get("device", "")),
@@ -115,19 +120,28 @@ def _entry(folder: Path, label: str, model: str, machine: Mapping[str, Any]) -> 
     return folder / f"profile-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
+def _write_json(path: Path, value: Any) -> None:
+    """`value` to `path` atomically (a silo and its server may share the folder), 0600."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(handle, "w") as out:  # mkstemp's file is 0600
+            json.dump(value, out)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
 def save_profile(label: str, model: str, machine: Mapping[str, Any], profile: SiloProfile) -> None:
     """Store a silo's profile (atomically; a failure is said, never raised: a profile
     only saves time)."""
     folder = profile_dir()
     if folder is None:
         return
+    stored = {"label": label, "model": model, "hardware": machine, **asdict(profile)}
     try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = _entry(folder, label, model, machine)
-        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".profile-")
-        with os.fdopen(handle, "w") as out:  # mkstemp's file is 0600
-            json.dump({"label": label, "model": model, "hardware": machine, **asdict(profile)}, out)
-        os.replace(temporary, path)
+        _write_json(_entry(folder, label, model, machine), stored)
     except OSError as error:
         log.warning("could not store this silo's speed profile in %s: %s", folder, error)
 
@@ -256,11 +270,7 @@ def remember_model(model: str) -> None:
         seen = {}
     seen[model] = time.time()
     try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".seen-")
-        with os.fdopen(handle, "w") as out:
-            json.dump(seen, out)
-        os.replace(temporary, path)
+        _write_json(path, seen)
     except OSError as error:
         log.warning("could not note the model in %s: %s", folder, error)
 

@@ -76,6 +76,11 @@ class RoundRecord:
     server_s: float | None = None  # the strategy's own seconds (not waiting for silos)
     server_rss_mb: float | None = None  # the server process's resident memory at round end
 
+    @property
+    def total_wall_s(self) -> float:
+        """The round's whole wall time: its training phase and its evaluation phase."""
+        return self.wall_s + (self.eval_wall_s or 0.0)
+
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         """`console.print(record)`: the round's table, then why silos sent nothing usable,
         reports dropped, and membership events (silos that left, joined, should leave)."""
@@ -423,12 +428,18 @@ def _none_if_nan(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
+def middle_rounds(records: list[RoundRecord]) -> list[RoundRecord]:
+    """Rounds 2..N-1 (else all): round 1 also pays the silos' first start, the last the
+    final model's evaluation; what a run's typical round costs is in between."""
+    return [r for r in records if 1 < r.round < records[-1].round] or records
+
+
 def wall_to(records: list[RoundRecord], target: float) -> float | None:
     """Wall seconds from round 1's push to the end of the first round whose model reached
     `target` accuracy (`accuracy_of`); None if none did."""
     spent = 0.0
     for record in records:
-        spent += record.wall_s + (record.eval_wall_s or 0.0)
+        spent += record.total_wall_s
         accuracy = accuracy_of(record)
         if accuracy is not None and accuracy >= target:
             return spent
@@ -457,7 +468,7 @@ def compare_runs(runs: Mapping[str, list[RoundRecord]]) -> Table:
         if not records:
             table.add_row(name, "0", *["–"] * 6)
             continue
-        middle = [r for r in records if 1 < r.round < records[-1].round] or records
+        middle = middle_rounds(records)
         reached = wall_to(records, target) if target is not None else None
         final = accuracy_of(records[-1])
         speedup = (
@@ -468,9 +479,9 @@ def compare_runs(runs: Mapping[str, list[RoundRecord]]) -> Table:
         table.add_row(
             name,
             str(len(records)),
-            _fmt(statistics.median(r.wall_s + (r.eval_wall_s or 0.0) for r in middle), 1),
+            _fmt(statistics.median(r.total_wall_s for r in middle), 1),
             _fmt(statistics.median(r.round_s or 0.0 for r in middle), 1),
-            _fmt(sum(r.wall_s + (r.eval_wall_s or 0.0) for r in records), 1),
+            _fmt(sum(r.total_wall_s for r in records), 1),
             _fmt(final),
             _fmt(reached, 1),
             speedup,

@@ -165,7 +165,7 @@ def run_app(
         summary = {
             **reporter.summary(),
             # the rounds' wall over the whole run: a resumed run's earlier rounds included
-            "wall_s": sum(r.wall_s + (r.eval_wall_s or 0.0) for r in reporter.records),
+            "wall_s": sum(r.total_wall_s for r in reporter.records),
             "process_wall_s": time.monotonic() - started,  # this server process's share
             "resumed_after": checkpoint.round if checkpoint is not None else None,
             "final_sizes": strategy.sizes_by_silo(),

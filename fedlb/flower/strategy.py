@@ -275,17 +275,14 @@ class LoadBalancedFedAvg(FedAvg):
         said = {n: profile_report(p, partition) for n, (p, partition) in found.items()}
         for node, report in said.items():
             self.members.name(node, report.partition_id)
-        self.manager = self.members.start_balancing(
-            self.balancer, {str(n): r.batch_size for n, r in said.items()}, said
-        )
-        self._user_floor = float(getattr(self.manager.tuner, "min_share", 0.0))
+        manager = self._start_balancing(said)
         if self.guard is not None:
-            self.manager.set_min_share(max(self.guard.floor, self._user_floor))
+            manager.set_min_share(max(self.guard.floor, self._user_floor))
         # a profile is the mean of the rounds it was measured over: as many reports (a
         # single one would leave silos within the tuner's noise prior pooled)
         for repeat in range(max(p.rounds for p, _ in found.values())):
-            self.manager.step(
-                [r.worker_report(str(n)) for n, r in said.items() if found[n][0].rounds > repeat]
+            manager.step(
+                [self._load_report(n, r) for n, r in said.items() if found[n][0].rounds > repeat]
             )
         self._profiled = {n: p for n, (p, _) in found.items()}
         say(
@@ -297,6 +294,14 @@ class LoadBalancedFedAvg(FedAvg):
             ),
             self.sizes_by_silo(),
         )
+
+    def _start_balancing(self, said: Mapping[int, SiloReport]) -> BatchSizeManager:
+        """The balancer, from the silos' first reports (or their stored profiles)."""
+        initial = {str(n): self._initial_load(r) for n, r in sorted(said.items())}
+        self.manager = self.members.start_balancing(self.balancer, initial, said)
+        # a floor the user set stays the least the guard keeps
+        self._user_floor = float(getattr(self.manager.tuner, "min_share", 0.0))
+        return self.manager
 
     def _check_profiles(self, said: Mapping[int, SiloReport]) -> None:
         """After round 1: say which stored profiles the measurement contradicts (the
@@ -479,13 +484,10 @@ class LoadBalancedFedAvg(FedAvg):
             self.members.name(node, report.partition_id)
             said[node] = report
             reports[node] = self._load_report(node, report)
-        if server_round == self._offset + 1 or self._profiled:
+        if self.profiles and server_round == self._offset + 1:
             self._check_profiles(said)
         if self.manager is None and said:  # the first reports: each silo's own B0 and τ
-            initial = {str(n): self._initial_load(r) for n, r in sorted(said.items())}
-            self.manager = self.members.start_balancing(self.balancer, initial, said)
-            # a floor the user set stays the least the guard keeps
-            self._user_floor = float(getattr(self.manager.tuner, "min_share", 0.0))
+            self._start_balancing(said)
         # The guard first: the floor it sets bounds this step's sizes.
         diverged = self._guard_round(server_round, said, app_numbers, triage.blown_up)
         if diverged:
@@ -634,7 +636,8 @@ class LoadBalancedFedAvg(FedAvg):
         round numbers. Under HE, `Result.arrays` is an `EncryptedModel`."""
         self._num_rounds = num_rounds
         self._own_loop = True
-        self._model_key = model_key(initial_arrays)  # plaintext: under HE too
+        if self.profiles:
+            self._model_key = model_key(initial_arrays)  # plaintext: under HE too
         done = self._offset
         if self.he is not None:
             if evaluate_fn is not None:

@@ -95,20 +95,30 @@ def make_secret(path: Path) -> Path:
     return path
 
 
-def launcher_command(
-    runtime_api_address: str, secret: Path, supernode: Sequence[str], preload: Sequence[str] = ()
+def _this_module(
+    runtime_api_address: str, secret: Path, preload: Sequence[str], serving: bool = False
 ) -> list[str]:
-    """The command that runs `supernode` (flower-supernode and its arguments) warm."""
-    extra = [arg for module in preload for arg in ("--preload", module)]
+    """`python -m fedlb.flower.warm [serve]` with the options the launcher and the server
+    share."""
     return [
         sys.executable,
         "-m",
         "fedlb.flower.warm",
+        *(["serve"] if serving else []),
         "--runtime-api-address",
         runtime_api_address,
         "--secret-file",
         str(secret),
-        *extra,
+        *[arg for module in preload for arg in ("--preload", module)],
+    ]
+
+
+def launcher_command(
+    runtime_api_address: str, secret: Path, supernode: Sequence[str], preload: Sequence[str] = ()
+) -> list[str]:
+    """The command that runs `supernode` (flower-supernode and its arguments) warm."""
+    return [
+        *_this_module(runtime_api_address, secret, preload),
         "--",
         *supernode,
         "--isolation",
@@ -266,17 +276,9 @@ def launch(
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     server_command = [
-        sys.executable,
-        "-m",
-        "fedlb.flower.warm",
-        "serve",
-        "--runtime-api-address",
-        runtime_api_address,
-        "--secret-file",
-        str(secret_file),
+        *_this_module(runtime_api_address, secret_file, preload, serving=True),
         "--parent-pid",
         str(os.getpid()),
-        *[arg for module in preload for arg in ("--preload", module)],
     ]
     server = subprocess.Popen(server_command)
     started, quick_deaths = time.monotonic(), 0

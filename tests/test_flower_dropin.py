@@ -419,8 +419,9 @@ def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(600)
 def test_quickstart_deployed_on_unequal_silos(tmp_path, monkeypatch):
-    """A SuperLink and three SuperNodes of emulated speeds 4:2:1 running the quickstart:
-    sizes follow the speeds, its metrics and log are kept. (Speeds low enough that three
+    """A SuperLink and three warm SuperNodes (fedlb.flower.warm: Flower's own app, forked
+    per message) of emulated speeds 4:2:1 running the quickstart: sizes follow the
+    speeds, its metrics and log are kept. (Speeds low enough that three
     fresh training processes on two cores still run slower than emulated: the padding,
     not the contention, sets their pace.)"""
     monkeypatch.chdir(tmp_path)  # the ServerApp saves final_model.pt where it runs
@@ -434,7 +435,7 @@ def test_quickstart_deployed_on_unequal_silos(tmp_path, monkeypatch):
             # 3 of 6 partitions: ~190 samples and 6 steps per silo, rounds of a few seconds
             config = {"partition-id": i, "num-partitions": 6, "emulated-speed": speed}
             address = f"127.0.0.1:{link.port}"
-            nodes.append(deploy.start_supernode(tmp_path, f"silo-{i}", address, config))
+            nodes.append(deploy.start_supernode(tmp_path, f"silo-{i}", address, config, warm=True))
         output, status = _flwr_run(home, app, ["--run-config", "num-server-rounds=2"], timeout=400)
     finally:
         for node in nodes:

@@ -19,12 +19,14 @@ from .common import UsageError, app, console
 
 
 def _failure(log_path: Path) -> str:
-    """The job's own reason (fedlb's message, or torchrun's root cause) from its log."""
+    """The job's own reason from its log: a rank killed by a signal (torchrun's root cause)
+    before the survivors' reports of the lost peer, else fedlb's message, else torchrun's."""
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    ours = [line for line in text.splitlines() if line.startswith("fedlb cluster:")]
-    if ours:
-        return ours[0].removeprefix("fedlb cluster: ")
     cause = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.S)
+    killed = cause is not None and int(cause.group(2)) < 0
+    ours = [line for line in text.splitlines() if line.startswith("fedlb cluster:")]
+    if ours and not killed:
+        return ours[0].removeprefix("fedlb cluster: ")
     if cause:
         rank, code = cause.groups()
         how = f"was killed by signal {-int(code)}" if int(code) < 0 else f"exited with {code}"

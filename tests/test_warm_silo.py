@@ -16,9 +16,11 @@ from fedlb.flower import RunConfig
 from fedlb.flower.launch import Federation
 from fedlb.flower.warm import (
     ACQUIRE_TASK,
+    SUPERNODE_SLEEPS,
     fast_object_pulls,
     launcher_command,
     make_secret,
+    prompt_supernode,
     unsupported,
 )
 
@@ -52,6 +54,28 @@ def test_the_flower_runtime_it_drives_has_the_shape_it_expects():
         runtime.pull_and_inflate_object_from_tree = before
 
 
+def test_the_supernode_loop_it_shortens_sleeps_where_it_expects():
+    """Flower's SuperNode loop pauses 3 s after an empty pull and 0.5 s while a reply is
+    not there yet, through its module's `time`; prompt_supernode shortens those two only."""
+    from flwr.supernode import start_client_internal as loop
+
+    source = inspect.getsource(loop)
+    idle, reply = SUPERNODE_SLEEPS
+    assert f"time.sleep({idle})" in source
+    assert f"time.sleep({reply})" in source
+    assert loop.time is time
+    try:
+        prompt_supernode(0.01, 0.02)
+        started = time.perf_counter()
+        loop.time.sleep(idle)
+        loop.time.sleep(reply)
+        assert time.perf_counter() - started < 0.5
+        assert loop.time.monotonic() > 0
+        assert loop.time.time() > 0
+    finally:
+        loop.time = time
+
+
 def test_the_secret_is_the_users_own_and_the_supernode_runs_isolated(tmp_path):
     secret = make_secret(tmp_path / "home" / "superexec.secret")
     assert secret.stat().st_mode & 0o777 == 0o600
@@ -62,6 +86,7 @@ def test_the_secret_is_the_users_own_and_the_supernode_runs_isolated(tmp_path):
     command = launcher_command("127.0.0.1:9", secret, ["flower-supernode", "--insecure"])
     tail = command[command.index("--") + 1 :]
     assert tail[:2] == ["flower-supernode", "--insecure"]
+    assert command[command.index("--idle-pull") + 1] == "0.2"
     assert tail[-4:] == ["--isolation", "process", "--superexec-auth-secret-file", str(secret)]
 
 
@@ -120,6 +145,12 @@ def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
     with Federation(tmp_path / "procs") as federation:
         nodes = [federation.add_silo(f"silo-{i}", silo_config(i), warm=True) for i in range(2)]
         servers = [warm_server(node) for node in nodes]
+        for node in nodes:  # Flower's SuperNode, run prompt by fedlb's launcher
+            launcher = psutil.Process(node.pid).children()[0]
+            assert any(
+                child.cmdline()[1:4] == ["-m", "fedlb.flower.warm", "node"]
+                for child in launcher.children()
+            )
         outcome = federation.run(run_settings(tmp_path / "one"), timeout=240)
         assert outcome.status == "finished:completed", outcome.problem()
         assert [r.round for r in outcome.records] == [1, 2]

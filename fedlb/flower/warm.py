@@ -37,7 +37,17 @@ a Flower upgrade that changes one fails a test, not a run):
 - `run_clientapp(runtime_api_address, token, insecure, certificates, parent_pid)` runs
   one task to its end and leaves through `flwr_exit` (SystemExit);
 - it pulls the message through its module's `pull_and_inflate_object_from_tree`, which
-  takes `initial_backoff` (fast_object_pulls shortens it).
+  takes `initial_backoff` (fast_object_pulls shortens it);
+- the SuperNode's loop (`flwr.supernode.start_client_internal`) sleeps `time.sleep(3)`
+  when a pull finds no message and `time.sleep(0.5)` while it waits for a reply or an
+  object's content (prompt_supernode shortens both; see below).
+
+The SuperNode prompt: after each reply a SuperNode pulls once, finds nothing yet (the
+server is still aggregating) and sleeps 3 s, so the next round reached it 1.5-3 s late,
+on every balanced round's critical path. The launcher runs Flower's own `flower-supernode`
+entry point in a process of ours whose SuperNode loop sleeps `IDLE_PULL_S` instead (a
+pull is one small request to the SuperLink: 5 a second per silo is nothing for a
+cross-silo federation; `--idle-pull 3` restores Flower's pace).
 """
 
 from __future__ import annotations
@@ -64,6 +74,9 @@ RESTARTS_IN_A_ROW = 5  # a server dying this often right after its start cannot 
 # cost ~1 s a round. Ours start at this.
 PULL_BACKOFF_S = 0.02
 ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"  # the SuperExec-signed method
+IDLE_PULL_S = 0.2  # the SuperNode's pause after a pull that found no message (Flower: 3 s)
+REPLY_WAIT_S = 0.05  # its pause while a reply or an object is not there yet (Flower: 0.5 s)
+SUPERNODE_SLEEPS = (3, 0.5)  # Flower 1.42's fixed pauses in that loop, idle and reply
 
 log = logging.getLogger("fedlb.warm")
 
@@ -95,6 +108,61 @@ def make_secret(path: Path) -> Path:
     return path
 
 
+class _ShortSleeps:
+    """The `time` module as Flower's SuperNode loop sees it: its fixed pauses shortened,
+    everything else untouched."""
+
+    def __init__(self, shortened: dict[float, float]) -> None:
+        self.shortened = shortened
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(self.shortened.get(seconds, seconds))
+
+
+def prompt_supernode(idle_s: float = IDLE_PULL_S, reply_s: float = REPLY_WAIT_S) -> None:
+    """Shorten the SuperNode loop's idle pause (3 s) to `idle_s` and its reply and object
+    waits (0.5 s) to `reply_s`, in this process."""
+    from flwr.supernode import start_client_internal as loop
+
+    idle, reply = SUPERNODE_SLEEPS
+    loop.time = _ShortSleeps({idle: idle_s, reply: reply_s})  # type: ignore[assignment]
+
+
+def _supernode_main(arguments: Sequence[str]) -> int:
+    """`python -m fedlb.flower.warm node [--idle-pull S] -- ARGS`: Flower's own
+    `flower-supernode ARGS`, prompt."""
+    parser = argparse.ArgumentParser(prog="python -m fedlb.flower.warm node")
+    parser.add_argument("--idle-pull", type=float, default=IDLE_PULL_S)
+    split = arguments.index("--") if "--" in arguments else len(arguments)
+    args = parser.parse_args(arguments[:split])
+    from flwr.supernode.cli import flower_supernode
+
+    prompt_supernode(args.idle_pull, min(REPLY_WAIT_S, args.idle_pull))
+    sys.argv = ["flower-supernode", *arguments[split + 1 :]]
+    flower_supernode()
+    return 0
+
+
+def _supernode_command(supernode: Sequence[str], idle_pull_s: float) -> list[str]:
+    """Flower's `flower-supernode ...` run prompt (the same Flower, through
+    `_supernode_main`); any other command as given."""
+    if not supernode or Path(supernode[0]).name != "flower-supernode":
+        return list(supernode)
+    return [
+        sys.executable,
+        "-m",
+        "fedlb.flower.warm",
+        "node",
+        "--idle-pull",
+        repr(idle_pull_s),
+        "--",
+        *supernode[1:],
+    ]
+
+
 def _this_module(
     runtime_api_address: str, secret: Path, preload: Sequence[str], serving: bool = False
 ) -> list[str]:
@@ -114,11 +182,18 @@ def _this_module(
 
 
 def launcher_command(
-    runtime_api_address: str, secret: Path, supernode: Sequence[str], preload: Sequence[str] = ()
+    runtime_api_address: str,
+    secret: Path,
+    supernode: Sequence[str],
+    preload: Sequence[str] = (),
+    idle_pull_s: float = IDLE_PULL_S,
 ) -> list[str]:
-    """The command that runs `supernode` (flower-supernode and its arguments) warm."""
+    """The command that runs `supernode` (flower-supernode and its arguments) warm, its
+    idle pull every `idle_pull_s`."""
     return [
         *_this_module(runtime_api_address, secret, preload),
+        "--idle-pull",
+        repr(idle_pull_s),
         "--",
         *supernode,
         "--isolation",
@@ -260,11 +335,15 @@ def _reap(running: dict[int, int]) -> None:
 
 
 def launch(
-    runtime_api_address: str, secret_file: Path, supernode: Sequence[str], preload: Sequence[str]
+    runtime_api_address: str,
+    secret_file: Path,
+    supernode: Sequence[str],
+    preload: Sequence[str],
+    idle_pull_s: float = IDLE_PULL_S,
 ) -> int:
-    """Run the SuperNode and the warm server; restart the server if it dies; return the
-    SuperNode's exit code."""
-    node = subprocess.Popen(list(supernode))
+    """Run the SuperNode (prompt) and the warm server; restart the server if it dies;
+    return the SuperNode's exit code."""
+    node = subprocess.Popen(_supernode_command(supernode, idle_pull_s))
     stopping = False
 
     def stop(signum: int, _frame: object) -> None:
@@ -319,6 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per poll otherwise
     arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["node"]:
+        return _supernode_main(arguments[1:])
     serving = bool(arguments) and arguments[0] == "serve"
     parser = argparse.ArgumentParser(prog="python -m fedlb.flower.warm")
     parser.add_argument("--runtime-api-address", required=True)
@@ -337,9 +418,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if "--" not in arguments:
         parser.error("give the SuperNode's command after --")
+    parser.add_argument(
+        "--idle-pull",
+        type=float,
+        default=IDLE_PULL_S,
+        help="seconds the SuperNode waits after a pull that found no message (Flower's: 3)",
+    )
     split = arguments.index("--")
     args = parser.parse_args(arguments[:split])
-    return launch(args.runtime_api_address, args.secret_file, arguments[split + 1 :], args.preload)
+    return launch(
+        args.runtime_api_address,
+        args.secret_file,
+        arguments[split + 1 :],
+        args.preload,
+        args.idle_pull,
+    )
 
 
 if __name__ == "__main__":

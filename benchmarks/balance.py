@@ -46,8 +46,8 @@ from fedlb.balance import (
     default_estimator,
     default_tuner,
     ideal_round_time,
-    prediction_rmse,
 )
+from fedlb.balance.traces import prediction_rmse
 from fedlb.experiments import (
     GpuLikeTime,
     LinearTime,

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedlb.flower import Federation, RunConfig
+from fedlb.deploy import Federation, RunConfig
 
 
 def _stop_on_sigterm() -> None:
@@ -66,8 +66,8 @@ def measure(silos: int, rounds: int, loop: dict[str, Any], work: Path) -> dict[s
     }
     with Federation(work / "procs") as federation:
         for i in range(silos):
-            federation.add_silo(
-                f"silo-{i}", {"partition-id": i, "num-partitions": silos, "threads": 1}
+            federation.add_silo(  # Flower's own path: what this benchmark measures
+                f"silo-{i}", {"partition-id": i, "num-partitions": silos, "threads": 1}, warm=False
             )
         outcome = federation.run(settings, timeout=1800)
     if not outcome.ok:
@@ -87,7 +87,7 @@ def measure(silos: int, rounds: int, loop: dict[str, Any], work: Path) -> dict[s
 
 def clientapp_start_s(repeats: int = 3) -> float:
     """CPU-bound start of a fresh process that imports what a silo message needs."""
-    code = "import flwr.clientapp, torch, fedlb.flower.client_app"
+    code = "import flwr.clientapp, torch, fedlb.deploy.client_app"
     times = []
     for _ in range(repeats):
         start = time.monotonic()
@@ -101,7 +101,7 @@ def clientapp_start_s(repeats: int = 3) -> float:
 DATA_MESSAGE = """
 import sys, time
 from fedlb.flower import RunConfig
-from fedlb.flower.task import silo_data
+from fedlb.deploy.task import silo_data
 start = time.perf_counter()
 config = RunConfig(dataset="fashion-mnist", num_silos=int(sys.argv[1]), partition=sys.argv[2])
 data = silo_data(config, 0, int(sys.argv[1]))

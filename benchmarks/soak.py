@@ -36,8 +36,8 @@ from typing import Any
 
 import psutil
 
+from fedlb.deploy.processes import free_port
 from fedlb.flower import load_checkpoint
-from fedlb.flower.deploy import free_port
 
 FEDLB = [sys.executable, "-m", "fedlb.cli"]
 SILOS = 3

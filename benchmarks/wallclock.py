@@ -50,12 +50,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedlb.flower import (  # noqa: E402
-    Federation,
-    RunConfig,
-    middle_rounds,
-    records_from_json_lines,
-)
+from fedlb.deploy import Federation, RunConfig  # noqa: E402
+from fedlb.flower import middle_rounds, records_from_json_lines  # noqa: E402
 
 BASE_SPEED = 200.0
 SLOWDOWNS = {3: (1.0, 2.0, 4.0), 5: (1.0, 1.5, 2.0, 3.0, 4.0)}

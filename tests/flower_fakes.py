@@ -10,7 +10,8 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import Mod
 from flwr.serverapp import Grid
 
-from fedlb.flower import balance_mod, evaluate_reply, train_reply
+from fedlb.deploy import evaluate_reply, train_reply
+from fedlb.flower import balance_mod
 from fedlb.flower.protocol import LEARNING_RATE
 
 Handler = Callable[[Message, Context], Message]

@@ -11,12 +11,12 @@ from fedlb.balance import (
     NARX,
     BatchSizeManager,
     Memoryless,
-    NotReadyError,
     Proportional,
     WorkerReport,
     competing_load_trace,
-    prediction_rmse,
 )
+from fedlb.balance.estimators import NotReadyError
+from fedlb.balance.traces import prediction_rmse
 
 
 def report(speed, batch=10, **kw):

@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from fedlb.cli import app
-from fedlb.flower import ConfigError, RunConfig, read_toml, server_settings, silo_settings
-from fedlb.flower.settings import check_out_dir
+from fedlb.deploy import ConfigError, RunConfig, read_toml, server_settings, silo_settings
+from fedlb.deploy.settings import check_out_dir
 
 runner = CliRunner()
 SILO = ["silo", "--partition-id", "0", "--num-partitions", "2"]
@@ -106,9 +106,9 @@ def test_an_out_dir_without_write_permission_is_refused(tmp_path, nothing_starts
 
 def test_out_dir_permission_is_what_the_os_says(tmp_path, monkeypatch):
     """The permission case as root too (root may write anywhere: the OS is asked)."""
-    import fedlb.flower.settings
+    import fedlb.deploy.settings
 
-    monkeypatch.setattr(fedlb.flower.settings.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(fedlb.deploy.settings.os, "access", lambda path, mode: False)
     with pytest.raises(ConfigError, match=f"out-dir {tmp_path}: no permission to write in"):
         check_out_dir(tmp_path)
 
@@ -145,7 +145,8 @@ def test_silo_key_refuses_a_name_that_is_not_a_plain_file_name(tmp_path, name):
 
 def test_port_0_means_a_free_port(tmp_path, monkeypatch):
     import fedlb.cli.federation
-    from fedlb.flower import deploy, run_server
+    from fedlb.deploy import processes as deploy
+    from fedlb.deploy import run_server
 
     handed = []
     monkeypatch.setattr(

@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from fedlb.cluster import WeightedState, weighted_allreduce_hook
+from fedlb.cluster import weighted_allreduce_hook
+from fedlb.cluster.hook import WeightedState
 
 SIZES = (5, 11, 16)
 
@@ -197,8 +198,8 @@ def test_the_competing_load_runs_and_sleeps_and_is_measured():
 def test_the_shipped_cluster_scenarios_parse():
     from pathlib import Path
 
+    from fedlb.deploy import read_toml
     from fedlb.experiments import ClusterScenario
-    from fedlb.flower import read_toml
 
     for path in sorted(Path("scenarios/cluster").glob("*.toml")):
         values = read_toml(path, "cluster scenario")

@@ -521,7 +521,7 @@ def test_the_client_takes_the_token_from_the_environment(monkeypatch):
 
 
 def test_tls_with_the_files_of_fedlb_certs(tmp_path):
-    from fedlb.flower import make_certificates
+    from fedlb.security import make_certificates
 
     files = make_certificates(tmp_path, ["127.0.0.1"])
     with running(token=TOKEN, tls=(files.cert, files.key)) as (address, _):

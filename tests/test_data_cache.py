@@ -12,10 +12,10 @@ import textwrap
 import numpy as np
 import pytest
 
-import fedlb.flower.task as task
+import fedlb.deploy.task as task
 from fedlb.data import LabelledData, cached_partition, dataset_fingerprint, partition_cache_dir
 from fedlb.data.cache import entry_path
-from fedlb.flower import RunConfig
+from fedlb.deploy import RunConfig
 from tests.test_data_files import make_mnist_folder
 
 
@@ -179,7 +179,7 @@ def test_a_fresh_process_gets_the_partition_from_the_cache(tmp_path, cache):
     code = textwrap.dedent(
         """
         import json, logging, sys
-        import fedlb.flower.task as task
+        import fedlb.deploy.task as task
         from fedlb.flower import RunConfig
 
         def refuse(*args, **kwargs):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedlb.data import load_cifar10, load_fashion_mnist, load_idx_folder, read_idx
+from fedlb.data import load_cifar10, load_fashion_mnist, load_idx_folder
+from fedlb.data.images import read_idx
 
 
 def write_idx(path, array, gz=True):
@@ -197,8 +198,8 @@ def test_shakespeare_roles_become_groups_of_next_character_samples(tmp_path):
 
 def test_shakespeare_is_a_run_dataset_with_one_role_per_silo(tmp_path):
     """dataset shakespeare + partition natural: silo i trains on role i's lines only."""
-    from fedlb.flower import RunConfig
-    from fedlb.flower.task import federation_data, model_for, silo_data
+    from fedlb.deploy import RunConfig
+    from fedlb.deploy.task import federation_data, model_for, silo_data
 
     speech = "Now is the winter of our discontent made glorious summer by this sun. " * 4
     play = "".join(f"{name}.\n{speech}{name.lower()}\n\n" * 6 for name in ("ANNE", "RICHARD"))

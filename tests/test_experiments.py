@@ -146,10 +146,10 @@ def run_policy(policy, rounds=3):
     in-process on the model clock as the runner does, with three silos 1:2:4 slower."""
     from flwr.app import ArrayRecord
 
+    from fedlb.deploy import RunConfig
+    from fedlb.deploy.server_app import make_balancer
+    from fedlb.deploy.task import federation_data, model_for
     from fedlb.experiments import POLICIES
-    from fedlb.flower import RunConfig
-    from fedlb.flower.server_app import make_balancer
-    from fedlb.flower.task import federation_data, model_for
     from tests.flower_fakes import InProcessGrid, fedlb_app, lr_config
 
     settings = {"num-silos": 3, "local-steps": 4, "batch-size": 16}
@@ -293,6 +293,13 @@ def test_a_small_comparison_end_to_end(tmp_path):
     assert summary["seeds"] == [0, 1]
     # FedAvg's round 5·16/100 = 0.8 s; the best integer split of 48 is 7:14:27, 0.35 s
     assert summary["speedup_ceiling"] == pytest.approx(0.8 / 0.35)
+    # each policy's speedup is in the file, and the console shows what the file holds
+    fedavg, lb = (summary["policies"][p]["time_to_target_s"] for p in ("fedavg", "lb"))
+    assert summary["policies"]["fedavg"]["speedup_over_fedavg"] == pytest.approx(1.0)
+    if fedavg and lb:
+        speedup = summary["policies"]["lb"]["speedup_over_fedavg"]
+        assert speedup == pytest.approx(fedavg / lb)
+        assert f"{speedup:.2f}x" in result.output
     for seed in (0, 1):
         folder = tmp_path / f"seed-{seed}"
         assert {"summary.json", "partition.json", "rounds.jsonl"} <= {

@@ -107,8 +107,8 @@ def test_each_centres_silo_trains_on_its_whole_train_split_and_tests_on_its_own_
     trains on all of the centre's training patients (no held-out share: silo-test-fraction
     does not apply) and evaluates on the centre's own test patients, normalised with the
     centre's training statistics; the server evaluates on the pooled test."""
-    from fedlb.flower import RunConfig
-    from fedlb.flower.task import check_partition, federation_data, silo_data, tests_per_group
+    from fedlb.deploy import RunConfig
+    from fedlb.deploy.task import check_partition, federation_data, silo_data, tests_per_group
 
     heart = load_flamby_heart()
     config = RunConfig.from_mapping(
@@ -147,7 +147,7 @@ def _fedavg_by_hand(config, rounds: int) -> dict[str, torch.Tensor]:
     by the centres' training sizes."""
     from torch.utils.data import RandomSampler
 
-    from fedlb.flower.task import model_for, silo_data
+    from fedlb.deploy.task import model_for, silo_data
 
     parts = [silo_data(config, i, config.num_silos) for i in range(config.num_silos)]
     global_state = model_for(config, parts[0].train).state_dict()

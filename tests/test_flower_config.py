@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from fedlb.cli import app
-from fedlb.flower import ConfigError, RunConfig, server_settings, silo_settings
-from fedlb.flower.deploy import app_dir, node_config_text
-from fedlb.flower.silo import node_settings
+from fedlb.deploy import ConfigError, RunConfig, server_settings, silo_settings
+from fedlb.deploy.processes import app_dir, node_config_text
+from fedlb.deploy.silo_app import node_settings
 
 runner = CliRunner()
 
@@ -144,9 +144,9 @@ def test_the_silo_module_imports_only_what_a_message_needs():
     import subprocess
 
     code = (
-        "import sys, fedlb.flower.client_app as c; assert c.app is not None; "
+        "import sys, fedlb.deploy.client_app as c; assert c.app is not None; "
         "print(sorted(m for m in ['fedlb.flower.strategy', "
-        "'fedlb.flower.report', 'fedlb.experiments', 'fedlb.cli', 'matplotlib', 'tenseal'] "
+        "'fedlb.flower.records', 'fedlb.experiments', 'fedlb.cli', 'matplotlib', 'tenseal'] "
         "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -157,7 +157,7 @@ def test_a_failed_run_makes_the_command_exit_non_zero(tmp_path):
     import typer
 
     from fedlb.cli.federation import finish
-    from fedlb.flower.launch import RunOutcome
+    from fedlb.deploy.federation import RunOutcome
 
     log = tmp_path / "serverapp.log"
     with pytest.raises(typer.Exit) as caught:
@@ -238,8 +238,8 @@ def test_resume_is_checked_before_anything_starts(tmp_path):
 def test_the_server_app_refuses_to_resume_with_other_settings(tmp_path):
     from flwr.app import ArrayRecord
 
+    from fedlb.deploy.server_app import checkpoint_to_resume
     from fedlb.flower import Checkpoint, save_checkpoint
-    from fedlb.flower.server_app import checkpoint_to_resume
 
     save_checkpoint(tmp_path, Checkpoint(3, 5, ArrayRecord(), {}, RunConfig().to_mapping()))
     changed = RunConfig.from_mapping({"resume": str(tmp_path), "learning-rate": 0.5})

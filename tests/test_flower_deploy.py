@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from fedlb.flower import RunConfig
-from fedlb.flower.launch import Federation
+from fedlb.deploy import RunConfig
+from fedlb.deploy.federation import Federation
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def test_three_silos_with_speed_factors_1_2_4(tmp_path):
     stopping what it started."""
     from pathlib import Path
 
-    from fedlb.flower import run_server, server_settings, silo_settings, start_silo
+    from fedlb.deploy import run_server, server_settings, silo_settings, start_silo
 
     out = tmp_path / "out"
     silos = []
@@ -261,8 +261,8 @@ def test_tls_and_silo_authentication_end_to_end(tmp_path):
     """`fedlb certs` and `fedlb silo-key` files: the SuperLink serves HTTPS and admits only
     registered silo keys. Two registered silos train; a silo trusting another CA and a silo
     with an unregistered key never join."""
-    from fedlb.flower import make_certificates, make_silo_key
-    from fedlb.flower.deploy import start_supernode
+    from fedlb.deploy.processes import start_supernode
+    from fedlb.security import make_certificates, make_silo_key
 
     tls = make_certificates(tmp_path / "certs", ["127.0.0.1", "localhost"])
     other = make_certificates(tmp_path / "other-ca", ["127.0.0.1"])
@@ -326,8 +326,8 @@ def test_fedlb_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path):
 
     import psutil
 
+    from fedlb.deploy.processes import free_port
     from fedlb.flower import load_checkpoint
-    from fedlb.flower.deploy import free_port
 
     port = free_port()
     out = tmp_path / "out"

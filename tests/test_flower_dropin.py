@@ -15,7 +15,8 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedlb.flower import LoadBalancedFedAvg, balance_mod, balanced_loader, deploy
+from fedlb.deploy import processes as deploy
+from fedlb.flower import LoadBalancedFedAvg, balance_mod, balanced_loader
 from fedlb.flower.protocol import BATCH_SIZE, COMPUTE_S, LOCAL_STEPS, PARTITION_ID
 from tests.apps.adopt import adopt, app_config, imported
 from tests.flower_fakes import InProcessGrid
@@ -419,7 +420,7 @@ def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(600)
 def test_quickstart_deployed_on_unequal_silos(tmp_path, monkeypatch):
-    """A SuperLink and three warm SuperNodes (fedlb.flower.warm: Flower's own app, forked
+    """A SuperLink and three warm SuperNodes (fedlb.deploy.warm: Flower's own app, forked
     per message) of emulated speeds 4:2:1 running the quickstart: sizes follow the
     speeds, its metrics and log are kept. (Speeds low enough that three
     fresh training processes on two cores still run slower than emulated: the padding,

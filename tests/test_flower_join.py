@@ -19,16 +19,17 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedlb.flower import make_certificates, make_silo_key, silo_settings
-from fedlb.flower.deploy import (
+from fedlb.deploy import silo_settings
+from fedlb.deploy.federation import Federation
+from fedlb.deploy.join import SUPERNODE_START, diagnose, read_join, supernode_join
+from fedlb.deploy.processes import (
     FlowerProcess,
     JoinError,
     free_port,
     register_supernode,
     wait_joined,
 )
-from fedlb.flower.join import SUPERNODE_START, diagnose, read_join, supernode_join
-from fedlb.flower.launch import Federation
+from fedlb.security import make_certificates, make_silo_key
 
 # Flower 1.41's own lines (colour codes included), as flower-supernode logs them.
 STARTED = (
@@ -189,7 +190,7 @@ def test_wait_joined_returns_the_node_id_or_says_why_not(tmp_path):
 
 def fake_start(tmp_path: Path, logs: list[str], monkeypatch) -> list[FlowerProcess]:
     """start_silo's SuperNodes replaced: the n-th start's log is logs[n]; no sleeping."""
-    import fedlb.flower.deployment as deployment
+    import fedlb.deploy.operations as deployment
 
     nodes: list[FlowerProcess] = []
 
@@ -210,7 +211,7 @@ def silo(tmp_path: Path):
 
 
 def test_start_silo_starts_again_while_its_key_is_unknown(tmp_path, monkeypatch):
-    from fedlb.flower import start_silo
+    from fedlb.deploy import start_silo
 
     nodes = fake_start(tmp_path, [UNREGISTERED, UNREGISTERED, CONNECTED], monkeypatch)
     said: list[str] = []
@@ -229,7 +230,7 @@ def test_start_silo_starts_again_while_its_key_is_unknown(tmp_path, monkeypatch)
 
 
 def test_start_silo_gives_up_on_a_final_refusal_and_after_its_timeout(tmp_path, monkeypatch):
-    from fedlb.flower import start_silo
+    from fedlb.deploy import start_silo
 
     nodes = fake_start(tmp_path, [WRONG_CA, CONNECTED], monkeypatch)
     with pytest.raises(JoinError, match="CERTIFICATE_VERIFY_FAILED"):
@@ -438,7 +439,7 @@ def test_a_silo_rejoins_a_server_restarted_on_its_address(tmp_path):
     import sys
     import time
 
-    from fedlb.flower import deploy
+    from fedlb.deploy import processes as deploy
 
     port = deploy.free_port()
     first = deploy.start_superlink(tmp_path / "first", "127.0.0.1", port)
@@ -502,8 +503,8 @@ def test_a_silo_says_on_its_console_why_its_clientapp_failed(tmp_path):
     import sys
     import time
 
-    from fedlb.flower import RunConfig
-    from fedlb.flower.launch import Federation
+    from fedlb.deploy import RunConfig
+    from fedlb.deploy.federation import Federation
 
     with Federation(tmp_path / "procs") as federation:
         silos = [

@@ -19,21 +19,19 @@ from flwr.app import Array, ArrayRecord
 from typer.testing import CliRunner
 
 from fedlb.cli import app
+from fedlb.deploy import ConfigError, RunOutcome, check_run_folder
+from fedlb.deploy.federation import RoundWatcher
+from fedlb.deploy.operations import SERVER_FILE, stop_left_behind
+from fedlb.deploy.processes import FlowerProcess, stop_leftover
 from fedlb.flower import (
     Checkpoint,
     CheckpointError,
-    ConfigError,
     RoundRecord,
-    RunOutcome,
-    check_run_folder,
     load_checkpoint,
     records_from_json_lines,
     save_checkpoint,
 )
 from fedlb.flower.checkpoint import start_run_identity
-from fedlb.flower.deploy import FlowerProcess, stop_leftover
-from fedlb.flower.deployment import SERVER_FILE, stop_left_behind
-from fedlb.flower.launch import RoundWatcher
 
 runner = CliRunner()
 
@@ -98,7 +96,7 @@ def test_a_resume_refuses_while_the_old_server_runs_and_stops_what_it_left(tmp_p
 ORPHAN_MAKER = """
 import subprocess, sys, time
 from pathlib import Path
-from fedlb.flower.deploy import FlowerProcess
+from fedlb.deploy.processes import FlowerProcess
 # a "SuperLink" that starts a child in a session of its own, as Flower starts a ServerApp
 child = (
     "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
@@ -195,9 +193,9 @@ def test_a_damaged_checkpoint_is_refused(tmp_path):
 
 def test_decrypt_refuses_a_model_with_a_flipped_bit_and_a_damaged_file(tmp_path):
     from fedlb.flower import save_encrypted
-    from fedlb.flower.digests import write_digest
     from fedlb.flower.he import encrypt_record
     from fedlb.he import load_context, write_keys
+    from fedlb.security.digests import write_digest
 
     keys = write_keys(tmp_path / "keys")
     record = encrypt_record(
@@ -284,7 +282,8 @@ def test_server_certificates_silos_would_refuse_are_refused_up_front(tmp_path):
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
 
-    from fedlb.flower import ServerSettings, TlsError, make_certificates
+    from fedlb.deploy import ServerSettings
+    from fedlb.security import TlsError, make_certificates
 
     good = make_certificates(tmp_path / "good", ["127.0.0.1", "localhost"])
     good.check("127.0.0.1")
@@ -336,7 +335,7 @@ def test_runs_side_by_side_on_the_wall_clock():
     from rich.console import Console
 
     from fedlb.flower import compare_runs
-    from fedlb.flower.report import wall_to
+    from fedlb.flower.records import wall_to
 
     def run(walls, accuracies):
         records = []
@@ -371,7 +370,7 @@ def test_rounds_written_before_the_timeline_fields_still_read():
 def test_a_second_server_on_a_live_servers_port_is_refused_and_stops_nothing(tmp_path):
     """Before: the second SuperLink failed to bind, the health check and `flwr` reached
     the live one, and its run was stopped as "left unfinished by an earlier server"."""
-    from fedlb.flower import Federation
+    from fedlb.deploy import Federation
 
     with Federation(tmp_path / "live") as live:
         assert live.link is not None

@@ -11,18 +11,19 @@ from flwr.app import ArrayRecord
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fedlb.deploy import RunConfig
+from fedlb.deploy.server_app import resume_story
+from fedlb.deploy.task import federation_data, model_for
 from fedlb.experiments.profiles import EmulatedClock, SpeedProfile
 from fedlb.flower import (
     Checkpoint,
     CheckpointError,
     LoadBalancedFedAvg,
     RoundReporter,
-    RunConfig,
     load_checkpoint,
     save_checkpoint,
 )
 from fedlb.flower.protocol import BATCH_SIZE, SERVER_ROUND
-from fedlb.flower.task import federation_data, model_for
 from tests.flower_fakes import InProcessGrid, fedlb_app, lr_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -111,6 +112,17 @@ def test_a_resumed_run_ends_with_the_same_model_as_an_uninterrupted_one(tmp_path
         run(strategy_for(tmp_path / "stopped"), stopped, initial)
     checkpoint = load_checkpoint(tmp_path / "stopped")
     assert checkpoint.round == 3
+    # what the operator is told matches what rounds.jsonl holds
+    rows = (tmp_path / "stopped" / "rounds.jsonl").read_text().splitlines()
+    on_file = sorted({json.loads(row)["round"] for row in rows})
+    story = resume_story(checkpoint, 6)
+    assert story.startswith("rounds 1-3 of 6 done"), story
+    assert story.endswith("rounds 4-6 to go"), story
+    if on_file == [1, 2]:  # round 3's record waits in the checkpoint for its evaluation
+        assert "rounds.jsonl holds rounds 1-2; round 3's record is in the checkpoint" in story
+    else:
+        assert on_file == [1, 2, 3]
+        assert "(rounds.jsonl holds rounds 1-3)" in story
     # a half-written later round in rounds.jsonl must not survive the resume
     with (tmp_path / "stopped" / "rounds.jsonl").open("a") as handle:
         handle.write(json.dumps({"round": 3, "silo": "junk"}) + "\n")
@@ -205,12 +217,12 @@ def test_a_half_written_last_line_is_dropped_on_resume_and_said(tmp_path, caplog
     JSONDecodeError; a damaged line before the last one is refused, naming it."""
     import json
 
-    from fedlb.flower.report import ROUNDS_FILE, RoundReporter
+    from fedlb.flower import RUN_FILES, RoundReporter
 
     empty = {"clock": "model", "round_silos": 0, "wall_s": 1.0, "round_s": None}
     empty |= {"ideal_s": None, "efficiency": None, "idle_fraction": None}
     whole = [json.dumps({"round": k, **empty}) for k in (1, 2)]
-    path = tmp_path / ROUNDS_FILE
+    path = tmp_path / RUN_FILES.rounds
     path.write_text("\n".join(whole) + '\n{"round": 3, "clock": "mod')
     caplog.set_level("WARNING")
     reporter = RoundReporter(tmp_path, keep_before=3)

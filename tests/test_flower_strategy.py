@@ -12,16 +12,11 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedlb.balance import BatchSizeManager, Proportional, Static
+from fedlb.deploy import RunConfig, evaluate_reply, train_reply
+from fedlb.deploy.task import federation_data, model_for
 from fedlb.experiments.profiles import EmulatedClock, SpeedProfile
 from fedlb.experiments.variants import QuorumFedAvg
-from fedlb.flower import (
-    LoadBalancedFedAvg,
-    RoundReporter,
-    RunConfig,
-    balance_mod,
-    evaluate_reply,
-    train_reply,
-)
+from fedlb.flower import LoadBalancedFedAvg, RoundReporter, balance_mod
 from fedlb.flower.protocol import (
     BATCH_SIZE,
     COMPUTE_S,
@@ -33,7 +28,6 @@ from fedlb.flower.protocol import (
     SERVER_ROUND,
     TRAIN_LOSS,
 )
-from fedlb.flower.task import federation_data, model_for
 from tests.flower_fakes import InProcessGrid, fedlb_app, lr_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")

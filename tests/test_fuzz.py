@@ -19,14 +19,10 @@ from hypothesis import strategies as st
 from fedlb.balance import BatchSizeManager, WorkerReport
 from fedlb.cluster import RequestError
 from fedlb.cluster.service import ManagerService, _decode
+from fedlb.deploy import ConfigError, RunConfig
+from fedlb.deploy.silo_app import SiloConfigError, node_settings
 from fedlb.experiments import Scenario, ScenarioError
-from fedlb.flower import (
-    Checkpoint,
-    CheckpointError,
-    ConfigError,
-    LoadBalancedFedAvg,
-    RunConfig,
-)
+from fedlb.flower import Checkpoint, CheckpointError, LoadBalancedFedAvg
 from fedlb.flower.protocol import (
     BATCH_SIZE,
     CPU,
@@ -44,7 +40,6 @@ from fedlb.flower.protocol import (
     read_report,
 )
 from fedlb.flower.replies import ReportCheck, UpdateCheck
-from fedlb.flower.silo import SiloConfigError, node_settings
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from fedlb.cluster import exchange_backend
+from fedlb.deploy.silo_app import SiloConfigError, node_settings
 from fedlb.experiments import ClusterScenario, ClusterScenarioError
-from fedlb.flower.silo import SiloConfigError, node_settings
 from fedlb.training import (
     ComputeTimer,
     DeviceError,
@@ -306,7 +306,8 @@ def _nccl_step(rank: int, store: str, out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from fedlb.cluster import WeightedState, weighted_allreduce_hook
+    from fedlb.cluster import weighted_allreduce_hook
+    from fedlb.cluster.hook import WeightedState
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=2)

@@ -15,14 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedlb.balance import BatchSizeManager, Static
-from fedlb.flower import (
-    LoadBalancedFedAvg,
-    RoundReporter,
-    RunConfig,
-    balance_mod,
-    evaluate_reply,
-    train_reply,
-)
+from fedlb.deploy import RunConfig, evaluate_reply, train_reply
+from fedlb.deploy.task import federation_data, model_for
+from fedlb.flower import LoadBalancedFedAvg, RoundReporter, balance_mod
 from fedlb.flower.he import (
     EncryptedAggregation,
     EncryptedModel,
@@ -33,7 +28,6 @@ from fedlb.flower.he import (
     save_encrypted,
 )
 from fedlb.flower.protocol import HE_S, OVERHEAD_S, PREFIX
-from fedlb.flower.task import federation_data, model_for
 from fedlb.he import (
     CiphertextError,
     HeKeyError,

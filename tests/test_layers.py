@@ -1,11 +1,15 @@
 """The house rules of DESIGN.md, checked on the source: imports point down the layers
-(the parts of one layer do not import each other) and no modules import each other round
-a cycle at import time."""
+(the parts of one layer do not import each other), a part uses another only through its
+face (its __init__), faces stay small and say what they export, no package holds more
+than a quarter of the code, and no modules import each other round a cycle at import time."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fedlb"
 LAYERS = {
@@ -13,12 +17,19 @@ LAYERS = {
     "he": 1,
     "data": 1,
     "models": 1,
+    "security": 1,
     "training": 2,
     "flower": 3,
     "cluster": 3,
-    "experiments": 4,
-    "cli": 5,
+    "deploy": 4,
+    "experiments": 5,
+    "cli": 6,
 }
+# Modules other parts may import by name besides the faces, and why.
+PUBLIC_MODULES = {
+    "fedlb.flower.protocol": "the wire protocol: every key fedlb adds to Flower's messages",
+}
+MAX_FACE = 30
 
 
 def modules() -> dict[str, Path]:
@@ -110,3 +121,45 @@ def test_no_import_cycle():
         if name not in state:
             cycle = visit(name, [])
             assert cycle is None, " -> ".join(cycle[cycle.index(cycle[-1]) :])
+
+
+def test_parts_use_each_other_through_their_faces():
+    wrong = []
+    for name, path in modules().items():
+        here = part(name)
+        if here is None:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                there = part(target)
+                if there is None or there == here or target in PUBLIC_MODULES:
+                    continue
+                if target.count(".") >= 2:  # fedlb.part.inner
+                    wrong.append(f"{name} imports {target}: import it from fedlb.{there}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_each_face_is_small_and_exports_what_it_lists(package):
+    face = importlib.import_module(f"fedlb.{package}")
+    exported = list(getattr(face, "__all__", []))
+    assert len(exported) <= MAX_FACE, f"fedlb.{package} exports {len(exported)} names"
+    assert len(set(exported)) == len(exported)
+    for name in exported:
+        assert getattr(face, name) is not None, f"fedlb.{package}.{name}"
+
+
+def test_no_package_holds_more_than_a_quarter_of_the_code():
+    lines = {
+        package: sum(len(p.read_text().splitlines()) for p in (PACKAGE / package).rglob("*.py"))
+        for package in LAYERS
+    }
+    total = sum(len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py"))
+    heavy = {p: n for p, n in lines.items() if n > total / 4}
+    assert not heavy, f"{heavy} of {total} lines"

@@ -1,4 +1,4 @@
-"""The warm silo path (fedlb.flower.warm) on real processes, and the Flower behaviours it
+"""The warm silo path (fedlb.deploy.warm) on real processes, and the Flower behaviours it
 relies on: a Flower upgrade that changes one of them fails here, not in a user's run."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import time
 import psutil
 import pytest
 
-from fedlb.flower import RunConfig
-from fedlb.flower.launch import Federation
-from fedlb.flower.warm import (
+from fedlb.deploy import RunConfig
+from fedlb.deploy.federation import Federation
+from fedlb.deploy.warm import (
     ACQUIRE_TASK,
     SUPERNODE_SLEEPS,
     fast_object_pulls,
@@ -64,8 +64,13 @@ def test_the_supernode_loop_it_shortens_sleeps_where_it_expects():
     assert f"time.sleep({idle})" in source
     assert f"time.sleep({reply})" in source
     assert loop.time is time
+    assert "initial_backoff" in inspect.signature(loop.pull_objects).parameters
+    pull_objects = loop.pull_objects
     try:
         prompt_supernode(0.01, 0.02)
+        prompt_supernode(0.01, 0.02)  # twice: still one partial over Flower's function
+        assert loop.pull_objects.keywords == {"initial_backoff": 0.02}
+        assert loop.pull_objects.func is pull_objects
         started = time.perf_counter()
         loop.time.sleep(idle)
         loop.time.sleep(reply)
@@ -74,6 +79,7 @@ def test_the_supernode_loop_it_shortens_sleeps_where_it_expects():
         assert loop.time.time() > 0
     finally:
         loop.time = time
+        loop.pull_objects = pull_objects
 
 
 def test_the_secret_is_the_users_own_and_the_supernode_runs_isolated(tmp_path):
@@ -148,7 +154,7 @@ def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
         for node in nodes:  # Flower's SuperNode, run prompt by fedlb's launcher
             launcher = psutil.Process(node.pid).children()[0]
             assert any(
-                child.cmdline()[1:4] == ["-m", "fedlb.flower.warm", "node"]
+                child.cmdline()[1:4] == ["-m", "fedlb.deploy.warm", "node"]
                 for child in launcher.children()
             )
         outcome = federation.run(run_settings(tmp_path / "one"), timeout=240)

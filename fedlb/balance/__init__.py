@@ -2,33 +2,34 @@
 
 numpy only; torch is imported lazily when a NARX model trains. Knows nothing of Flower or
 torch.distributed: both the federated strategy and the cluster coordinator drive it.
+`defaults` says what "default" means (tuner, estimator) for every entry point; `TUNERS` and
+`ESTIMATORS` are the one table of their names.
 """
 
-from .estimators import (
-    EMA,
-    ChangePointMean,
-    Evidence,
-    Memoryless,
-    Moments,
-    NotReadyError,
-    SpeedEstimator,
-    default_estimator,
-)
+from . import defaults
+from .estimators import EMA, ChangePointMean, Memoryless, SpeedEstimator
 from .guard import StabilityGuard
 from .ideal import (
     balance_efficiency,
     ideal_round_time,
     ideal_sizes,
     idle_fraction,
-    modelled_round_time,
 )
 from .leader import LeaderStraggler
 from .manager import BatchSizeManager
-from .names import ESTIMATORS, TUNERS, make_estimator, make_tuner
+from .names import (
+    ESTIMATORS,
+    TUNERS,
+    choices,
+    default_estimator,
+    default_tuner,
+    make_estimator,
+    make_tuner,
+)
 from .narx import NARX
-from .pooled import PooledProportional, default_tuner
-from .reports import ReportError, WorkerReport
-from .traces import Trace, competing_load_trace, prediction_rmse
+from .pooled import PooledProportional
+from .reports import LONGEST_S, WorkerReport
+from .traces import competing_load_trace
 from .tuners import (
     Deadband,
     Proportional,
@@ -40,35 +41,31 @@ from .tuners import (
 __all__ = [
     "EMA",
     "ESTIMATORS",
+    "LONGEST_S",
     "NARX",
     "TUNERS",
     "BatchSizeManager",
     "ChangePointMean",
     "Deadband",
-    "Evidence",
     "LeaderStraggler",
     "Memoryless",
-    "Moments",
-    "NotReadyError",
     "PooledProportional",
     "Proportional",
-    "ReportError",
     "SpeedEstimator",
     "StabilityGuard",
     "Static",
-    "Trace",
     "Tuner",
     "TuningInput",
     "WorkerReport",
     "balance_efficiency",
+    "choices",
     "competing_load_trace",
     "default_estimator",
     "default_tuner",
+    "defaults",
     "ideal_round_time",
     "ideal_sizes",
     "idle_fraction",
     "make_estimator",
     "make_tuner",
-    "modelled_round_time",
-    "prediction_rmse",
 ]

@@ -477,8 +477,3 @@ class ChangePointMean(SpeedEstimator):
         self.changes = int(state["changes"])
         self._speed.load_state_dict(dict(state["speed"]))
         self._overhead.load_state_dict(dict(state["overhead"]))
-
-
-def default_estimator() -> SpeedEstimator:
-    """The default speed estimator: `ChangePointMean()` with its defaults."""
-    return ChangePointMean()

@@ -7,8 +7,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .estimators import SpeedEstimator, default_estimator
-from .pooled import default_tuner
+from .estimators import SpeedEstimator
+from .names import default_estimator, default_tuner
 from .reports import WorkerReport
 from .split import check_feasible, round_to_total, water_fill
 from .tuners import Tuner, TuningInput

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .estimators import EMA, Memoryless, SpeedEstimator, default_estimator
+from .defaults import ESTIMATOR, TUNER
+from .estimators import EMA, ChangePointMean, Memoryless, SpeedEstimator
 from .leader import LeaderStraggler
 from .narx import NARX
 from .pooled import PooledProportional
@@ -13,20 +14,25 @@ from .tuners import Deadband, Proportional, Static, Tuner
 
 # name -> what it is (for help texts and errors)
 TUNERS = {
-    "pooled": "fedlb's default: LB-BSP Algorithm 1 on speeds pooled across workers the "
-    "reports cannot tell apart",
+    "pooled": "LB-BSP Algorithm 1 on speeds pooled across workers the reports cannot tell apart",
     "proportional": "LB-BSP Algorithm 1 as is: B_i ∝ v_i in one step",
     "deadband": "the dynamic-batching controller: B_i ← B_i·t̄/t_i beyond a 5% dead-band",
     "leader-straggler": "LB-BSP Algorithm 2 (GPUs): move Δ samples from straggler to leader",
     "static": "no tuning: every worker keeps B0 (plain FedAvg / BSP)",
 }
 ESTIMATORS = {
-    "change-point": "fedlb's default: the mean speed since the last significant change",
+    "change-point": "the mean speed since the last significant change",
     "ema": "exponential moving average, α = 0.2 (the LB-BSP paper's)",
     "ema-restart": "EMA (α = 0.2) restarting on a lasting change",
     "memoryless": "the last measured speed",
     "narx": "NARX network on speeds and CPU/memory use (EMA during its 500-step warm-up)",
 }
+
+
+def choices(table: dict[str, str]) -> str:
+    """The names of `table` for a help text or an error, the default marked."""
+    default = {id(TUNERS): TUNER, id(ESTIMATORS): ESTIMATOR}.get(id(table))
+    return ", ".join(f"{name} (default)" if name == default else name for name in table)
 
 
 def unknown(kind: str, name: str, table: dict[str, str]) -> ValueError:
@@ -54,7 +60,7 @@ def make_estimator(name: str, warmup: int | None = None) -> Callable[[], SpeedEs
     """A factory of fresh estimators (one per worker) by name; `warmup`: NARX's (None:
     its default)."""
     if name == "change-point":
-        return default_estimator
+        return ChangePointMean
     if name == "ema":
         return EMA
     if name == "ema-restart":
@@ -64,3 +70,13 @@ def make_estimator(name: str, warmup: int | None = None) -> Callable[[], SpeedEs
     if name == "narx":
         return NARX if warmup is None else lambda: NARX(warmup=warmup)
     raise unknown("estimator", name, ESTIMATORS)
+
+
+def default_tuner() -> Tuner:
+    """A fresh default tuner (fedlb.balance.defaults)."""
+    return make_tuner(TUNER)
+
+
+def default_estimator() -> SpeedEstimator:
+    """A fresh default speed estimator (fedlb.balance.defaults)."""
+    return make_estimator(ESTIMATOR)()

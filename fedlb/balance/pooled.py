@@ -11,7 +11,7 @@ from typing import Any
 
 from .estimators import Moments, overhead_from_log
 from .stats import pool_means
-from .tuners import Proportional, Tuner, TuningInput
+from .tuners import Proportional, TuningInput
 
 log = logging.getLogger("fedlb.balance")
 
@@ -210,8 +210,3 @@ def _modelled(
     overheads: Mapping[str, float],
 ) -> float:
     return max(overheads[n] + given.iterations[n] * sizes[n] / speeds[n] for n in given.names)
-
-
-def default_tuner() -> Tuner:
-    """The default tuner: `PooledProportional()` with its defaults."""
-    return PooledProportional()

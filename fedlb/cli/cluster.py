@@ -12,7 +12,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fedlb.cluster import CLUSTER_POLICIES
+from fedlb.balance import defaults
+from fedlb.cluster import CLUSTER_POLICIES, DEFAULT_CLUSTER_POLICY
 from fedlb.experiments import ClusterScenario, ClusterScenarioError, launch
 
 from .common import UsageError, app, console
@@ -41,7 +42,7 @@ def cluster(
     policies: Annotated[
         str | None,
         typer.Option(
-            help="Comma list of: "
+            help=f"Comma list (default bsp,{DEFAULT_CLUSTER_POLICY}) of: "
             + "; ".join(
                 f"{name}{'' if p.parameter is None else f'[:{p.parameter}]'} ({p.description})"
                 for name, p in CLUSTER_POLICIES.items()
@@ -82,26 +83,27 @@ def cluster(
     """Run one data-parallel job per policy with torchrun (loopback; gloo, or NCCL with a
     GPU per rank), each rank emulating its own speed (clock: measured, sleep-padded), and
     compare them with BSP."""
-    from fedlb.flower import read_toml
+    from fedlb.deploy import as_settings, read_toml
 
     values: dict[str, Any] = read_toml(scenario, "cluster scenario") if scenario else {}
-    file_policies = values.pop("policies", "bsp,lb-ema")  # a list of jobs, not a job setting
+    # a list of jobs, not a job setting: BSP beside fedlb's default controller
+    file_policies = values.pop("policies", f"bsp,{DEFAULT_CLUSTER_POLICY}")
     chosen_policies = policies or str(file_policies)
-    flags = {
-        "nproc": nproc,
-        "iterations": iterations,
-        "batch-size": batch_size,
-        "speeds": speeds,
-        "base-speed": base_speed,
-        "traces": traces,
-        "load": load,
-        "dataset": dataset,
-        "model": model,
-        "target-accuracy": target_accuracy,
-        "device": device,
-        "backend": backend,
-    }
-    values.update({k: v for k, v in flags.items() if v is not None})
+    flags = as_settings(
+        nproc=nproc,
+        iterations=iterations,
+        batch_size=batch_size,
+        speeds=speeds,
+        base_speed=base_speed,
+        traces=traces,
+        load=load,
+        dataset=dataset,
+        model=model,
+        target_accuracy=target_accuracy,
+        device=device,
+        backend=backend,
+    )
+    values.update(flags)
     names = [p.strip() for p in chosen_policies.split(",") if p.strip()]
     try:
         jobs = {p: ClusterScenario.from_mapping({**values, "policy": p}) for p in names}
@@ -200,9 +202,7 @@ def manager(
     import signal
     import threading
 
-    from fedlb.cluster.service import ManagerSetupError, PortInUseError, ServiceLimits, serve
-    from fedlb.cluster.service_auth import read_token
-    from fedlb.flower import TlsError, TlsFiles
+    from fedlb.cluster import ManagerSetupError, ServiceLimits, start_manager
 
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be in 0..65535 (0: a free port), got {port}")
@@ -221,28 +221,23 @@ def manager(
             raise UsageError(f"{flag} must be a number of seconds > 0, got {seconds}")
     limits = ServiceLimits(max_jobs, max_job_workers, job_idle_timeout)
     try:
-        token = read_token(token_file)
-        tls = None
-        if certs is not None:
-            files = TlsFiles.from_folder(certs)
-            tls = (files.cert, files.key)
-        server, bound, service = serve(
-            port, host, max_workers, wait_timeout, limits=limits, token=token, tls=tls
+        server, bound, service, token_on = start_manager(
+            port, host, max_workers, wait_timeout, limits, token_file, certs
         )
-    except PortInUseError as error:
-        raise UsageError(
-            f"port {port} is already in use by another process; pick another --port"
-        ) from error
-    except (OSError, ManagerSetupError, TlsError) as error:
+    except ManagerSetupError as error:
         raise UsageError(str(error)) from error
     shown = escape(host)  # an IPv6 address in brackets is no markup
     console.print(f"[bold]fedlb manager[/] on {shown}:{bound} (gRPC, fedlb.BatchSizeManager)")
-    guards = [f"token {'on' if token else 'off'}", f"TLS {'on' if certs else 'off'}"]
+    console.print(
+        f"  a job registered without a policy gets {DEFAULT_CLUSTER_POLICY}: "
+        f"{defaults.controller()} (fedlb's default controller)"
+    )
+    guards = [f"token {'on' if token_on else 'off'}", f"TLS {'on' if certs else 'off'}"]
     console.print(
         f"  {', '.join(guards)}; at most {max_jobs} jobs of {max_job_workers} workers, "
         f"{service.limits.max_waiting} waiting reports"
     )
-    if token is None and host not in ("127.0.0.1", "localhost", "::1"):
+    if not token_on and host not in ("127.0.0.1", "localhost", "::1"):
         console.print(
             f"[yellow]warning[/]: no token on {shown}: anyone who reaches this port can "
             "register jobs and report (see --token-file)"

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedlb.data import DATASETS
+from fedlb.deploy import as_settings
 from fedlb.experiments import (
     POLICIES,
     PolicyResult,
@@ -60,10 +61,9 @@ def print_summary(chosen: Scenario, summary: dict[str, Any]) -> None:
         columns.insert(2, "hit")
     for column in columns:  # a number cut short or wrapped says nothing
         table.add_column(column, justify="left" if column == "policy" else "right", no_wrap=True)
-    baseline = summary["policies"].get("fedavg", {}).get("time_to_target_s")
     for name, row in summary["policies"].items():
         ttt = row["time_to_target_s"]
-        speedup = baseline / ttt if baseline and ttt else None
+        speedup = row.get("speedup_over_fedavg")  # older summaries: none
         cells = [
             name,
             _fmt(ttt, ".2f"),
@@ -155,30 +155,29 @@ def experiment(
 ) -> None:
     """Run every policy on the same federation (same seed, partition, initial model, τ, X,
     η) and write rounds.jsonl, summary.json, partition.json and PNG plots."""
-    flags: dict[str, Any] = {
-        "dataset": dataset,
-        "data-dir": data_dir,
-        "silos": silos,
-        "speeds": speeds,
-        "base-speed": base_speed,
-        "overheads": overheads,
-        "traces": traces,
-        "partition": partition,
-        "model": model,
-        "rounds": rounds,
-        "local-steps": local_steps,
-        "batch-size": batch_size,
-        "learning-rate": learning_rate,
-        "batch-stream": batch_stream,
-        "clock": clock,
-        "policies": policies,
-        "target-accuracy": target_accuracy,
-        "seed": seed,
-        "repeats": repeats,
-        "he": he,
-        "out": None if out is None else str(out),
-    }
-    flags = {k: v for k, v in flags.items() if v is not None}
+    flags = as_settings(
+        dataset=dataset,
+        data_dir=data_dir,
+        silos=silos,
+        speeds=speeds,
+        base_speed=base_speed,
+        overheads=overheads,
+        traces=traces,
+        partition=partition,
+        model=model,
+        rounds=rounds,
+        local_steps=local_steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        batch_stream=batch_stream,
+        clock=clock,
+        policies=policies,
+        target_accuracy=target_accuracy,
+        seed=seed,
+        repeats=repeats,
+        he=he,
+        out=None if out is None else str(out),
+    )
     if from_results is not None:
         if target_accuracy is None:
             raise UsageError("--from-results needs the --target-accuracy to summarise at")

@@ -15,23 +15,22 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from fedlb.flower import (
+from fedlb.deploy import (
     ConfigError,
     DeployError,
-    RoundRecord,
     RunConfig,
     RunOutcome,
     ServerReady,
     ServerSettings,
     SiloSettings,
+    as_settings,
     check_run_folder,
-    compare_runs,
-    load_checkpoint,
     local_silos,
     resume_settings,
     run_server,
     server_settings,
 )
+from fedlb.flower import RoundRecord, compare_runs, load_checkpoint
 from fedlb.training import BASE_SPEED
 
 from .common import UsageError, app, console
@@ -320,7 +319,7 @@ def demo(
         keys = write_keys(folder / "keys")
         run_flags = {**run_flags, "he-context": str(keys.public)}
         silo_context = keys.secret
-    defaults = {"num-silos": len(factors), "num-rounds": 8, "local-steps": 10, "batch-size": 16}
+    defaults = as_settings(num_silos=len(factors), num_rounds=8, local_steps=10, batch_size=16)
     try:
         silos = local_silos(factors, base_speed, silo_context, warm=warm)
         _, run = server_settings(None, run={**defaults, **run_flags})

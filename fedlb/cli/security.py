@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from fedlb.flower import ConfigError, TlsError, make_certificates, make_silo_key
-from fedlb.flower.settings import check_out_dir
+from fedlb.deploy import ConfigError, check_out_dir
+from fedlb.security import TlsError, make_certificates, make_silo_key
 
 from .common import UsageError, app, console
 

@@ -11,9 +11,17 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from fedlb.flower import ConfigError, DeployError, SiloSettings, silo_settings, start_silo
-from fedlb.flower.deploy import FlowerProcess, JoinError
-from fedlb.flower.join import ClientAppFailures, supernode_join
+from fedlb.deploy import (
+    ClientAppFailures,
+    ConfigError,
+    DeployError,
+    FlowerProcess,
+    JoinError,
+    SiloSettings,
+    silo_settings,
+    start_silo,
+    supernode_join,
+)
 
 from .common import UsageError, app, console
 from .federation import given

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from fedlb.balance import ESTIMATORS, TUNERS, make_estimator, make_tuner
+from fedlb.balance import ESTIMATORS, TUNERS, choices, defaults, make_estimator, make_tuner
 from fedlb.experiments import WHATIF_CLOCK, GpuLikeTime, LinearTime, TimeModel, what_if
 
 from .common import UsageError, app, console
@@ -52,12 +52,12 @@ def tune(
     capacity: Annotated[
         str | None, typer.Option(help="gpu curve: batch size that fills accelerator memory.")
     ] = None,
-    tuners: Annotated[str, typer.Option(help="Comma-separated: " + ", ".join(TUNERS))] = (
-        "proportional,deadband"
+    tuners: Annotated[str, typer.Option(help="Comma-separated: " + choices(TUNERS))] = ",".join(
+        (defaults.TUNER, *defaults.TUNE_ALSO)
     ),
     estimator: Annotated[
-        str, typer.Option(help="Speed estimator: " + ", ".join(ESTIMATORS) + ".")
-    ] = "ema",
+        str, typer.Option(help="Speed estimator: " + choices(ESTIMATORS) + ".")
+    ] = defaults.ESTIMATOR,
     rounds: Annotated[int, typer.Option(help="Rounds to model.")] = 10,
     noise: Annotated[float, typer.Option(help="Relative jitter of measured times.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of the jitter.")] = 0,
@@ -130,10 +130,13 @@ def tune(
         return
     console.print(
         f"[bold]fedlb tune[/] — clock: {WHATIF_CLOCK} (modelled times, nothing run); "
-        f"X = {batch * n}, τ = {iterations}"
+        f"X = {batch * n}, τ = {iterations}; estimator {estimator}; fedlb's default "
+        f"controller: {defaults.controller()}"
     )
     for name, history in runs.items():
-        table = Table(title=f"{name}", title_justify="left")
+        table = Table(
+            title=f"{name}{' (default)' if name == defaults.TUNER else ''}", title_justify="left"
+        )
         table.add_column("round", justify="right")
         for w in names:
             table.add_column(f"B {w}", justify="right")

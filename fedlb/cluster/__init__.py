@@ -13,40 +13,34 @@ a local shard, `DataPartitionManager` keeps the shards traversed at one pace.
 
 from .balancer import LoadBalancer
 from .coordinator import ClusterError, Coordinator, Exchange, exchange_backend
-from .eager import EAGER_MODES, PartialAllreduce
-from .hook import WeightedState, weighted_allreduce_hook
+from .eager import PartialAllreduce
+from .hook import weighted_allreduce_hook
 from .local import LocalSGD
 from .orchestra import Barrier, BarrierAgent, barrier_steps, lcm_barrier
-from .partition import DataPartitionManager, MoveRecord, Shard
+from .partition import DataPartitionManager, Shard
 from .policies import (
-    BALANCING_POLICIES,
     CLUSTER_POLICIES,
     DEFAULT_CLUSTER_POLICY,
-    ClusterPolicy,
     parse_policy,
 )
 from .ps import (
-    PS_KINDS,
     ParameterServer,
     Snapshot,
-    TimedGradient,
     init_ps_rpc,
     timed_gradient,
     work,
 )
 from .ps import serve as serve_parameters
-from .service import ManagerClient, ManagerService, RequestError, serve
+from .service import ManagerClient, ManagerService, ServiceLimits, serve, start_manager
+from .service_auth import ManagerSetupError
+from .service_requests import RequestError
 
 __all__ = [
-    "BALANCING_POLICIES",
     "CLUSTER_POLICIES",
     "DEFAULT_CLUSTER_POLICY",
-    "EAGER_MODES",
-    "PS_KINDS",
     "Barrier",
     "BarrierAgent",
     "ClusterError",
-    "ClusterPolicy",
     "Coordinator",
     "DataPartitionManager",
     "Exchange",
@@ -54,14 +48,13 @@ __all__ = [
     "LocalSGD",
     "ManagerClient",
     "ManagerService",
-    "MoveRecord",
+    "ManagerSetupError",
     "ParameterServer",
     "PartialAllreduce",
     "RequestError",
+    "ServiceLimits",
     "Shard",
     "Snapshot",
-    "TimedGradient",
-    "WeightedState",
     "barrier_steps",
     "exchange_backend",
     "init_ps_rpc",
@@ -69,6 +62,7 @@ __all__ = [
     "parse_policy",
     "serve",
     "serve_parameters",
+    "start_manager",
     "timed_gradient",
     "weighted_allreduce_hook",
     "work",

@@ -28,7 +28,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
-from fedlb.balance import EMA, SpeedEstimator, Tuner, WorkerReport
+from fedlb.balance import SpeedEstimator, Tuner, WorkerReport, default_estimator
 from fedlb.training import ComputeTimer, ResizableBatchSampler, ResourceProbe, to_device
 
 from .coordinator import Coordinator, Exchange
@@ -42,7 +42,7 @@ class LoadBalancer:
     dataset: the whole dataset, every rank sampling from all of it (seeded per rank); or a
         DataPartitionManager over this rank's own shard.
     batch_size: B0, every rank's starting size (X = world x B0 is kept), or one per rank.
-    tuner, estimator: the balancing policy (default Proportional with EMA).
+    tuner, estimator: the balancing policy (default: fedlb.balance.defaults).
     asynchronous: GPU mode: sizes applied one iteration late, exchange off the
         critical path.
     pace: emulate a slower machine: (real seconds, batch) -> seconds to take.
@@ -60,7 +60,7 @@ class LoadBalancer:
         dataset: Dataset[Any] | DataPartitionManager,
         batch_size: int | Sequence[int],
         tuner: Tuner | None = None,
-        estimator: Callable[[], SpeedEstimator] = EMA,
+        estimator: Callable[[], SpeedEstimator] = default_estimator,
         *,
         asynchronous: bool = False,
         pace: Callable[[float, int], float] | None = None,

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from fedlb.balance import EMA, BatchSizeManager, Proportional, SpeedEstimator, Tuner, WorkerReport
+from fedlb.balance import (
+    BatchSizeManager,
+    SpeedEstimator,
+    Tuner,
+    WorkerReport,
+    default_estimator,
+    default_tuner,
+)
 
 log = logging.getLogger("fedlb.cluster")
 
@@ -52,7 +59,7 @@ class Coordinator:
     """Args:
     batch_size: every rank's starting size B0 (X = world size x B0 is kept), or one
         starting size per rank (X = their sum).
-    tuner, estimator: rank 0's BatchSizeManager's (default Proportional, EMA).
+    tuner, estimator: rank 0's BatchSizeManager's (default: fedlb.balance.defaults).
     asynchronous: GPU mode (exchange in the background, sizes one iteration late).
     group: the process group (default: the whole job).
     on_exchange: called on rank 0 after every exchange (logging, results).
@@ -62,7 +69,7 @@ class Coordinator:
         self,
         batch_size: int | Sequence[int],
         tuner: Tuner | None = None,
-        estimator: Callable[[], SpeedEstimator] = EMA,
+        estimator: Callable[[], SpeedEstimator] = default_estimator,
         *,
         asynchronous: bool = False,
         group: dist.ProcessGroup | None = None,
@@ -82,7 +89,7 @@ class Coordinator:
         self.manager = (
             BatchSizeManager(
                 {str(r): sizes[r] for r in range(self.world)},
-                tuner if tuner is not None else Proportional(),
+                tuner if tuner is not None else default_tuner(),
                 estimator,
             )
             if self.rank == 0

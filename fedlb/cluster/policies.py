@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fedlb.balance import SpeedEstimator, Tuner, make_estimator, make_tuner
+from fedlb.balance import SpeedEstimator, Tuner, defaults, make_estimator, make_tuner
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,11 @@ class ClusterPolicy:
 
 CLUSTER_POLICIES = {
     "bsp": ClusterPolicy("uniform batches: plain BSP", "static"),
+    "lb": ClusterPolicy(
+        f"LB-BSP with fedlb's default controller ({defaults.controller()}), blocking exchange",
+        defaults.TUNER,
+        defaults.ESTIMATOR,
+    ),
     "lb-ema": ClusterPolicy("LB-BSP on CPUs with EMA speeds, blocking exchange", "proportional"),
     "lb-narx": ClusterPolicy(
         "LB-BSP on CPUs with NARX speeds (EMA until its warm-up ends)", "proportional", "narx"
@@ -84,7 +89,7 @@ CLUSTER_POLICIES = {
         parameter=4,
     ),
 }
-DEFAULT_CLUSTER_POLICY = "lb-ema"
+DEFAULT_CLUSTER_POLICY = "lb"  # fedlb.balance.defaults' controller, as in FL
 BALANCING_POLICIES = tuple(n for n, p in CLUSTER_POLICIES.items() if p.engine == "bsp")
 
 

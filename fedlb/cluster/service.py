@@ -46,7 +46,7 @@ import grpc
 from fedlb.balance import BatchSizeManager, WorkerReport
 
 from .policies import CLUSTER_POLICIES
-from .service_auth import ManagerSetupError, TokenCheck, server_credentials
+from .service_auth import ManagerSetupError, TokenCheck, read_token, server_credentials
 from .service_client import SERVICE, ManagerClient
 from .service_requests import MAX_REQUEST_BYTES, RequestError, parse_register, parse_report
 from .service_requests import decode as _decode
@@ -473,3 +473,34 @@ def serve(
         raise _bind_error(host, port) or OSError(f"cannot listen on {host}:{port}")
     server.start()
     return server, bound, service
+
+
+def start_manager(
+    port: int,
+    host: str,
+    max_workers: int,
+    wait_timeout: float,
+    limits: ServiceLimits,
+    token_file: Path | None = None,
+    certs: Path | None = None,
+) -> tuple[grpc.Server, int, ManagerService, bool]:
+    """`fedlb manager`'s service: `serve` with its token read from `token_file` (else
+    $FEDLB_MANAGER_TOKEN) and TLS from `certs` (the folder of `fedlb certs`); returns
+    serve's three and whether calls must carry a token. Every reason it cannot start is
+    a ManagerSetupError that says what to do."""
+    from fedlb.security import TlsError, TlsFiles
+
+    try:
+        token = read_token(token_file)
+        tls = None
+        if certs is not None:
+            files = TlsFiles.from_folder(certs)
+            tls = (files.cert, files.key)
+        started = serve(port, host, max_workers, wait_timeout, limits=limits, token=token, tls=tls)
+        return (*started, token is not None)
+    except PortInUseError as error:
+        raise ManagerSetupError(
+            f"port {port} is already in use by another process; pick another --port"
+        ) from error
+    except (OSError, ValueError, TlsError) as error:
+        raise ManagerSetupError(str(error)) from error

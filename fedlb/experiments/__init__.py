@@ -6,16 +6,14 @@ from .cluster_run import launch
 from .cluster_scenario import ClusterScenario, ClusterScenarioError
 from .load import CompetingLoad, MachineProbe
 from .plots import redraw_plots
-from .profiles import CLOCKS, EC2_5, EmulatedClock, SpeedProfile, preset
+from .profiles import EmulatedClock, SpeedProfile, preset
 from .results import PolicyResult, load_results, summarise_results
 from .runner import run_experiment, run_policy
 from .scenario import POLICIES, Policy, Scenario, ScenarioError
 from .whatif import CLOCK as WHATIF_CLOCK
-from .whatif import WhatIfRound, what_if
+from .whatif import what_if
 
 __all__ = [
-    "CLOCKS",
-    "EC2_5",
     "POLICIES",
     "WHATIF_CLOCK",
     "ClusterScenario",
@@ -32,7 +30,6 @@ __all__ = [
     "Section",
     "SpeedProfile",
     "TimeModel",
-    "WhatIfRound",
     "ideal_split",
     "launch",
     "load_results",

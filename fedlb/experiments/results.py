@@ -11,6 +11,7 @@ from typing import Any
 
 from fedlb.data import describe, federation_pool, partition
 from fedlb.flower import (
+    RUN_FILES,
     RoundRecord,
     accuracy_of,
     records_from_json_lines,
@@ -19,8 +20,6 @@ from fedlb.flower import (
 
 from .scenario import Scenario, ScenarioError
 
-ROUNDS_FILE = "rounds.jsonl"
-SUMMARY_FILE = "summary.json"
 PARTITION_FILE = "partition.json"
 # figures whose spread over seeds a combined summary gives (sample std, `*_std`)
 SPREAD_KEYS = ("time_to_target_s", "final_accuracy", "best_accuracy", "final_mean_silo_accuracy")
@@ -51,7 +50,13 @@ def experiment_summary(
     scenario: Scenario, policies: dict[str, dict[str, Any]], **more: Any
 ) -> dict[str, Any]:
     """summary.json of a comparison: the scenario, its clock and target, what any policy
-    could gain at most, and each policy's figures (`more`: e.g. the seeds combined)."""
+    could gain at most, and each policy's figures (`more`: e.g. the seeds combined) with
+    its speedup: fedavg's time to the target over its own (null where either missed it or
+    fedavg did not run)."""
+    baseline = policies.get("fedavg", {}).get("time_to_target_s")
+    for row in policies.values():
+        reached = row.get("time_to_target_s")
+        row["speedup_over_fedavg"] = baseline / reached if baseline and reached else None
     return {
         "scenario": asdict(scenario),
         "clock": scenario.clock,
@@ -66,7 +71,7 @@ def write_results(
     scenario: Scenario, results: dict[str, PolicyResult], out: Path
 ) -> dict[str, Any]:
     """rounds.jsonl, summary.json and partition.json in `out`; returns the summary."""
-    with (out / ROUNDS_FILE).open("w") as handle:
+    with (out / RUN_FILES.rounds).open("w") as handle:
         for name, result in results.items():
             for record, clock_s in zip(result.records, result.clock_s, strict=True):
                 for line in record.json_lines():
@@ -83,7 +88,7 @@ def write_results(
     summary = experiment_summary(
         scenario, {n: r.summary(scenario.target_accuracy) for n, r in results.items()}
     )
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    (out / RUN_FILES.summary).write_text(json.dumps(summary, indent=2))
     config = scenario.run_config()
     pool, _ = federation_pool(
         config.dataset, config.data_dir, config.num_silos, config.server_test_fraction, config.seed
@@ -128,8 +133,8 @@ def load_results(out: Path, target: float) -> tuple[Scenario, dict[int, dict[str
     """A finished experiment in `out`, read back from its rounds.jsonl and summary.json:
     (its scenario with `target` as the target accuracy, every seed's policy results)."""
     try:
-        saved = json.loads((out / SUMMARY_FILE).read_text())
-        lines = (out / ROUNDS_FILE).read_text().splitlines()
+        saved = json.loads((out / RUN_FILES.summary).read_text())
+        lines = (out / RUN_FILES.rounds).read_text().splitlines()
     except (OSError, ValueError) as error:
         raise ScenarioError(f"{out}: no finished experiment there ({error})") from error
     values = {k.replace("_", "-"): v for k, v in saved["scenario"].items()}

@@ -15,10 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fedlb.flower import DeployError, Federation, RoundRecord, records_from_json_lines
+from fedlb.deploy import DeployError, Federation
+from fedlb.flower import RUN_FILES, RoundRecord, records_from_json_lines
 
 from .plots import plot_results, plot_seeds
-from .results import ROUNDS_FILE, SUMMARY_FILE, PolicyResult, combine_seeds, write_results
+from .results import PolicyResult, combine_seeds, write_results
 from .scenario import Scenario, ScenarioError
 from .simulation import app_dir, run_config
 
@@ -50,7 +51,7 @@ def run_policy(
                 "client-resources-num-cpus": 1,
             },
         )
-    records = records_from_json_lines((out_dir / ROUNDS_FILE).read_text().splitlines())
+    records = records_from_json_lines((out_dir / RUN_FILES.rounds).read_text().splitlines())
     if not outcome.ok or len(records) != scenario.rounds:
         raise RuntimeError(
             f"policy {policy}: the run ended as {outcome.status} after {len(records)} of "
@@ -90,7 +91,7 @@ def run_experiment(
     where `out` holds an earlier run's results (an experiment's or a server's) unless
     `overwrite`."""
     out = out.resolve()  # a symlink to another run's folder is that folder
-    held = [name for name in (ROUNDS_FILE, SUMMARY_FILE) if (out / name).exists()]
+    held = [name for name in (RUN_FILES.rounds, RUN_FILES.summary) if (out / name).exists()]
     if held and not overwrite:
         raise ScenarioError(
             f"{out} holds an earlier run ({', '.join(held)}): this experiment would replace "
@@ -123,10 +124,10 @@ def run_experiment(
         raise RuntimeError(f"Flower's simulation could not run: {error}") from error
     if scenario.repeats == 1:
         return summaries[scenario.seed]
-    with (out / ROUNDS_FILE).open("w") as handle:
+    with (out / RUN_FILES.rounds).open("w") as handle:
         for seed in summaries:
-            handle.write((out / f"seed-{seed}" / ROUNDS_FILE).read_text())
+            handle.write((out / f"seed-{seed}" / RUN_FILES.rounds).read_text())
     summary = combine_seeds(scenario, summaries)
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    (out / RUN_FILES.summary).write_text(json.dumps(summary, indent=2))
     plot_seeds(scenario, all_results, out)
     return summary

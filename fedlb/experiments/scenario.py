@@ -11,14 +11,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlb.flower import (
+from fedlb.balance import defaults
+from fedlb.deploy import (
     ConfigError,
-    LoadBalancedFedAvg,
     RunConfig,
+    as_settings,
     check_partition,
     dataclass_arguments,
     read_toml,
 )
+from fedlb.flower import LoadBalancedFedAvg
 from fedlb.training import BASE_SPEED
 
 from .clocks import LinearTime, ideal_split, round_time
@@ -33,7 +35,7 @@ class Policy:
 
     description: str
     strategy_class: type[LoadBalancedFedAvg] = LoadBalancedFedAvg
-    tuner: str = "pooled"  # the run setting `tuner`: fedlb's default balancer's
+    tuner: str = defaults.TUNER  # the run setting `tuner` (fedlb.balance.defaults)
     extra: tuple[tuple[str, Any], ...] = ()  # the strategy's other arguments
 
     def strategy_args(self) -> dict[str, Any]:
@@ -225,24 +227,24 @@ class Scenario:
     def run_config(self, out_dir: str = "", policy: str = "lb") -> RunConfig:
         """The run settings of one policy's run (a RunConfig)."""
         return RunConfig.from_mapping(
-            {
-                "num-silos": self.silos,
-                "num-rounds": self.rounds,
-                "local-steps": self.local_steps,
-                "batch-size": self.batch_size,
-                "learning-rate": self.learning_rate,
-                "batch-stream": self.batch_stream,
-                "tuner": POLICIES[policy].tuner,
-                "dataset": self.dataset,
-                "data-dir": self.data_dir,
-                "partition": self.partition,
-                "model": self.model,
-                "seed": self.seed,
-                "evaluate-every": 1,
-                "evaluate-mode": "with-train",
-                "round-timeout": 3600.0,
-                "out-dir": out_dir,
-            }
+            as_settings(
+                num_silos=self.silos,
+                num_rounds=self.rounds,
+                local_steps=self.local_steps,
+                batch_size=self.batch_size,
+                learning_rate=self.learning_rate,
+                batch_stream=self.batch_stream,
+                tuner=POLICIES[policy].tuner,
+                dataset=self.dataset,
+                data_dir=self.data_dir,
+                partition=self.partition,
+                model=self.model,
+                seed=self.seed,
+                evaluate_every=1,
+                evaluate_mode="with-train",
+                round_timeout=3600.0,
+                out_dir=out_dir,
+            )
         )
 
     def to_mapping(self) -> dict[str, Any]:

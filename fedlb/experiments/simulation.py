@@ -22,7 +22,8 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.serverapp import Grid, ServerApp
 
-from fedlb.flower import RunConfig, balance_mod, evaluate_reply, he_mod, run_app, train_reply
+from fedlb.deploy import RunConfig, evaluate_reply, run_app, train_reply
+from fedlb.flower import balance_mod, he_mod
 
 from .profiles import EmulatedClock
 from .scenario import POLICIES, Scenario

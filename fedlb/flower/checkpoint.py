@@ -34,12 +34,11 @@ from flwr.app import Array, ArrayRecord
 from fedlb.balance import BatchSizeManager
 
 from .membership import Membership
-from .report import record_from_dict, record_to_dict
-from .rounds import RoundLog
+from .records import record_from_dict, record_to_dict
+from .round_log import RoundLog
+from .run_files import RUN_FILES
 
 CHECKPOINT_VERSION = 2  # 2: run id, settings digest, content digest
-CHECKPOINT_FILE = "checkpoint.npz"
-RUN_FILE = "run.json"  # the run a folder holds: {"run-id", "settings-digest", "started"}
 
 
 class CheckpointError(ValueError):
@@ -65,7 +64,7 @@ class Checkpoint:
 
 
 def checkpoint_path(run_dir: Path) -> Path:
-    return run_dir / CHECKPOINT_FILE
+    return run_dir / RUN_FILES.checkpoint
 
 
 def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> Path:
@@ -88,7 +87,7 @@ def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> Path:
     entries = {f"array-{i}": a.numpy() for i, a in enumerate(checkpoint.arrays.values())}
     entries["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     entries["digest"] = np.frombuffer(_content_digest(entries).encode(), dtype=np.uint8)
-    temporary = path.with_name(f".{CHECKPOINT_FILE}.{os.getpid()}.tmp")
+    temporary = path.with_name(f".{RUN_FILES.checkpoint}.{os.getpid()}.tmp")
     try:
         with temporary.open("wb") as handle:
             np.savez(handle, **entries)  # type: ignore[arg-type]
@@ -110,7 +109,7 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     path = checkpoint_path(run_dir)
     if not path.exists():
         raise CheckpointError(
-            f"no checkpoint in {run_dir} ({CHECKPOINT_FILE} is missing): a run writes one "
+            f"no checkpoint in {run_dir} ({RUN_FILES.checkpoint} is missing): a run writes one "
             "after every completed round when it has an out-dir; give the run's out-dir"
         )
     try:
@@ -181,7 +180,7 @@ def start_run_identity(run_dir: Path, settings: Mapping[str, Any]) -> str:
     (checkpoints written there carry both); the id."""
     run_id = uuid.uuid4().hex
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RUN_FILE).write_text(
+    (run_dir / RUN_FILES.run).write_text(
         json.dumps(
             {
                 "run-id": run_id,
@@ -197,13 +196,13 @@ def start_run_identity(run_dir: Path, settings: Mapping[str, Any]) -> str:
 def run_identity(run_dir: Path) -> dict[str, Any] | None:
     """The folder's run.json (None: none, a run started outside fedlb's server)."""
     try:
-        identity = json.loads((run_dir / RUN_FILE).read_text())
+        identity = json.loads((run_dir / RUN_FILES.run).read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"{run_dir / RUN_FILE} is unreadable: {error}") from error
+        raise CheckpointError(f"{run_dir / RUN_FILES.run} is unreadable: {error}") from error
     if not isinstance(identity, dict):
-        raise CheckpointError(f"{run_dir / RUN_FILE} is not a fedlb run file")
+        raise CheckpointError(f"{run_dir / RUN_FILES.run} is not a fedlb run file")
     return identity
 
 
@@ -214,7 +213,7 @@ def _check_belongs(
     folder_id = folder.get("run-id") if folder else None
     if run_id != folder_id:
         theirs = f"run {run_id}" if run_id else "a run without an id"
-        ours = f"run {folder_id} (its {RUN_FILE})" if folder_id else "no run.json, so no run"
+        ours = f"run {folder_id} (its {RUN_FILES.run})" if folder_id else "no run.json, so no run"
         raise CheckpointError(
             f"{path} belongs to {theirs}, but {path.parent} holds {ours}: the checkpoint was "
             "copied from another run's folder. Resume that run from its own folder, or "
@@ -223,7 +222,7 @@ def _check_belongs(
     if folder and folder.get("settings-digest") != settings_digest(settings):
         raise CheckpointError(
             f"{path}: its settings are not those the run in {path.parent} started with "
-            f"({RUN_FILE}'s settings-digest differs); resume from the run's own checkpoint"
+            f"({RUN_FILES.run}'s settings-digest differs); resume from the run's own checkpoint"
         )
 
 

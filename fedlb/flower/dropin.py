@@ -118,7 +118,7 @@ _CURRENT: contextvars.ContextVar[RoundTiming | None] = contextvars.ContextVar(
 def clientapp_age() -> float | None:
     """Seconds since this ClientApp process started, where it was started for this
     message: Flower's `flwr-clientapp` (Python, imports, Flower's pull of the message, the
-    app's loading) or a warm silo's fork of it (fedlb.flower.warm). None elsewhere (a
+    app's loading) or a warm silo's fork of it (fedlb.deploy.warm). None elsewhere (a
     simulation's long-lived worker, a test): there the age says nothing of this message."""
     forked = os.environ.get(TASK_STARTED_ENV)
     if forked:

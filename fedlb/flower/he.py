@@ -21,7 +21,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
-from .digests import DigestError, check_digest
+from fedlb.security import DigestError, check_digest
+
 from .protocol import NODE_HE_CONTEXT, add_he_seconds
 
 # fedlb.he (and TenSEAL, ~0.5 s of imports) is loaded only where a key or a ciphertext is

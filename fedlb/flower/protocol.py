@@ -73,7 +73,7 @@ NODE_DEVICE = "device"  # where it trains: auto (a GPU if it has one), cpu, cuda
 NODE_HE_CONTEXT = "he-context"  # the silos' secret CKKS context file
 
 # environment: the time.time() a warm silo forked the ClientApp handling this message
-# (fedlb.flower.warm sets it, the balancing mod reads it for its start-s)
+# (fedlb.deploy.warm sets it, the balancing mod reads it for its start-s)
 TASK_STARTED_ENV = "FEDLB_TASK_STARTED"
 
 # run config ([tool.flwr.app.config] or `flwr run --run-config`) keys fedlb reads

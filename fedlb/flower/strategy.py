@@ -42,14 +42,14 @@ from .protocol import (
     numbers,
     user_metrics,
 )
-from .replies import ReportCheck, UpdateCheck, only_metrics, triage_replies
-from .report import (
+from .records import (
     RoundRecord,
     RoundReporter,
     balance_line,
     round_record,
 )
-from .rounds import RoundLog, attach_evaluation, audit_round
+from .replies import ReportCheck, UpdateCheck, only_metrics, triage_replies
+from .round_log import RoundLog, attach_evaluation, audit_round
 
 # (initial sizes) -> the balancer; BatchSizeManager itself gives fedlb's default.
 Balancer = Callable[[Mapping[str, int]], BatchSizeManager]
@@ -649,12 +649,11 @@ class LoadBalancedFedAvg(FedAvg):
         if done:
             say(
                 INFO,
-                "resuming after round %d of %d: Flower's round counter below starts at 1 "
-                "again ([ROUND 1/%d] is round %d)",
-                done,
-                num_rounds,
+                "Flower's round counter below starts at 1 again: its [ROUND 1/%d] is the "
+                "run's round %d of %d",
                 num_rounds - done,
                 done + 1,
+                num_rounds,
             )
         if self.poll_interval is not None:
             grid = self._polling = PollingGrid(grid, self.poll_interval)

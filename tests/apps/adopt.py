@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from fedlb.flower import read_toml
+from fedlb.deploy import read_toml
 
 APPS = Path(__file__).parent
 IMPORT = re.compile(r"^\s*(from \S+ )?import ")

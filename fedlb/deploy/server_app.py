@@ -14,15 +14,22 @@ from flwr.serverapp import Grid, ServerApp
 from rich.console import Console
 
 from fedlb.balance import BatchSizeManager, make_estimator, make_tuner
+from fedlb.flower import (
+    RUN_FILES,
+    Checkpoint,
+    CheckpointError,
+    EncryptedAggregation,
+    LoadBalancedFedAvg,
+    RoundReporter,
+    check_resume,
+    load_checkpoint,
+    save_encrypted,
+)
+from fedlb.flower.protocol import LEARNING_RATE
+from fedlb.security import write_digest
 from fedlb.training import evaluate, tensor_dataset
 
-from .checkpoint import Checkpoint, CheckpointError, check_resume, load_checkpoint
-from .config import ConfigError, RunConfig
-from .digests import write_digest
-from .he import EncryptedAggregation, save_encrypted
-from .protocol import LEARNING_RATE
-from .report import ENCRYPTED_MODEL_FILE, MODEL_FILE, SUMMARY_FILE, RoundReporter
-from .strategy import LoadBalancedFedAvg
+from .run_config import ConfigError, RunConfig
 from .task import check_partition, federation_data, model_for
 
 log = logging.getLogger("fedlb.flower")
@@ -75,6 +82,26 @@ def build_strategy(
 def fresh_settings(config: RunConfig) -> dict[str, Any]:
     """The settings a checkpoint records: those of the run as if it had never stopped."""
     return {**config.to_mapping(), "resume": ""}
+
+
+def resume_story(checkpoint: Checkpoint, num_rounds: int) -> str:
+    """Where a resumed run stands, in the words the operator checks it against: which
+    rounds rounds.jsonl holds, which record the checkpoint carries, which rounds are left."""
+    done, first_unpublished = checkpoint.round, checkpoint.first_unpublished_round
+    on_file = (
+        "none of them in rounds.jsonl yet"
+        if first_unpublished == 1
+        else f"rounds.jsonl holds round{'s 1-' if first_unpublished > 2 else ' '}"
+        f"{first_unpublished - 1}"
+    )
+    if first_unpublished <= done:
+        on_file += (
+            f"; round {done}'s record is in the checkpoint and is written when round "
+            f"{done + 1}'s replies complete its evaluation"
+        )
+    left = f"round {done + 1}" if num_rounds == done + 1 else f"rounds {done + 1}-{num_rounds}"
+    finished = "round 1" if done == 1 else f"rounds 1-{done}"
+    return f"{finished} of {num_rounds} done ({on_file}); {left} to go"
 
 
 def checkpoint_to_resume(config: RunConfig) -> Checkpoint:
@@ -138,12 +165,7 @@ def run_app(
     initial = ArrayRecord(model.state_dict())
     if checkpoint is not None:
         initial = strategy.restore(checkpoint)
-        log.info(
-            "resuming %s after round %d: %d rounds to go",
-            config.resume,
-            checkpoint.round,
-            config.num_rounds - checkpoint.round,
-        )
+        log.info("resuming %s: %s", config.resume, resume_story(checkpoint, config.num_rounds))
     started = time.monotonic()
     result = strategy.start(
         grid=grid,
@@ -155,11 +177,11 @@ def run_app(
     )
     if out_dir is not None:
         if strategy.he is not None:  # still encrypted: `fedlb decrypt` at a silo opens it
-            model_path = save_encrypted(result.arrays, out_dir / ENCRYPTED_MODEL_FILE)
+            model_path = save_encrypted(result.arrays, out_dir / RUN_FILES.encrypted_model)
         else:
             import torch
 
-            model_path = out_dir / MODEL_FILE
+            model_path = out_dir / RUN_FILES.model
             torch.save(result.arrays.to_torch_state_dict(), model_path)
         write_digest(model_path)
         summary = {
@@ -171,5 +193,5 @@ def run_app(
             "final_sizes": strategy.sizes_by_silo(),
             "settings": config.to_mapping(),
         }
-        (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        (out_dir / RUN_FILES.summary).write_text(json.dumps(summary, indent=2))
         log.info("results written to %s", out_dir)

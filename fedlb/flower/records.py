@@ -19,14 +19,10 @@ from rich.table import Table
 from fedlb.balance import WorkerReport, ideal_round_time
 
 from .protocol import HE_S, TRAIN_LOSS_NAMES, SiloReport, first_number
+from .run_files import RUN_FILES
 
-# What a run writes to its out-dir (the checkpoint: checkpoint.py's CHECKPOINT_FILE)
+# What a run writes to its out-dir (the checkpoint: checkpoint.py's RUN_FILES.checkpoint)
 log = logging.getLogger("fedlb.flower")
-
-ROUNDS_FILE = "rounds.jsonl"  # one JSON line per silo and round
-SUMMARY_FILE = "summary.json"
-MODEL_FILE = "model.pt"  # the final model, a torch state dict
-ENCRYPTED_MODEL_FILE = "model.ckks.npz"  # under HE: still encrypted (`fedlb decrypt`)
 
 
 @dataclass
@@ -263,7 +259,7 @@ class RoundReporter:
         self.records: list[RoundRecord] = []
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            path = self.out_dir / ROUNDS_FILE
+            path = self.out_dir / RUN_FILES.rounds
             kept: list[str] = []
             if keep_before is not None and path.exists():
                 lines = readable_lines(path)
@@ -275,7 +271,7 @@ class RoundReporter:
 
     @property
     def rounds_path(self) -> Path | None:
-        return None if self.out_dir is None else self.out_dir / ROUNDS_FILE
+        return None if self.out_dir is None else self.out_dir / RUN_FILES.rounds
 
     def publish(self, record: RoundRecord) -> None:
         self.records.append(record)

@@ -1,4 +1,4 @@
-import fedlb.flower.server_app as _impl
+import fedlb.deploy.server_app as _impl
 
 # `flwr run` finds the component by reading this file: it must be `app = module.app`.
 app = _impl.app

@@ -1,6 +1,6 @@
 """Deployment as a library: run a fedlb server, start a silo, from Python.
 
-    from fedlb.flower import run_server, server_settings, silo_settings, start_silo
+    from fedlb.deploy import run_server, server_settings, silo_settings, start_silo
 
     server, run = server_settings(Path("server/server.toml"), run={"num-rounds": 20})
     outcome = run_server(server, run)          # blocks until the run ends
@@ -25,16 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import (
-    CHECKPOINT_FILE,
-    RUN_FILE,
+from fedlb.flower import (
+    RUN_FILES,
     CheckpointError,
+    RoundRecord,
+    RoundReporter,
     check_resume,
     load_checkpoint,
     start_run_identity,
 )
-from .config import ConfigError, RunConfig
-from .deploy import (
+from fedlb.security import digest_path
+
+from .federation import Federation, RunOutcome
+from .processes import (
     FlowerProcess,
     JoinError,
     check_port_free,
@@ -44,16 +47,7 @@ from .deploy import (
     stop_leftover,
     wait_joined,
 )
-from .digests import digest_path
-from .launch import Federation, RunOutcome
-from .report import (
-    ENCRYPTED_MODEL_FILE,
-    MODEL_FILE,
-    ROUNDS_FILE,
-    SUMMARY_FILE,
-    RoundRecord,
-    RoundReporter,
-)
+from .run_config import ConfigError, RunConfig
 from .settings import (
     RUN,
     SERVER,
@@ -177,12 +171,12 @@ def run_server(
 
 # What a run leaves in its out-dir; any of them means the folder holds a run.
 RUN_RESULTS = (
-    ROUNDS_FILE,
-    SUMMARY_FILE,
-    MODEL_FILE,
-    ENCRYPTED_MODEL_FILE,
-    CHECKPOINT_FILE,
-    RUN_FILE,
+    RUN_FILES.rounds,
+    RUN_FILES.summary,
+    RUN_FILES.model,
+    RUN_FILES.encrypted_model,
+    RUN_FILES.checkpoint,
+    RUN_FILES.run,
     DATABASE_FILE,
 )
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from .dropin import balance_mod
-from .he import he_mod
-from .silo import evaluate_reply, train_reply
+from fedlb.flower import balance_mod, he_mod
+
+from .silo_app import evaluate_reply, train_reply
 
 # The HE mod is a pass-through unless the node config names an `he-context`. Outside the
 # balancing mod, it hands that mod plaintext models (so the silo can report its update's

@@ -16,11 +16,8 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from torch.utils.data import DataLoader
 
-from fedlb.training import DeviceError, choose_device, evaluate, tensor_dataset, train_epoch
-
-from .config import RunConfig
-from .dropin import balanced_loader
-from .protocol import (
+from fedlb.flower import balanced_loader
+from fedlb.flower.protocol import (
     EVAL_ACC,
     EVAL_EXAMPLES,
     EVAL_LOSS,
@@ -35,6 +32,9 @@ from .protocol import (
     Orders,
     sent_config,
 )
+from fedlb.training import DeviceError, choose_device, evaluate, tensor_dataset, train_epoch
+
+from .run_config import RunConfig
 from .task import SiloData, model_for, silo_data, silo_data_from_file
 
 log = logging.getLogger("fedlb.flower")

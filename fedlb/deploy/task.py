@@ -21,7 +21,7 @@ from fedlb.data import (
 )
 from fedlb.models import build_model
 
-from .config import ConfigError, RunConfig
+from .run_config import ConfigError, RunConfig
 
 
 @dataclass(frozen=True)

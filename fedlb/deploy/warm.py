@@ -20,7 +20,7 @@ Security: the runtime API listens on loopback only, and the SuperNode hands out 
 HMAC, `--superexec-auth-secret-file`): a file of the silo's own user, mode 0600. Each
 task's calls then carry the task's own token, as with Flower's executor.
 
-Lifetimes: `python -m fedlb.flower.warm --runtime-api-address A --secret-file F --
+Lifetimes: `python -m fedlb.deploy.warm --runtime-api-address A --secret-file F --
 flower-supernode ...` (what `start_supernode(warm=True)` runs, in the silo's process
 group under fedlb's guard) starts the SuperNode and the warm server, restarts the
 server if it dies (saying so; the message in flight fails as a ClientApp crash does,
@@ -40,7 +40,9 @@ a Flower upgrade that changes one fails a test, not a run):
   takes `initial_backoff` (fast_object_pulls shortens it);
 - the SuperNode's loop (`flwr.supernode.start_client_internal`) sleeps `time.sleep(3)`
   when a pull finds no message and `time.sleep(0.5)` while it waits for a reply or an
-  object's content (prompt_supernode shortens both; see below).
+  object's content, and pulls a message's objects from the SuperLink through its
+  module's `pull_objects`, which takes `initial_backoff` (prompt_supernode shortens all
+  three; see below).
 
 The SuperNode prompt: after each reply a SuperNode pulls once, finds nothing yet (the
 server is still aggregating) and sleeps 3 s, so the next round reached it 1.5-3 s late,
@@ -66,7 +68,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 POLL_S = 0.1  # task poll: one process polls, so a short interval costs little CPU
-PRELOAD = ("torch", "flwr.supernode.runtime.run_clientapp", "fedlb.flower.client_app")
+PRELOAD = ("torch", "flwr.supernode.runtime.run_clientapp", "fedlb.deploy.client_app")
 RESTART_PAUSE_S = 1.0
 RESTARTS_IN_A_ROW = 5  # a server dying this often right after its start cannot start here
 # Flower pulls a message's objects from its SuperNode with a backoff that starts at 1 s;
@@ -123,18 +125,27 @@ class _ShortSleeps:
 
 
 def prompt_supernode(idle_s: float = IDLE_PULL_S, reply_s: float = REPLY_WAIT_S) -> None:
-    """Shorten the SuperNode loop's idle pause (3 s) to `idle_s` and its reply and object
-    waits (0.5 s) to `reply_s`, in this process."""
+    """Shorten the SuperNode loop's idle pause (3 s) to `idle_s`, its reply and object
+    waits (0.5 s) to `reply_s`, and the first retry of its object pulls from the
+    SuperLink (1 s) to PULL_BACKOFF_S, in this process."""
+    import functools
+
     from flwr.supernode import start_client_internal as loop
 
     idle, reply = SUPERNODE_SLEEPS
     setattr(loop, "time", _ShortSleeps({idle: idle_s, reply: reply_s}))  # noqa: B010 (a module)
+    # A prompt SuperNode often holds a message before the ServerApp has pushed all of its
+    # objects to the SuperLink; Flower's object pulls then retry after 1 s. Ours: sooner.
+    name = "pull_objects"  # imported into that module by name
+    pull = getattr(loop, name)
+    original = pull.func if isinstance(pull, functools.partial) else pull
+    setattr(loop, name, functools.partial(original, initial_backoff=PULL_BACKOFF_S))
 
 
 def _supernode_main(arguments: Sequence[str]) -> int:
-    """`python -m fedlb.flower.warm node [--idle-pull S] -- ARGS`: Flower's own
+    """`python -m fedlb.deploy.warm node [--idle-pull S] -- ARGS`: Flower's own
     `flower-supernode ARGS`, prompt."""
-    parser = argparse.ArgumentParser(prog="python -m fedlb.flower.warm node")
+    parser = argparse.ArgumentParser(prog="python -m fedlb.deploy.warm node")
     parser.add_argument("--idle-pull", type=float, default=IDLE_PULL_S)
     split = arguments.index("--") if "--" in arguments else len(arguments)
     args = parser.parse_args(arguments[:split])
@@ -154,7 +165,7 @@ def _supernode_command(supernode: Sequence[str], idle_pull_s: float) -> list[str
     return [
         sys.executable,
         "-m",
-        "fedlb.flower.warm",
+        "fedlb.deploy.warm",
         "node",
         "--idle-pull",
         repr(idle_pull_s),
@@ -166,12 +177,12 @@ def _supernode_command(supernode: Sequence[str], idle_pull_s: float) -> list[str
 def _this_module(
     runtime_api_address: str, secret: Path, preload: Sequence[str], serving: bool = False
 ) -> list[str]:
-    """`python -m fedlb.flower.warm [serve]` with the options the launcher and the server
+    """`python -m fedlb.deploy.warm [serve]` with the options the launcher and the server
     share."""
     return [
         sys.executable,
         "-m",
-        "fedlb.flower.warm",
+        "fedlb.deploy.warm",
         *(["serve"] if serving else []),
         "--runtime-api-address",
         runtime_api_address,
@@ -224,7 +235,7 @@ def serve(
     from flwr.supercore.retry import make_simple_http_retry_invoker
     from flwr.supercore.runtime import RuntimeHttpClient
 
-    from .dropin import warm_up_torch
+    from fedlb.flower import warm_up_torch
 
     fast_object_pulls()
     warm_up_torch()
@@ -280,7 +291,7 @@ def _run_task(runtime_api_address: str, token: str, server_pid: int) -> None:
     parent's atexit handlers and threads are not the child's)."""
     code = 1
     try:
-        from .protocol import TASK_STARTED_ENV
+        from fedlb.flower.protocol import TASK_STARTED_ENV
 
         os.environ[TASK_STARTED_ENV] = repr(time.time())  # the ClientApp's start, for its report
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -401,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments[:1] == ["node"]:
         return _supernode_main(arguments[1:])
     serving = bool(arguments) and arguments[0] == "serve"
-    parser = argparse.ArgumentParser(prog="python -m fedlb.flower.warm")
+    parser = argparse.ArgumentParser(prog="python -m fedlb.deploy.warm")
     parser.add_argument("--runtime-api-address", required=True)
     parser.add_argument("--secret-file", type=Path, required=True)
     parser.add_argument("--preload", action="append", default=[])

@@ -14,8 +14,8 @@ import psutil
 from flwr.app import ArrayRecord, Message, MetricRecord
 
 from .protocol import ACCURACY_NAMES, LOSS_NAMES, first_number, numbers
+from .records import RoundRecord, RoundReporter
 from .replies import only_metrics
-from .report import RoundRecord, RoundReporter
 
 
 class RoundLog:

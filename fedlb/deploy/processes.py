@@ -28,8 +28,9 @@ from typing import Any
 
 import psutil
 
+from fedlb.security import TlsFiles
+
 from .join import SUPERNODE_START, diagnose, supernode_join
-from .tls import TlsFiles
 from .warm import launcher_command, make_secret
 from .warm import unsupported as warm_unsupported
 
@@ -81,8 +82,8 @@ def bin_dir() -> Path:
 
 
 def app_dir() -> Path:
-    """The Flower app fedlb ships (fedlb/flower/app): what `flwr run` submits."""
-    return Path(str(files("fedlb.flower").joinpath("app")))
+    """The Flower app fedlb ships (fedlb/deploy/app): what `flwr run` submits."""
+    return Path(str(files("fedlb.deploy").joinpath("app")))
 
 
 def flower_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -302,7 +303,7 @@ def start_supernode(
     preload: Sequence[str] = (),
 ) -> FlowerProcess:
     """A SuperNode for one silo; `port` is its local runtime API (distinct per node).
-    `warm`: its ClientApps start warm (fedlb.flower.warm: torch and fedlb imported once,
+    `warm`: its ClientApps start warm (fedlb.deploy.warm: torch and fedlb imported once,
     a fork per message; `preload`: more modules to import once), else Flower's own
     process per message.
     With `root_certificates` (the federation's ca.crt) it talks TLS to the SuperLink and

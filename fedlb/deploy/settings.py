@@ -19,10 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from fedlb.training import BASE_SPEED
-
-from .config import ConfigError, RunConfig, dataclass_arguments, read_toml
-from .protocol import (
+from fedlb.flower.protocol import (
     NODE_DATA_PATH,
     NODE_DEVICE,
     NODE_EMULATED_SPEED,
@@ -31,9 +28,12 @@ from .protocol import (
     NODE_PARTITION_ID,
     NODE_THREADS,
 )
-from .silo import SiloConfigError, node_settings
+from fedlb.security import TlsError, TlsFiles
+from fedlb.training import BASE_SPEED
+
+from .run_config import ConfigError, RunConfig, dataclass_arguments, read_toml
+from .silo_app import SiloConfigError, node_settings
 from .task import check_partition
-from .tls import TlsError, TlsFiles
 
 SERVER, RUN, SILO = "server", "run", "silo"  # the settings files' sections
 
@@ -218,7 +218,7 @@ class SiloSettings:
     root_certificates: TLS, the federation's CA certificate (`fedlb certs`' ca.crt).
     auth_key: this silo's private key (`fedlb silo-key`) when the server checks keys.
     warm: its ClientApps start warm: torch and fedlb imported once, a fork per message
-        (fedlb.flower.warm); false: Flower's own fresh process per message.
+        (fedlb.deploy.warm); false: Flower's own fresh process per message.
     """
 
     server: str = "127.0.0.1:8000"

@@ -15,8 +15,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
-from fedlb.balance import ESTIMATORS, TUNERS
-from fedlb.data import DATASETS, NATURAL_DATASETS, parse_partition
+from fedlb.balance import ESTIMATORS, TUNERS, choices, defaults
+from fedlb.data import DATASETS, NATURAL_DATASETS, PARTITIONERS, parse_partition
 from fedlb.models import MODELS
 
 EVALUATE_MODES = ("with-train", "separate")
@@ -32,9 +32,8 @@ RUN_SETTING_HELP = {
     "momentum": "SGD momentum on the silos.",
     "batch-stream": "per-round (a fresh shuffle each round, every batch full) or carried (one "
     "stream across rounds, each pass's last batch short: FLamby's way).",
-    "tuner": "pooled (fedlb's default), proportional (Algorithm 1 as is), deadband, or static "
-    "(plain FedAvg).",
-    "estimator": "change-point (fedlb's default), ema-restart, ema (α=0.2) or memoryless.",
+    "tuner": "How sizes move: " + choices(TUNERS) + " (static: plain FedAvg).",
+    "estimator": "Speed estimator: " + choices(ESTIMATORS) + ".",
     "min-batch": "Smallest B any silo gets.",
     "min-share": "Tuner pooled: no silo below min-share x the mean batch, whatever the "
     "guard does (the guard's own floor is 0.5; with guard 0, min-share alone).",
@@ -45,11 +44,9 @@ RUN_SETTING_HELP = {
     "the speed profiles its silos stored; 0: round 1 at every silo's B0.",
     "evaluate-every": "Federated evaluation every k rounds and after the last.",
     "evaluate-mode": "with-train (inside the next train message) or separate (own phase).",
-    "dataset": "digits (embedded), fashion-mnist, mnist-5k, cifar10, heart-disease, "
-    "heart-flamby (FLamby's protocol), shakespeare (the num-silos roles with the most lines).",
+    "dataset": "; ".join(f"{name}: {d.description}" for name, d in DATASETS.items()) + ".",
     "data-dir": "Where the dataset's files are ('' : its default place; see datasets/).",
-    "partition": "iid, classes:K (K classes per silo; also pathological:K), dirichlet:α, "
-    "natural (hospitals, roles): flwr-datasets' partitioners' names are accepted.",
+    "partition": "; ".join(f"{name}: {what}" for name, what in PARTITIONERS.items()) + ".",
     "model": "mlp, cnn, lenet5 (28x28 or 32x32 images), lstm (shakespeare), or logistic "
     "(FLamby's Linear + sigmoid).",
     "seed": "Seed of the partition, the model and the batch order.",
@@ -104,12 +101,9 @@ class RunConfig:
         data, every batch full; 'carried': one stream across rounds, kept in the silo's
         Context.state, each pass over the data ending with a short batch where B does not
         divide it (a DataLoader iterated afresh when it runs out: FLamby's protocol).
-    tuner: 'pooled' (fedlb's default: LB-BSP Algorithm 1 on speeds pooled across silos the
-        reports cannot tell apart, see docs/balance.md), 'proportional' (Algorithm 1 as is),
-        'deadband', or 'static' (plain FedAvg: B stays B0).
-    estimator: 'change-point' (fedlb's default: the mean speed since the last significant
-        change), 'ema' (α = 0.2), 'ema-restart' (EMA restarting on a lasting change), or
-        'memoryless'.
+    tuner, estimator: names in fedlb.balance.TUNERS / ESTIMATORS; defaults from
+        fedlb.balance.defaults (the same controller as every other entry point); tuner
+        'static' is plain FedAvg (B stays B0).
     min_batch, max_batch: bounds on any silo's B (max_batch 0: none).
     min_share: with tuner 'pooled', no silo below min_share × X/n (0: no floor).
     guard: 1 (default): LoadBalancedFedAvg's StabilityGuard (no silo below half the mean
@@ -149,8 +143,8 @@ class RunConfig:
     learning_rate: float = 0.05
     momentum: float = 0.0
     batch_stream: str = "per-round"
-    tuner: str = "pooled"
-    estimator: str = "change-point"
+    tuner: str = defaults.TUNER
+    estimator: str = defaults.ESTIMATOR
     min_batch: int = 1
     max_batch: int = 0
     min_share: float = 0.0
@@ -180,20 +174,20 @@ class RunConfig:
         return config
 
     def to_mapping(self) -> dict[str, Any]:
-        return {k.replace("_", "-"): v for k, v in dataclasses.asdict(self).items()}
+        return {setting_key(k): v for k, v in dataclasses.asdict(self).items()}
 
     def check(self) -> None:
         problems = []
-        for key in (
-            "num-silos",
-            "num-rounds",
-            "local-steps",
-            "batch-size",
-            "min-batch",
-            "evaluate-every",
+        for name in (
+            "num_silos",
+            "num_rounds",
+            "local_steps",
+            "batch_size",
+            "min_batch",
+            "evaluate_every",
         ):
-            if getattr(self, key.replace("-", "_")) < 1:
-                problems.append(f"{key} must be >= 1")
+            if getattr(self, name) < 1:
+                problems.append(f"{setting_key(name)} must be >= 1")
         if self.max_batch < 0 or (self.max_batch and self.max_batch < self.batch_size):
             problems.append("max-batch must be 0 (no limit) or >= batch-size")
         if self.min_batch > self.batch_size:
@@ -260,12 +254,24 @@ class RunConfig:
             raise ConfigError("invalid run settings: " + "; ".join(problems))
 
 
+def setting_key(name: str) -> str:
+    """The settings key of a field or option name: '-' for '_' (files, Flower's run config)."""
+    return name.replace("_", "-")
+
+
+def as_settings(**values: Any) -> dict[str, Any]:
+    """Settings keyed as files and Flower's run config spell them, from Python names
+    (batch_size=16 -> {"batch-size": 16}); None (an option not given) is left out. Callers
+    name settings as Python names, so no key is typed twice."""
+    return {setting_key(name): value for name, value in values.items() if value is not None}
+
+
 def dataclass_arguments(cls: type, values: Mapping[str, Any], what: str) -> dict[str, Any]:
     """Keyword arguments for a dataclass of int/float/str/bool fields from a mapping whose
     keys spell the fields with '-' for '_': unknown keys and wrong types are a ConfigError
     that names the key ('what' says what a key is: "setting", "scenario key"). Ints are
     taken for floats; nothing else is converted."""
-    known = {f.name.replace("_", "-"): f for f in fields(cls)}
+    known = {setting_key(f.name): f for f in fields(cls)}
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise ConfigError(f"unknown {what}(s) {', '.join(unknown)}; known: {', '.join(known)}")

@@ -13,15 +13,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import deploy
-from .report import (
-    ENCRYPTED_MODEL_FILE,
-    MODEL_FILE,
-    ROUNDS_FILE,
-    RoundRecord,
-    records_from_json_lines,
-)
-from .tls import TlsFiles
+from fedlb.flower import RUN_FILES, RoundRecord, records_from_json_lines
+from fedlb.security import TlsFiles
+
+from . import processes
 
 log = logging.getLogger("fedlb.flower")
 
@@ -64,7 +59,7 @@ class RunOutcome:
                 set(range(self.first_round, self.num_rounds + 1)) - {r.round for r in self.records}
             )
             if missing:
-                return f"rounds {missing} have no record in {ROUNDS_FILE}"
+                return f"rounds {missing} have no record in {RUN_FILES.rounds}"
         return None
 
     @property
@@ -72,7 +67,7 @@ class RunOutcome:
         """The final model the run wrote (encrypted under HE), if it wrote one."""
         if self.out_dir is None:
             return None
-        for name in (ENCRYPTED_MODEL_FILE, MODEL_FILE):
+        for name in (RUN_FILES.encrypted_model, RUN_FILES.model):
             if (self.out_dir / name).exists():
                 return self.out_dir / name
         return None
@@ -140,8 +135,8 @@ class Federation:
         self.port = port
         self.tls = tls
         self.silo_keys = silo_keys
-        self.link: deploy.FlowerProcess | None = None
-        self.silos: dict[str, deploy.FlowerProcess] = {}
+        self.link: processes.FlowerProcess | None = None
+        self.silos: dict[str, processes.FlowerProcess] = {}
         self.home = workdir / "home-cli"
 
     @property
@@ -160,14 +155,14 @@ class Federation:
             # Ray warns that it will stop overriding CUDA_VISIBLE_DEVICES for CPU-only
             # actors; opting in to that behaviour now silences it and changes nothing here.
             env = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
-        self.link = deploy.start_superlink(
+        self.link = processes.start_superlink(
             self.workdir, self.host, self.port, env=env, extra_args=extra, tls=self.tls
         )
         try:
             ca = self.tls.ca if self.tls is not None else None
-            deploy.write_connection(self.home, self.address, root_certificates=ca)
+            processes.write_connection(self.home, self.address, root_certificates=ca)
             for key in self.silo_keys or []:
-                deploy.register_supernode(self.home, key)
+                processes.register_supernode(self.home, key)
                 log.info("registered silo key %s", key)
         except BaseException:  # __exit__ does not run when __enter__ fails
             self.link.stop()
@@ -180,13 +175,14 @@ class Federation:
         name: str,
         node_config: Mapping[str, Any],
         auth_key: Path | None = None,
-        warm: bool = False,
-    ) -> deploy.FlowerProcess:
+        warm: bool = True,
+    ) -> processes.FlowerProcess:
         """A SuperNode on this machine (a demo or test silo); `auth_key`: its private key
-        when SuperNode authentication is on; `warm`: its ClientApps start warm
-        (fedlb.flower.warm)."""
+        when SuperNode authentication is on; `warm` (the default, as for `fedlb silo`):
+        its ClientApps start warm and its SuperNode pulls promptly (fedlb.deploy.warm),
+        else Flower's own process per message."""
         ca = self.tls.ca if self.tls is not None else None
-        node = deploy.start_supernode(
+        node = processes.start_supernode(
             self.workdir,
             name,
             self.address,
@@ -213,14 +209,14 @@ class Federation:
         checkpoint): earlier rounds in rounds.jsonl are not reported again."""
         out_dir = Path(str(run_config["out-dir"])) if run_config.get("out-dir") else None
         if self.database is not None:
-            for old in deploy.stop_unfinished_runs(self.home):
+            for old in processes.stop_unfinished_runs(self.home):
                 log.warning("stopped run %s, left unfinished by an earlier server", old)
-        run_id = deploy.submit_run(
-            self.home, app or deploy.app_dir(), run_config, federation_config
+        run_id = processes.submit_run(
+            self.home, app or processes.app_dir(), run_config, federation_config
         )
         log_path = self.workdir / f"serverapp-{run_id}.log"
-        streamer = deploy.stream_logs(self.home, run_id, log_path)
-        watcher = RoundWatcher(out_dir / ROUNDS_FILE, first_round) if out_dir else None
+        streamer = processes.stream_logs(self.home, run_id, log_path)
+        watcher = RoundWatcher(out_dir / RUN_FILES.rounds, first_round) if out_dir else None
         asked_rounds = run_config.get("num-rounds")
         outcome = RunOutcome(
             run_id,
@@ -239,7 +235,7 @@ class Federation:
             while True:
                 finished = False
                 if streamer.poll() is not None or time.monotonic() - asked > STATUS_EVERY_S:
-                    outcome.status = deploy.run_status(self.home, run_id)
+                    outcome.status = processes.run_status(self.home, run_id)
                     finished = outcome.status.startswith("finished")
                     asked = time.monotonic()
                 if watcher is not None:

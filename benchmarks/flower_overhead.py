@@ -100,7 +100,7 @@ def clientapp_start_s(repeats: int = 3) -> float:
 # then time silo_data alone (printed) while the caller times the whole process.
 DATA_MESSAGE = """
 import sys, time
-from fedlb.flower import RunConfig
+from fedlb.deploy import RunConfig
 from fedlb.deploy.task import silo_data
 start = time.perf_counter()
 config = RunConfig(dataset="fashion-mnist", num_silos=int(sys.argv[1]), partition=sys.argv[2])

@@ -286,7 +286,7 @@ def test_min_share_keeps_every_worker_above_its_floor_and_x_fixed():
 def test_min_share_that_cannot_be_met_is_refused():
     with pytest.raises(ValueError, match="min_share must be in"):
         PooledProportional(min_share=1.5)
-    with pytest.raises(ValueError, match="min_share=1 needs at least 4 samples"):
+    with pytest.raises(ValueError, match="min_share=1 needs at least 4 samples for each"):
         BatchSizeManager({"a": 3, "b": 3, "c": 4}, PooledProportional(min_share=1.0))
     with pytest.raises(ValueError, match="above max_batch=10"):
         BatchSizeManager(dict.fromkeys("abc", 20), PooledProportional(min_share=0.6, max_batch=10))

@@ -330,7 +330,7 @@ def test_a_request_over_the_size_limit_is_refused_unread(shared):
         (REGISTER, {"workers": ["a", "a"]}, "workers must be distinct names; 'a' is there twice"),
         (REGISTER, {"workers": ["a", 3]}, "workers[1] must be a name of 1 to 128 characters"),
         (REGISTER, {"workers": "ab"}, "workers must be a non-empty list of names, got 'ab'"),
-        (REGISTER, {"policy": "fast"}, "policy must be one of bsp, lb-ema, lb-narx, lb-gpu, "),
+        (REGISTER, {"policy": "fast"}, "policy must be one of bsp, lb, lb-ema, lb-narx, lb-gpu, "),
         (REGISTER, {"policy": ["bsp"]}, "policy must be one of"),
         (REGISTER, {"job": None}, "job must be a name of 1 to 128 characters, got null"),
     ],
@@ -480,6 +480,9 @@ def test_the_cli_on_port_0_prints_the_port_it_got_and_stops_on_sigterm(tmp_path)
         assert found, first
         guards = manager.stdout.readline()
         assert "token on, TLS off" in guards
+        from fedlb.balance import defaults  # the manager says what "default" means
+
+        assert defaults.controller() in manager.stdout.readline()
         client = ManagerClient(f"127.0.0.1:{found.group(1)}", timeout=5, token=TOKEN)
         assert client.register("j", ["a"], 4) == {"a": 4}
         client.close()

@@ -180,7 +180,7 @@ def test_a_fresh_process_gets_the_partition_from_the_cache(tmp_path, cache):
         """
         import json, logging, sys
         import fedlb.deploy.task as task
-        from fedlb.flower import RunConfig
+        from fedlb.deploy import RunConfig
 
         def refuse(*args, **kwargs):
             raise AssertionError("the dataset was loaded")

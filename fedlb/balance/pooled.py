@@ -115,10 +115,14 @@ class PooledProportional(Proportional):
             )
             floor = max(self.min_batch, total // workers)
         if floor * workers > total:
+            bound = f"min_batch={self.min_batch}" + (
+                f" with min_share={self.min_share:g}" if self.min_share > 0 else ""
+            )
             raise ValueError(
-                f"min_share={self.min_share:g} needs at least {floor} samples for each of "
-                f"{workers} workers ({floor * workers} in all), more than X = {total}; lower "
-                "min_share or min_batch, or raise the total"
+                f"cannot divide a total of {total} among {workers} workers: {bound} needs at "
+                f"least {floor} samples for each ({floor * workers} in all); lower "
+                + ("min_share or min_batch" if self.min_share > 0 else "min_batch")
+                + ", or raise the total"
             )
         if self.max_batch is not None and self.max_batch < floor:
             raise ValueError(

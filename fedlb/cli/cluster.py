@@ -228,14 +228,14 @@ def manager(
         raise UsageError(str(error)) from error
     shown = escape(host)  # an IPv6 address in brackets is no markup
     console.print(f"[bold]fedlb manager[/] on {shown}:{bound} (gRPC, fedlb.BatchSizeManager)")
-    console.print(
-        f"  a job registered without a policy gets {DEFAULT_CLUSTER_POLICY}: "
-        f"{defaults.controller()} (fedlb's default controller)"
-    )
     guards = [f"token {'on' if token_on else 'off'}", f"TLS {'on' if certs else 'off'}"]
     console.print(
         f"  {', '.join(guards)}; at most {max_jobs} jobs of {max_job_workers} workers, "
         f"{service.limits.max_waiting} waiting reports"
+    )
+    console.print(
+        f"  a job registered without a policy gets {DEFAULT_CLUSTER_POLICY}: "
+        f"{defaults.controller()} (fedlb's default controller)"
     )
     if not token_on and host not in ("127.0.0.1", "localhost", "::1"):
         console.print(

@@ -428,7 +428,7 @@ def test_fedlb_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path):
             outputs.append(silo.communicate(timeout=60)[0].decode())
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     said = " ".join(resumed.stdout.split())
-    assert f"resuming {out} after round {stopped_at.round}" in said
+    assert f"resuming {out}: rounds 1-{stopped_at.round} of 3 done" in said, said
     assert "completed: round" in said, said
     assert "round 3" in said
     assert all(silo.returncode == 0 for silo in silos), outputs

@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedlb.deploy import RunConfig
-from fedlb.deploy.server_app import resume_story
 from fedlb.deploy.task import federation_data, model_for
 from fedlb.experiments.profiles import EmulatedClock, SpeedProfile
 from fedlb.flower import (
@@ -115,7 +114,7 @@ def test_a_resumed_run_ends_with_the_same_model_as_an_uninterrupted_one(tmp_path
     # what the operator is told matches what rounds.jsonl holds
     rows = (tmp_path / "stopped" / "rounds.jsonl").read_text().splitlines()
     on_file = sorted({json.loads(row)["round"] for row in rows})
-    story = resume_story(checkpoint, 6)
+    story = checkpoint.story(6)
     assert story.startswith("rounds 1-3 of 6 done"), story
     assert story.endswith("rounds 4-6 to go"), story
     if on_file == [1, 2]:  # round 3's record waits in the checkpoint for its evaluation

@@ -241,8 +241,8 @@ def server(
             if overwrite:
                 raise UsageError("--overwrite starts a fresh run; --resume goes on with one")
             settings, run = resume_settings(resume, run_flags.get("num-rounds"), flags, config)
-            done = load_checkpoint(Path(settings.out_dir)).round
-            console.print(f"resuming {settings.out_dir} after round {done} of {run.num_rounds}")
+            story = load_checkpoint(Path(settings.out_dir)).story(run.num_rounds)
+            console.print(f"resuming {settings.out_dir}: {story}")
         else:
             settings, run = server_settings(config, flags, run_flags)
     except ConfigError as error:

@@ -84,26 +84,6 @@ def fresh_settings(config: RunConfig) -> dict[str, Any]:
     return {**config.to_mapping(), "resume": ""}
 
 
-def resume_story(checkpoint: Checkpoint, num_rounds: int) -> str:
-    """Where a resumed run stands, in the words the operator checks it against: which
-    rounds rounds.jsonl holds, which record the checkpoint carries, which rounds are left."""
-    done, first_unpublished = checkpoint.round, checkpoint.first_unpublished_round
-    on_file = (
-        "none of them in rounds.jsonl yet"
-        if first_unpublished == 1
-        else f"rounds.jsonl holds round{'s 1-' if first_unpublished > 2 else ' '}"
-        f"{first_unpublished - 1}"
-    )
-    if first_unpublished <= done:
-        on_file += (
-            f"; round {done}'s record is in the checkpoint and is written when round "
-            f"{done + 1}'s replies complete its evaluation"
-        )
-    left = f"round {done + 1}" if num_rounds == done + 1 else f"rounds {done + 1}-{num_rounds}"
-    finished = "round 1" if done == 1 else f"rounds 1-{done}"
-    return f"{finished} of {num_rounds} done ({on_file}); {left} to go"
-
-
 def checkpoint_to_resume(config: RunConfig) -> Checkpoint:
     """The checkpoint `config.resume` names, checked against this run's settings."""
     checkpoint = load_checkpoint(Path(config.resume))
@@ -165,7 +145,7 @@ def run_app(
     initial = ArrayRecord(model.state_dict())
     if checkpoint is not None:
         initial = strategy.restore(checkpoint)
-        log.info("resuming %s: %s", config.resume, resume_story(checkpoint, config.num_rounds))
+        log.info("resuming %s: %s", config.resume, checkpoint.story(config.num_rounds))
     started = time.monotonic()
     result = strategy.start(
         grid=grid,

@@ -62,6 +62,25 @@ class Checkpoint:
         pending = self.strategy.get("pending")
         return int(pending["round"]) if pending else self.round + 1
 
+    def story(self, num_rounds: int) -> str:
+        """Where a resumed run stands, in the words the operator checks it against: which
+        rounds rounds.jsonl holds, which record this checkpoint carries, which are left."""
+        done, first_unpublished = self.round, self.first_unpublished_round
+        on_file = (
+            "none of them in rounds.jsonl yet"
+            if first_unpublished == 1
+            else f"rounds.jsonl holds round{'s 1-' if first_unpublished > 2 else ' '}"
+            f"{first_unpublished - 1}"
+        )
+        if first_unpublished <= done:
+            on_file += (
+                f"; round {done}'s record is in the checkpoint and is written when round "
+                f"{done + 1}'s replies complete its evaluation"
+            )
+        left = f"round {done + 1}" if num_rounds == done + 1 else f"rounds {done + 1}-{num_rounds}"
+        finished = "round 1" if done == 1 else f"rounds 1-{done}"
+        return f"{finished} of {num_rounds} done ({on_file}); {left} to go"
+
 
 def checkpoint_path(run_dir: Path) -> Path:
     return run_dir / RUN_FILES.checkpoint

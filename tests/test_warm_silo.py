@@ -18,6 +18,7 @@ from fedlb.deploy.warm import (
     ACQUIRE_TASK,
     SUPERNODE_SLEEPS,
     fast_object_pulls,
+    isolated,
     launcher_command,
     make_secret,
     prompt_supernode,
@@ -94,6 +95,24 @@ def test_the_secret_is_the_users_own_and_the_supernode_runs_isolated(tmp_path):
     assert tail[:2] == ["flower-supernode", "--insecure"]
     assert command[command.index("--idle-pull") + 1] == "0.2"
     assert tail[-4:] == ["--isolation", "process", "--superexec-auth-secret-file", str(secret)]
+    # a user's own SuperNode command: what the warm path needs is added only where missing
+    own = ["flower-supernode", "--isolation", "process", "--superlink", "s:9092"]
+    assert isolated(own, secret) == [*own, "--superexec-auth-secret-file", str(secret)]
+    assert isolated(isolated(own, secret), secret) == isolated(own, secret)
+
+
+def test_the_launcher_gives_a_users_own_supernode_a_fresh_secret(tmp_path, monkeypatch):
+    import fedlb.deploy.warm as warm
+
+    started = {}
+    monkeypatch.setattr(warm, "launch", lambda *args: started.setdefault("args", args) and 0)
+    secret = tmp_path / "new" / "superexec.secret"
+    arguments = ["--runtime-api-address", "127.0.0.1:9", "--secret-file", str(secret)]
+    assert warm.main([*arguments, "--", "flower-supernode", "--insecure"]) == 0
+    assert secret.stat().st_mode & 0o777 == 0o600  # written, the user's own
+    supernode = started["args"][2]
+    assert supernode[:2] == ["flower-supernode", "--insecure"]
+    assert supernode[-2:] == ["--superexec-auth-secret-file", str(secret)]
 
 
 def silo_config(i: int) -> dict[str, object]:

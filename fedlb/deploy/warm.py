@@ -206,12 +206,19 @@ def launcher_command(
         "--idle-pull",
         repr(idle_pull_s),
         "--",
-        *supernode,
-        "--isolation",
-        "process",
-        "--superexec-auth-secret-file",
-        str(secret),
+        *isolated(supernode, secret),
     ]
+
+
+def isolated(supernode: Sequence[str], secret: Path) -> list[str]:
+    """`supernode` with what the warm path needs added where it is missing: Flower's
+    process isolation and the SuperExec secret the warm server signs with."""
+    command = list(supernode)
+    if "--isolation" not in command:
+        command += ["--isolation", "process"]
+    if "--superexec-auth-secret-file" not in command:
+        command += ["--superexec-auth-secret-file", str(secret)]
+    return command
 
 
 def serve(
@@ -437,10 +444,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     split = arguments.index("--")
     args = parser.parse_args(arguments[:split])
+    if not args.secret_file.exists():  # a user's own SuperNode: a fresh secret of theirs
+        make_secret(args.secret_file)
     return launch(
         args.runtime_api_address,
         args.secret_file,
-        arguments[split + 1 :],
+        isolated(arguments[split + 1 :], args.secret_file),
         args.preload,
         args.idle_pull,
     )

@@ -6,7 +6,7 @@ subclass, lr schedule and per-client head) in this process, on an in-process gri
 messages the apps exchange are Flower's own; only the transport is short-circuited):
 - `stock`: the app as published (FedAvg, its own loader);
 - `default`: the three-line drop-in (tests/apps/adopt.py) with fedlb's defaults;
-- `unguarded`: the same without the StabilityGuard (`LoadBalancedFedAvg(guard=False)`);
+- `unguarded`: the same without the StabilityGuard (`Balancing(guard=False)`);
 - `floor:F`: a fixed floor of F x the mean batch, without the guard's reaction;
 - `guard:k=v,...`: the drop-in with `StabilityGuard(k=v, ...)` (e.g. guard:probe=0.15).
 Silos have the emulated speeds given (`--speeds`, samples/s by partition-id) on the
@@ -42,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -60,7 +61,7 @@ from fedlb.balance import (  # noqa: E402
     StabilityGuard,
     ideal_round_time,
 )
-from fedlb.flower import LoadBalancedFedAvg  # noqa: E402
+from fedlb.flower import Balancing, LoadBalancedFedAvg  # noqa: E402
 from tests.apps.adopt import adopt, app_config, imported  # noqa: E402
 from tests.flower_fakes import InProcessGrid  # noqa: E402
 
@@ -184,17 +185,21 @@ def run_once(
         init = LoadBalancedFedAvg.__init__
 
         def keep(self: LoadBalancedFedAvg, *args: Any, **kwargs: Any) -> None:
+            balancing = kwargs.get("balancing", Balancing())
             if policy == "unguarded" or policy.startswith("floor:"):
-                kwargs["guard"] = False
+                balancing = replace(balancing, guard=False)
             if policy.startswith("guard:"):  # guard:probe=0.15: a guard of other settings
-                kwargs["guard"] = tuned_guard(policy)
+                balancing = replace(balancing, guard=tuned_guard(policy))
             if policy.startswith("floor:"):  # every silo >= F x the mean batch, all along
                 share = float(policy.removeprefix("floor:"))
-                kwargs["balancer"] = lambda sizes: BatchSizeManager(
-                    sizes, PooledProportional(min_share=share)
+                balancing = replace(
+                    balancing,
+                    balancer=lambda sizes: BatchSizeManager(
+                        sizes, PooledProportional(min_share=share)
+                    ),
                 )
             made.append(self)
-            init(self, *args, **kwargs)
+            init(self, *args, **{**kwargs, "balancing": balancing})
 
         LoadBalancedFedAvg.__init__ = keep  # type: ignore[method-assign]
         here = Path.cwd()

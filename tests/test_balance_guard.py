@@ -8,7 +8,7 @@ import math
 import pytest
 
 from fedlb.balance import BatchSizeManager, PooledProportional, StabilityGuard
-from fedlb.flower import LoadBalancedFedAvg, RoundReporter
+from fedlb.flower import Balancing, Keeping, LoadBalancedFedAvg, RoundReporter
 from fedlb.flower.protocol import UPDATE_NORM
 from tests.test_flower_strategy import make_grid, sent_sizes, start
 
@@ -103,7 +103,9 @@ def test_the_strategy_leaves_a_blown_up_update_out_and_raises_the_floor(tmp_path
 
     grid.intercept = blow_up
     strategy = LoadBalancedFedAvg(
-        batch_size=16, local_steps=3, min_available_nodes=3, reporter=RoundReporter(tmp_path)
+        min_available_nodes=3,
+        balancing=Balancing(batch_size=16, local_steps=3),
+        keeping=Keeping(reporter=RoundReporter(tmp_path)),
     )
     start(strategy, grid, rounds=3)
     records = strategy.reporter.records
@@ -120,11 +122,9 @@ def test_the_strategy_leaves_a_blown_up_update_out_and_raises_the_floor(tmp_path
 def test_without_the_guard_sizes_are_fully_balanced(tmp_path):
     grid = make_grid()
     strategy = LoadBalancedFedAvg(
-        batch_size=16,
-        local_steps=3,
         min_available_nodes=3,
-        guard=False,
-        reporter=RoundReporter(tmp_path),
+        balancing=Balancing(batch_size=16, local_steps=3, guard=False),
+        keeping=Keeping(reporter=RoundReporter(tmp_path)),
     )
     start(strategy, grid, rounds=2)
     assert sorted(sent_sizes(grid)[1].values()) == [7, 14, 27]
@@ -190,7 +190,9 @@ def test_an_update_holding_nan_is_left_out_and_raises_the_floor(tmp_path):
 
     grid.intercept = poison
     strategy = LoadBalancedFedAvg(
-        batch_size=16, local_steps=3, min_available_nodes=3, reporter=RoundReporter(tmp_path)
+        min_available_nodes=3,
+        balancing=Balancing(batch_size=16, local_steps=3),
+        keeping=Keeping(reporter=RoundReporter(tmp_path)),
     )
     start(strategy, grid, rounds=3)
     failed = strategy.reporter.records[1].failed

@@ -19,6 +19,7 @@ from fedlb.experiments import (
     SpeedProfile,
     preset,
 )
+from fedlb.flower import Balancing
 
 
 def test_speed_traces():
@@ -163,12 +164,10 @@ def run_policy(policy, rounds=3):
     chosen = POLICIES[policy]
     balancer = make_balancer(RunConfig.from_mapping({**settings, "tuner": chosen.tuner}))
     strategy = chosen.strategy_class(
-        batch_size=16,
-        local_steps=4,
         min_available_nodes=3,
         evaluate_every=rounds,
-        balancer=balancer,
         **chosen.strategy_args(),
+        balancing=Balancing(batch_size=16, local_steps=4, balancer=balancer, guard=chosen.guard),
     )
     pool, _ = federation_data(config)
     strategy.start(
@@ -236,7 +235,7 @@ def test_variants_refuse_what_they_cannot_run():
     from fedlb.experiments.variants import QuorumFedAvg, StepsTunedFedAvg
 
     with pytest.raises(ValueError, match="tuning τ needs batch_size and local_steps"):
-        StepsTunedFedAvg(local_steps=5)
+        StepsTunedFedAvg(balancing=Balancing(local_steps=5))
     with pytest.raises(ValueError, match="quorum must be a fraction"):
         QuorumFedAvg(quorum=1.5)
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from fedlb.flower import LoadBalancedFedAvg
+from fedlb.flower import Balancing, LoadBalancedFedAvg
 from fedlb.flower.profiles import (
     MAX_AGE_S,
     SiloProfile,
@@ -94,7 +95,8 @@ def run_quickstart(app, rounds, caplog, profiles=True):
     init = LoadBalancedFedAvg.__init__
 
     def with_profiles(self, *args, **kwargs):
-        init(self, *args, **{**kwargs, "profiles": profiles})
+        balancing = replace(kwargs.get("balancing", Balancing()), profiles=profiles)
+        init(self, *args, **{**kwargs, "balancing": balancing})
 
     caplog.clear()
     LoadBalancedFedAvg.__init__ = with_profiles  # type: ignore[method-assign]

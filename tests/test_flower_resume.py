@@ -15,8 +15,10 @@ from fedlb.deploy import RunConfig
 from fedlb.deploy.task import federation_data, model_for
 from fedlb.experiments.profiles import EmulatedClock, SpeedProfile
 from fedlb.flower import (
+    Balancing,
     Checkpoint,
     CheckpointError,
+    Keeping,
     LoadBalancedFedAvg,
     RoundReporter,
     load_checkpoint,
@@ -58,16 +60,17 @@ def crash(grid):
 
 def strategy_for(out_dir, keep_before=None):
     return LoadBalancedFedAvg(
-        batch_size=16,
-        local_steps=3,
         min_available_nodes=4,
         fraction_train=0.75,  # node sampling: the RNG's state must carry over too
         evaluate_every=2,
         evaluate_with_train=True,  # a record waits for its evaluation across the stop
         seed=7,
-        reporter=RoundReporter(out_dir, keep_before=keep_before),
-        checkpoint_dir=out_dir,
-        run_settings=SETTINGS,
+        balancing=Balancing(batch_size=16, local_steps=3),
+        keeping=Keeping(
+            reporter=RoundReporter(out_dir, keep_before=keep_before),
+            checkpoint_dir=out_dir,
+            run_settings=SETTINGS,
+        ),
     )
 
 

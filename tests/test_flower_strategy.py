@@ -16,7 +16,7 @@ from fedlb.deploy import RunConfig, evaluate_reply, train_reply
 from fedlb.deploy.task import federation_data, model_for
 from fedlb.experiments.profiles import EmulatedClock, SpeedProfile
 from fedlb.experiments.variants import QuorumFedAvg
-from fedlb.flower import LoadBalancedFedAvg, RoundReporter, balance_mod
+from fedlb.flower import Balancing, Joining, Keeping, LoadBalancedFedAvg, RoundReporter, balance_mod
 from fedlb.flower.protocol import (
     BATCH_SIZE,
     COMPUTE_S,
@@ -100,11 +100,10 @@ def sent_sizes(grid):
 def test_each_silo_gets_its_own_size_and_sizes_follow_the_speeds(tmp_path):
     grid = make_grid()
     strategy = LoadBalancedFedAvg(
-        batch_size=16,
-        local_steps=3,
         min_available_nodes=3,
         evaluate_every=2,
-        reporter=RoundReporter(tmp_path),
+        balancing=Balancing(batch_size=16, local_steps=3),
+        keeping=Keeping(reporter=RoundReporter(tmp_path)),
     )
     start(strategy, grid, rounds=4)
     train = train_messages(grid)
@@ -143,7 +142,9 @@ def test_emulated_speeds_pad_each_step_and_are_reported():
     """The measured clock with a node config's emulated-speed: balance_mod pads each step
     with sleep to that speed, so a silo reports at least τ·B/v seconds of compute."""
     grid = make_grid(emulated=True)
-    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3)
+    )
     start(strategy, grid, rounds=2)
     sizes = sent_sizes(grid)
     assert sum(sizes[1].values()) == 48
@@ -161,12 +162,11 @@ def test_emulated_speeds_pad_each_step_and_are_reported():
 def test_evaluation_rides_on_the_next_train_message(tmp_path):
     grid = make_grid()
     strategy = LoadBalancedFedAvg(
-        batch_size=16,
-        local_steps=3,
         min_available_nodes=3,
         evaluate_every=1,
         evaluate_with_train=True,
-        reporter=RoundReporter(tmp_path),
+        balancing=Balancing(batch_size=16, local_steps=3),
+        keeping=Keeping(reporter=RoundReporter(tmp_path)),
     )
     start(strategy, grid, rounds=4)
     flagged = {
@@ -197,7 +197,9 @@ def test_aggregation_is_weighted_by_dataset_size_not_samples_processed():
         return reply
 
     grid.intercept = keep
-    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3)
+    )
     config = RunConfig.from_mapping(grid.run_config)
     arrays = initial_arrays(config)
     messages = strategy.configure_train(1, arrays, lr_config(), grid)
@@ -238,12 +240,11 @@ def test_the_metric_aggregation_functions_see_only_the_apps_metrics():
 
     grid.intercept = note
     strategy = LoadBalancedFedAvg(
-        batch_size=16,
-        local_steps=3,
         min_available_nodes=3,
         evaluate_every=1,
         train_metrics_aggr_fn=aggregation("train"),
         evaluate_metrics_aggr_fn=aggregation("evaluate"),
+        balancing=Balancing(batch_size=16, local_steps=3),
     )
     result = start(strategy, grid, rounds=2)
     assert len(seen["train"]) == 2
@@ -268,11 +269,10 @@ def test_fraction_train_samples_the_silos_of_each_round():
     strategy = LoadBalancedFedAvg(
         fraction_train=0.5,
         fraction_evaluate=0.5,
-        batch_size=16,
-        local_steps=3,
         min_available_nodes=4,
         evaluate_every=1,
         seed=3,
+        balancing=Balancing(batch_size=16, local_steps=3),
     )
     start(strategy, grid, rounds=4)
     chosen = [set(by_node) for by_node in sent_sizes(grid)]
@@ -313,7 +313,9 @@ def test_a_silo_that_vanishes_is_left_out_and_rejoins_with_its_b0(caplog):
     B0 out (the rest is re-divided), one that comes back runs its B0 for a round and
     brings it back (a fresh speed estimate, balanced from its next round)."""
     grid = make_grid()
-    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3)
+    )
 
     def kill_102(g):  # SIGKILL: it stops answering, the SuperLink still lists it a while
         g.drop = {102}
@@ -360,7 +362,9 @@ def test_one_partition_one_vote():
     holder is gone."""
     grid = make_grid()
     grid.nodes[103] = dict(grid.nodes[102])  # silo-2 started a second time
-    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=4)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=4, balancing=Balancing(batch_size=16, local_steps=3)
+    )
 
     def holder_killed(g):  # SIGKILL: it stops answering, still listed for a while
         g.drop = {102}
@@ -385,7 +389,9 @@ def test_one_partition_one_vote():
 def test_a_silo_that_missed_a_round_but_stays_connected_is_tried_again():
     grid = make_grid()
     strategy = LoadBalancedFedAvg(
-        batch_size=16, local_steps=3, min_available_nodes=3, rejoin_grace=0.0
+        min_available_nodes=3,
+        balancing=Balancing(batch_size=16, local_steps=3),
+        joining=Joining(rejoin_grace=0.0),
     )
 
     def stall_102(g):
@@ -408,7 +414,9 @@ def test_a_silo_that_missed_a_round_but_stays_connected_is_tried_again():
 def test_when_every_silo_is_left_out_the_server_waits_out_the_grace():
     grid = make_grid(factors=(1,))
     strategy = LoadBalancedFedAvg(
-        batch_size=16, local_steps=3, min_available_nodes=1, rejoin_grace=1.0
+        min_available_nodes=1,
+        balancing=Balancing(batch_size=16, local_steps=3),
+        joining=Joining(rejoin_grace=1.0),
     )
 
     def stall(g):
@@ -426,10 +434,12 @@ def test_when_every_silo_is_left_out_the_server_waits_out_the_grace():
 def test_much_slower_silo_shrinks_to_min_batch_and_is_told_to_leave():
     grid = make_grid(factors=(1, 1, 30))  # its share of X = 48 would be < 1 sample
     strategy = LoadBalancedFedAvg(
-        batch_size=16,
-        local_steps=3,
         min_available_nodes=3,
-        balancer=lambda initial: BatchSizeManager(initial, Proportional(min_batch=4)),
+        balancing=Balancing(
+            batch_size=16,
+            local_steps=3,
+            balancer=lambda initial: BatchSizeManager(initial, Proportional(min_batch=4)),
+        ),
     )
     records, grid = run_rounds(strategy, grid, {}, 3)
     sizes = sent_sizes(grid)
@@ -486,7 +496,9 @@ def test_a_bad_report_is_dropped_but_its_update_is_used(changes, reason, caplog)
         return with_metrics(reply, **changes) if second_round["seen"] == 2 else reply
 
     grid.intercept = tamper
-    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3)
+    )
     with caplog.at_level("WARNING"):
         start(strategy, grid, rounds=2)
     first, second = strategy.reporter.records
@@ -512,7 +524,9 @@ def test_a_silo_whose_first_report_is_unusable_joins_with_its_next(caplog):
         return with_metrics(reply, **{COMPUTE_S: math.nan}) if len(seen) == 1 else reply
 
     grid.intercept = spoil_first
-    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3)
+    )
     with caplog.at_level("WARNING"):
         start(strategy, grid, rounds=3)
     assert any("report of node 101 dropped" in m.getMessage() for m in caplog.records)
@@ -542,7 +556,9 @@ def test_a_silo_that_never_sends_a_usable_update_runs_its_b0():
         )
 
     grid.intercept = spoil
-    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3)
+    )
     start(strategy, grid, rounds=3)
     assert [by_node[102] for by_node in sent_sizes(grid)] == [16, 16, 16]
     assert 102 not in strategy.current_sizes()  # never measured: not balanced
@@ -565,7 +581,9 @@ def test_a_silo_whose_dataset_size_changes_has_that_report_dropped(caplog):
         return with_metrics(reply, **{"num-examples": reply.content["metrics"]["num-examples"] + 5})
 
     grid.intercept = grow
-    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3)
+    )
     with caplog.at_level("WARNING"):
         start(strategy, grid, rounds=3)
     second, third = strategy.reporter.records[1:]
@@ -605,7 +623,9 @@ def test_a_malformed_update_is_rejected_and_the_server_lives_on(tamper):
         )
 
     grid.intercept = corrupt
-    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3)
+    )
     result = start(strategy, grid, rounds=3)
     assert result.arrays is not None
     records = strategy.reporter.records
@@ -633,7 +653,7 @@ def _arr(value):
 def test_a_static_balancer_is_plain_fedavg():
     grid = make_grid()
     fedavg = LoadBalancedFedAvg(
-        batch_size=16, local_steps=3, min_available_nodes=3, balancer=static
+        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3, balancer=static)
     )
     start(fedavg, grid, rounds=2)
     assert set(fedavg.current_sizes().values()) == {16}
@@ -673,7 +693,7 @@ def test_round_one_runs_each_silos_own_batch_size_and_sizes_the_balancer():
         made.append(dict(initial))
         return BatchSizeManager(initial, Static())
 
-    strategy = LoadBalancedFedAvg(min_available_nodes=3, balancer=balancer)
+    strategy = LoadBalancedFedAvg(min_available_nodes=3, balancing=Balancing(balancer=balancer))
     start(strategy, grid, rounds=2)
     first = [m for m in train_messages(grid) if m.content["config"][SERVER_ROUND] == 1]
     assert len(first) == 3
@@ -699,7 +719,9 @@ def test_a_silo_with_its_own_data_file(tmp_path):
     np.savez(own, x=digits.x[:200], y=digits.y[:200])
     grid = make_grid()
     grid.nodes[102] = {"data-path": str(own), MODEL_SPEED: BASE / 4}
-    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3)
+    )
     start(strategy, grid, rounds=2)
     record = strategy.reporter.records[-1]
     assert not record.failed
@@ -713,7 +735,9 @@ def test_a_data_file_that_does_not_fit_the_model_is_an_error_reply(tmp_path):
     np.savez(wrong, x=np.zeros((50, 3, 4), dtype=np.float32), y=np.zeros(50))
     grid = make_grid()
     grid.nodes[102] = {"data-path": str(wrong)}
-    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=3, min_available_nodes=3)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3)
+    )
     result = start(strategy, grid, rounds=1)
     assert result.arrays is not None  # the other two silos carried the round
     failed = " ".join(strategy.reporter.records[-1].failed)
@@ -750,7 +774,9 @@ def test_four_hospitals_as_four_silos(tmp_path):
         }
     )
     grid = InProcessGrid(nodes, settings)
-    strategy = LoadBalancedFedAvg(batch_size=8, local_steps=3, min_available_nodes=4)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=4, balancing=Balancing(batch_size=8, local_steps=3)
+    )
     start(strategy, grid, rounds=2)
     record = strategy.reporter.records[-1]
     assert not record.failed
@@ -765,7 +791,9 @@ def test_quorum_keeps_the_fastest_two_of_three():
     the ⌈0.6 · 3⌉ = 2 fastest updates are averaged."""
     grid = make_grid()
     strategy = QuorumFedAvg(
-        quorum=0.6, batch_size=16, local_steps=3, min_available_nodes=3, balancer=static
+        quorum=0.6,
+        min_available_nodes=3,
+        balancing=Balancing(batch_size=16, local_steps=3, balancer=static),
     )
     start(strategy, grid, rounds=2)
     assert [set(by_node) for by_node in sent_sizes(grid)] == [{100, 101, 102}] * 2
@@ -774,3 +802,30 @@ def test_quorum_keeps_the_fastest_two_of_three():
         assert any("node-102: not among the quorum" in f for f in record.failed)
     with pytest.raises(ValueError, match="quorum must be a fraction"):
         QuorumFedAvg(quorum=0.0)
+
+
+def test_the_strategy_reads_like_fedavg_and_its_option_groups_refuse_bad_values():
+    """FedAvg's arguments first, in FedAvg's order and with its defaults; then fedlb's,
+    keyword only, in a few documented groups; a bad value is refused with its name."""
+    import inspect
+
+    from flwr.serverapp.strategy import FedAvg
+
+    ours = inspect.signature(LoadBalancedFedAvg.__init__).parameters
+    theirs = inspect.signature(FedAvg.__init__).parameters
+    assert list(ours)[: len(theirs)] == list(theirs)
+    for name, parameter in theirs.items():
+        assert ours[name].default == parameter.default, name
+    own = [p for p in ours.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert len(ours) - 1 <= 20  # FedAvg takes ~10; ours reads like it
+    assert {p.name for p in own} >= {"balancing", "joining", "keeping"}
+    with pytest.raises(ValueError, match="batch_size must be None or an integer >= 1"):
+        Balancing(batch_size=0)
+    with pytest.raises(ValueError, match="local_steps must be None or an integer >= 1"):
+        Balancing(local_steps=True)
+    with pytest.raises(ValueError, match="rejoin_grace must be a finite number >= 0"):
+        Joining(rejoin_grace=float("nan"))
+    with pytest.raises(ValueError, match="evaluate_every must be >= 1"):
+        LoadBalancedFedAvg(evaluate_every=0)
+    assert LoadBalancedFedAvg(balancing=Balancing(guard=False)).guard is None
+    assert LoadBalancedFedAvg().guard is not LoadBalancedFedAvg().guard  # one guard each

@@ -22,7 +22,7 @@ from fedlb.cluster.service import ManagerService, _decode
 from fedlb.deploy import ConfigError, RunConfig
 from fedlb.deploy.silo_app import SiloConfigError, node_settings
 from fedlb.experiments import Scenario, ScenarioError
-from fedlb.flower import Checkpoint, CheckpointError, LoadBalancedFedAvg
+from fedlb.flower import Balancing, Checkpoint, CheckpointError, LoadBalancedFedAvg
 from fedlb.flower.protocol import (
     BATCH_SIZE,
     CPU,
@@ -134,7 +134,9 @@ def test_random_reports_are_used_or_dropped_with_a_reason(metrics):
 
 def strategy_in_round_two() -> LoadBalancedFedAvg:
     """A strategy whose balancer is running and that has sent round 2 to nodes 7 and 8."""
-    strategy = LoadBalancedFedAvg(batch_size=16, local_steps=5, min_available_nodes=1)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=1, balancing=Balancing(batch_size=16, local_steps=5)
+    )
     strategy.manager = BatchSizeManager({"7": 16, "8": 16})
     strategy._sent = {7: (16, 5), 8: (16, 5)}
     strategy.updates.new_round(GLOBAL)
@@ -177,7 +179,7 @@ def strategy_in_round_one() -> LoadBalancedFedAvg:
     """A strategy that has sent round 1 to nodes 7 and 8 with no orders: each silo runs
     its own loader's B0 for its own steps, and the balancer is made from their reports."""
     # the stability guard's floor would re-divide the sizes: the B0s are under test here
-    strategy = LoadBalancedFedAvg(min_available_nodes=1, guard=False)
+    strategy = LoadBalancedFedAvg(min_available_nodes=1, balancing=Balancing(guard=False))
     strategy._sent = {7: (None, None), 8: (None, None)}
     strategy.updates.new_round(GLOBAL)
     strategy._started = time.monotonic()

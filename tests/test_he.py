@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from fedlb.balance import BatchSizeManager, Static
 from fedlb.deploy import RunConfig, evaluate_reply, train_reply
 from fedlb.deploy.task import federation_data, model_for
-from fedlb.flower import LoadBalancedFedAvg, RoundReporter, balance_mod
+from fedlb.flower import Balancing, Keeping, LoadBalancedFedAvg, RoundReporter, balance_mod
 from fedlb.flower.he import (
     EncryptedAggregation,
     EncryptedModel,
@@ -218,14 +218,16 @@ class TestEncryptedFedAvg:
         config = RunConfig.from_mapping(self.SETTINGS)
         pool, _ = federation_data(config)
         strategy = LoadBalancedFedAvg(
-            batch_size=16,
-            local_steps=3,
-            balancer=lambda initial: BatchSizeManager(initial, Static()),
             min_available_nodes=3,
             evaluate_with_train=True,
-            reporter=RoundReporter(tmp_path),
             he=he,
             **options,
+            balancing=Balancing(
+                batch_size=16,
+                local_steps=3,
+                balancer=lambda initial: BatchSizeManager(initial, Static()),
+            ),
+            keeping=Keeping(reporter=RoundReporter(tmp_path)),
         )
         result = strategy.start(
             grid=grid,

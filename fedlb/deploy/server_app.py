@@ -16,9 +16,12 @@ from rich.console import Console
 from fedlb.balance import BatchSizeManager, make_estimator, make_tuner
 from fedlb.flower import (
     RUN_FILES,
+    Balancing,
     Checkpoint,
     CheckpointError,
     EncryptedAggregation,
+    Joining,
+    Keeping,
     LoadBalancedFedAvg,
     RoundReporter,
     check_resume,
@@ -56,25 +59,30 @@ def build_strategy(
     """The run's strategy from its settings; `strategy_class` and `extra` arguments: an
     experiment's variant of LoadBalancedFedAvg (fedlb.experiments' policies)."""
     out_dir = Path(config.out_dir) if config.out_dir else None
-    extra.setdefault("guard", bool(config.guard))
-    extra.setdefault("profiles", bool(config.profiles))
-    return strategy_class(
-        checkpoint_dir=out_dir,
-        run_settings=fresh_settings(config),
-        he=EncryptedAggregation.from_file(config.he_context) if config.he_context else None,
+    balancing = Balancing(
         batch_size=config.batch_size,
         local_steps=config.local_steps,
         balancer=make_balancer(config),
-        expected_silos=config.num_silos,
-        evaluate_every=config.evaluate_every,
-        evaluate_with_train=config.evaluate_mode == "with-train",
-        poll_interval=config.poll_interval or None,
-        audit_dir=out_dir / "updates" if config.keep_updates and out_dir else None,
-        reporter=reporter,
-        seed=config.seed,
+        guard=bool(config.guard),
+        profiles=bool(config.profiles),
+    )
+    return strategy_class(
         min_available_nodes=config.num_silos,
         min_train_nodes=1,
         min_evaluate_nodes=1,
+        balancing=balancing,
+        joining=Joining(expected_silos=config.num_silos),
+        keeping=Keeping(
+            reporter=reporter,
+            checkpoint_dir=out_dir,
+            run_settings=fresh_settings(config),
+            audit_dir=out_dir / "updates" if config.keep_updates and out_dir else None,
+        ),
+        evaluate_every=config.evaluate_every,
+        evaluate_with_train=config.evaluate_mode == "with-train",
+        poll_interval=config.poll_interval or None,
+        seed=config.seed,
+        he=EncryptedAggregation.from_file(config.he_context) if config.he_context else None,
         **extra,
     )
 

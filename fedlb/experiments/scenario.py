@@ -36,7 +36,8 @@ class Policy:
     description: str
     strategy_class: type[LoadBalancedFedAvg] = LoadBalancedFedAvg
     tuner: str = defaults.TUNER  # the run setting `tuner` (fedlb.balance.defaults)
-    extra: tuple[tuple[str, Any], ...] = ()  # the strategy's other arguments
+    extra: tuple[tuple[str, Any], ...] = ()  # the strategy's own other arguments
+    guard: bool = True  # the stability guard (where the run's settings have it on)
 
     def strategy_args(self) -> dict[str, Any]:
         return dict(self.extra)
@@ -47,7 +48,7 @@ POLICIES: dict[str, Policy] = {
     "lb": Policy("fedlb: B tuned, τ and η fixed (the default balancer and stability guard)"),
     "lb-full": Policy(
         "fedlb without its stability guard: full balance from round 2 (LB-BSP as published)",
-        extra=(("guard", False),),
+        guard=False,
     ),
     "lb-tau": Policy(
         "τ tuned per silo, B fixed (Orchestra/FedCompass family)",

@@ -85,7 +85,8 @@ def _server(grid: Grid, context: Context) -> None:
     _, config = experiment(context.run_config)
     policy = POLICIES[str(context.run_config[POLICY])]
     # round 1 from stored profiles would make a seed's run depend on the runs before it
-    run_app(grid, config, policy.strategy_class, {**policy.strategy_args(), "profiles": False})
+    config = dataclasses.replace(config, profiles=0, guard=int(policy.guard and bool(config.guard)))
+    run_app(grid, config, policy.strategy_class, policy.strategy_args())
 
 
 def scenario_clock(context: Context) -> EmulatedClock:

@@ -1,16 +1,17 @@
 """fedlb.flower: the Flower adapters, what a user of their own Flower app imports
 (docs/flower.md).
 
-- `LoadBalancedFedAvg`: the strategy, a drop-in for Flower's FedAvg; `PollingGrid`.
+- `LoadBalancedFedAvg`: the strategy, a drop-in for Flower's FedAvg, its own options in
+  three groups (`Balancing`, `Joining`, `Keeping`); `PollingGrid`.
 - `balance_mod`, `balanced_loader` (`BalancedLoader`, `SiloClock`), `warm_up_torch`:
   anybody's ClientApp, balanced.
 - `he_mod`, `EncryptedAggregation`, `EncryptedModel`, `save_encrypted`, `load_encrypted`,
   `decrypt_record`: updates averaged under CKKS, the server never seeing a model.
 - `Checkpoint`, `load_checkpoint`, `save_checkpoint`, `check_resume`, `start_run_identity`
   (`CheckpointError`): a run's state, resumable.
-- `RoundRecord`, `SiloRound`, `RoundReporter`, `records_from_json_lines`,
-  `summarise_rounds`, `accuracy_of`, `compare_runs`, `middle_rounds`: per-round results and
-  what they add up to; `RUN_FILES`: the files of a run's out-dir.
+- `RoundRecord`, `RoundReporter`, `records_from_json_lines`, `summarise_rounds`,
+  `accuracy_of`, `compare_runs`: per-round results and what they add up to; `RUN_FILES`:
+  the files of a run's out-dir.
 
 The wire protocol (every key fedlb adds to Flower's messages) is the public module
 `fedlb.flower.protocol`. Running fedlb's own server and silos is `fedlb.deploy`.
@@ -43,13 +44,12 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         load_encrypted,
         save_encrypted,
     )
+    from .options import Balancing, Joining, Keeping
     from .records import (
         RoundRecord,
         RoundReporter,
-        SiloRound,
         accuracy_of,
         compare_runs,
-        middle_rounds,
         records_from_json_lines,
         summarise_rounds,
     )
@@ -59,16 +59,18 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
 __all__ = [
     "RUN_FILES",
     "BalancedLoader",
+    "Balancing",
     "Checkpoint",
     "CheckpointError",
     "EncryptedAggregation",
     "EncryptedModel",
+    "Joining",
+    "Keeping",
     "LoadBalancedFedAvg",
     "PollingGrid",
     "RoundRecord",
     "RoundReporter",
     "SiloClock",
-    "SiloRound",
     "accuracy_of",
     "balance_mod",
     "balanced_loader",
@@ -78,7 +80,6 @@ __all__ = [
     "he_mod",
     "load_checkpoint",
     "load_encrypted",
-    "middle_rounds",
     "records_from_json_lines",
     "save_checkpoint",
     "save_encrypted",
@@ -118,13 +119,12 @@ __getattr__ = lazy_face(
         ".records": [
             "RoundRecord",
             "RoundReporter",
-            "SiloRound",
             "accuracy_of",
             "compare_runs",
-            "middle_rounds",
             "records_from_json_lines",
             "summarise_rounds",
         ],
+        ".options": ["Balancing", "Joining", "Keeping"],
         ".run_files": ["RUN_FILES"],
     },
 )

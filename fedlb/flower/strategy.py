@@ -8,7 +8,6 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
-from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -23,6 +22,7 @@ from .checkpoint import Checkpoint, restore_strategy_state, save_checkpoint, str
 from .grid import PollingGrid
 from .he import EncryptedAggregation, EncryptedModel
 from .membership import Membership, say
+from .options import Balancing, Joining, Keeping
 from .profiles import (
     SiloProfile,
     ask_profiles,
@@ -51,9 +51,6 @@ from .records import (
 from .replies import ReportCheck, UpdateCheck, only_metrics, triage_replies
 from .round_log import RoundLog, attach_evaluation, audit_round
 
-# (initial sizes) -> the balancer; BatchSizeManager itself gives fedlb's default.
-Balancer = Callable[[Mapping[str, int]], BatchSizeManager]
-
 MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
 
 
@@ -78,13 +75,13 @@ class LoadBalancedFedAvg(FedAvg):
         min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key,
         train_metrics_aggr_fn, evaluate_metrics_aggr_fn: as in FedAvg. The metric
             aggregation functions see the app's own metrics (fedlb's keys taken out).
-    Args (fedlb's, all optional):
-        batch_size: B0 for every silo instead of each silo's own loader's. Default None.
-        local_steps: τ for every silo instead of the steps its loop runs. Default None.
-        balancer: makes the balancer from the initial sizes. Default `BatchSizeManager`
-            (fedlb's default tuner and estimator).
-        expected_silos: silos to wait for before round 1. Default `min_available_nodes`.
-        join_timeout: seconds to wait for them before giving up. Default 600.
+    Args (fedlb's, all optional, keyword only; the groups are fedlb.flower.options'):
+        balancing: how each silo's batch size is decided (`Balancing`: B0, τ, the
+            balancer, the stability guard, round 1 from stored profiles).
+        joining: which silos take part (`Joining`: how many to wait for, how long, how
+            long a silo that missed a round stays out).
+        keeping: what the run keeps (`Keeping`: the round reporter, checkpoints, the
+            run's settings, an audit of every round's updates).
         evaluate_every: federated evaluation every k rounds and after the last.
             Default 1 (as FedAvg).
         evaluate_with_train: fedlb's own silo app only: the silo evaluates the model it
@@ -92,35 +89,12 @@ class LoadBalancedFedAvg(FedAvg):
             instead of two); only the final model gets an evaluate phase. Default False.
         poll_interval: seconds between pulls of replies (Flower's deployment Grid
             sleeps 3 s). Default 0.1; None keeps Flower's.
-        reporter: where round records go. Default a `RoundReporter` that keeps them.
-        audit_dir: every round's updates, weights and aggregate to audit_dir/round-K.npz.
-            Default None.
         seed: seed of node sampling. Default 0.
-        rejoin_grace: seconds a silo that missed a round is left out while the SuperLink
-            still lists it (a killed SuperNode stays listed until its heartbeats lapse,
-            Flower: 2 x 30 s). Default 60. X = Σ B0 of the silos present: one that leaves
-            takes its B0 out, one that comes back brings it again, with a new speed estimate.
         he: CKKS aggregation (`EncryptedAggregation` over a public context): the initial
             model is encrypted, replies must be ciphertexts under the run's key, and the
             weighted average is computed on ciphertexts. `Result.arrays` is then an
             `EncryptedModel`: save it with `save_encrypted`, decrypt it at a silo.
-        checkpoint_dir: checkpoint.npz there after every round (see `restore`).
-        run_settings: the run's settings, stored in checkpoints. Default None.
-        guard: keeps balancing from costing the model (`StabilityGuard`): no silo below
-            half the mean batch, and an update that blew up (norm per step not finite or
-            5x its peers' and its own, an update of NaN or infinity, or a non-finite
-            loss) is left out of the round's average and the floor rises a step (0.75,
-            then uniform). It reads the update norm `balance_mod()` reports (under HE
-            too, with `he_mod()` outside it) and the app's train loss metric. A higher
-            `min_share` of the balancer's tuner stays. Default True (fedlb's guard);
-            False: none (sizes fully balanced from round 2); or a `StabilityGuard` of
-            your own (`probe=0.15`: full balance when the first unequal round is calm).
-        profiles: when this machine's server has balanced this model before, ask the
-            silos for their stored speed profiles before round 1 (one train message
-            without a model, answered by `balance_mod()` without the app) and start
-            round 1 balanced; a profile the round finds off by more than 30% is said to
-            be stale (fedlb.flower.profiles).
-            Default False (a run's first round then never depends on earlier runs).
+            Default None.
     """
 
     def __init__(
@@ -136,23 +110,14 @@ class LoadBalancedFedAvg(FedAvg):
         train_metrics_aggr_fn: MetricsAggregation | None = None,
         evaluate_metrics_aggr_fn: MetricsAggregation | None = None,
         *,
-        batch_size: int | None = None,
-        local_steps: int | None = None,
-        balancer: Balancer = BatchSizeManager,
-        expected_silos: int | None = None,
-        join_timeout: float = 600.0,
+        balancing: Balancing = Balancing(),  # noqa: B008 (frozen: shared safely)
+        joining: Joining = Joining(),  # noqa: B008
+        keeping: Keeping = Keeping(),  # noqa: B008
         evaluate_every: int = 1,
         evaluate_with_train: bool = False,
         poll_interval: float | None = 0.1,
-        reporter: RoundReporter | None = None,
-        audit_dir: Path | None = None,
         seed: int = 0,
-        rejoin_grace: float = 60.0,
         he: EncryptedAggregation | None = None,
-        checkpoint_dir: Path | None = None,
-        run_settings: Mapping[str, Any] | None = None,
-        guard: StabilityGuard | bool = True,
-        profiles: bool = False,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -166,28 +131,27 @@ class LoadBalancedFedAvg(FedAvg):
             train_metrics_aggr_fn=train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
         )
-        for name, value in (("batch_size", batch_size), ("local_steps", local_steps)):
-            if value is not None and (isinstance(value, bool) or value < 1):
-                raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
         if evaluate_every < 1:
             raise ValueError(f"evaluate_every must be >= 1, got {evaluate_every}")
-        if not (math.isfinite(rejoin_grace) and rejoin_grace >= 0):
-            raise ValueError(f"rejoin_grace must be a finite number >= 0, got {rejoin_grace}")
-        self.batch_size = batch_size
-        self.local_steps = local_steps
-        self.balancer = balancer
+        self.batch_size = balancing.batch_size
+        self.local_steps = balancing.local_steps
+        self.balancer = balancing.balancer
+        self.profiles = balancing.profiles
+        self.guard: StabilityGuard | None = balancing.make_guard()
         self.evaluate_every = evaluate_every
         self.evaluate_with_train = evaluate_with_train
         self.poll_interval = poll_interval
+        reporter = keeping.reporter
         self.rounds = RoundLog(reporter if reporter is not None else RoundReporter())
-        self.audit_dir = audit_dir
+        self.audit_dir = keeping.audit_dir
+        self.checkpoint_dir = keeping.checkpoint_dir
+        self.run_settings = dict(keeping.run_settings)
         self.he = he
-        self.checkpoint_dir = checkpoint_dir
-        self.run_settings = dict(run_settings or {})
-        self.guard: StabilityGuard | None = (
-            guard if isinstance(guard, StabilityGuard) else StabilityGuard() if guard else None
+        self.members = Membership(
+            joining.expected_silos or min_available_nodes,
+            joining.join_timeout,
+            joining.rejoin_grace,
         )
-        self.members = Membership(expected_silos or min_available_nodes, join_timeout, rejoin_grace)
         self.updates = UpdateCheck(weighted_by_key, he)
         self.report_check = ReportCheck(weighted_by_key)
         self.manager: BatchSizeManager | None = None
@@ -203,7 +167,6 @@ class LoadBalancedFedAvg(FedAvg):
         self._finished = 0  # the last round finished (record closed, checkpointed)
         self._told_foreign_loop = False
         self._polling: PollingGrid | None = None  # its replies' arrival times per round
-        self.profiles = profiles
         self._model_key: str | None = None  # the model's layout, for speed profiles
         self._profiled: dict[int, SiloProfile] = {}  # round 1's profiles, checked after it
 

@@ -229,7 +229,7 @@ def test_decrypt_refuses_a_model_with_a_flipped_bit_and_a_damaged_file(tmp_path)
 
 # ---- a run that trained nothing, or fewer rounds than asked, is a failure -----------------
 def record(number, silos=True, failed=()):
-    from fedlb.flower import SiloRound
+    from fedlb.flower.records import SiloRound
 
     silo = SiloRound("silo-0", 1, 16, 5, 1.0, 0.0, 1.0, 0.0, 0.5, 100, 0.0, 16)
     return RoundRecord(

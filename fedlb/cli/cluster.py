@@ -15,6 +15,7 @@ from rich.table import Table
 from fedlb.balance import defaults
 from fedlb.cluster import CLUSTER_POLICIES, DEFAULT_CLUSTER_POLICY
 from fedlb.experiments import ClusterScenario, ClusterScenarioError, launch
+from fedlb.models import MODELS
 
 from .common import UsageError, app, console
 
@@ -63,7 +64,7 @@ def cluster(
         typer.Option(help="Competing load per rank: chance per 0.1 s it starts or stops."),
     ] = None,
     dataset: Annotated[str | None, typer.Option(help="Dataset (fedlb's table).")] = None,
-    model: Annotated[str | None, typer.Option(help="Model: mlp, lenet5, cnn, ...")] = None,
+    model: Annotated[str | None, typer.Option(help="Model: " + ", ".join(MODELS) + ".")] = None,
     target_accuracy: Annotated[
         float | None, typer.Option(help="Report time and updates to this test accuracy.")
     ] = None,

@@ -117,7 +117,9 @@ def experiment(
     partition: Annotated[
         str | None, typer.Option(help="iid, classes:K, dirichlet:α, natural.")
     ] = None,
-    model: Annotated[str | None, typer.Option(help=", ".join(MODELS) + ".")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="; ".join(f"{n}: {w}" for n, w in MODELS.items()) + ".")
+    ] = None,
     rounds: Annotated[int | None, typer.Option(help="Rounds per policy.")] = None,
     local_steps: Annotated[int | None, typer.Option(help="τ.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="B0.")] = None,

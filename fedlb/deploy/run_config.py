@@ -47,8 +47,7 @@ RUN_SETTING_HELP = {
     "dataset": "; ".join(f"{name}: {d.description}" for name, d in DATASETS.items()) + ".",
     "data-dir": "Where the dataset's files are ('' : its default place; see datasets/).",
     "partition": "; ".join(f"{name}: {what}" for name, what in PARTITIONERS.items()) + ".",
-    "model": "mlp, cnn, lenet5 (28x28 or 32x32 images), lstm (shakespeare), or logistic "
-    "(FLamby's Linear + sigmoid).",
+    "model": "; ".join(f"{name}: {what}" for name, what in MODELS.items()) + ".",
     "seed": "Seed of the partition, the model and the batch order.",
     "server-test-fraction": "Share held out for server-side evaluation (0: none).",
     "silo-test-fraction": "Share of each silo's part held out for its evaluation (not under "

@@ -9,7 +9,14 @@ from .logistic import Logistic
 from .mlp import MLP
 from .small import CharLSTM, SmallCNN
 
-MODELS = ("mlp", "lenet5", "cnn", "lstm", "logistic")
+# name -> what it is (for help texts and errors): the one table of model names
+MODELS = {
+    "mlp": "a small multi-layer perceptron (any input)",
+    "lenet5": "LeNet-5 (28x28 or 32x32 images)",
+    "cnn": "a small CNN (images)",
+    "lstm": "a character LSTM (shakespeare)",
+    "logistic": "FLamby's Linear + sigmoid (binary tasks, heart-flamby)",
+}
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:

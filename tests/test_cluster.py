@@ -234,3 +234,26 @@ def test_stopping_fedlb_cluster_stops_its_job(tmp_path):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_the_reason_given_for_a_failed_job_is_its_root_cause(tmp_path):
+    """torchrun names as root cause the first rank to report, often a survivor that lost
+    its peer; a rank killed by a signal is the reason, fedlb's own message next, then
+    torchrun's root cause. SIGTERM is torchrun stopping the rest, never the cause."""
+    from fedlb.cli.cluster import _failure
+
+    def entry(rank: int, code: str) -> str:
+        return f"  time      : t\n  rank      : {rank} (local_rank: {rank})\n  exitcode  : {code}\n"
+
+    log = tmp_path / "torchrun.log"
+    lost = "fedlb cluster: rank 0: [pair.cc:553] Connection closed by peer\n"
+    root = "Root Cause (first observed failure):\n[0]:\n"
+    log.write_text(lost + "failed (exitcode: 1) local_rank: 0\nFailures:\n[1]:\n")
+    log.write_text(log.read_text() + entry(2, "-9 (pid: 7)  (SIGKILL)") + root + entry(0, "1"))
+    assert _failure(log) == "rank 2 was killed by signal 9; the job stopped"
+    log.write_text("fedlb cluster: rank 1: bad batch size\n" + root + entry(1, "1"))
+    assert _failure(log) == "rank 1: bad batch size"
+    log.write_text("Failures:\n" + entry(0, "-15 (SIGTERM)") + root + entry(3, "2"))
+    assert _failure(log) == "rank 3 exited with 2; the job stopped"
+    log.unlink()
+    assert _failure(log) == "see the log"

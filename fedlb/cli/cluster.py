@@ -21,14 +21,23 @@ from .common import UsageError, app, console
 
 
 def _failure(log_path: Path) -> str:
-    """The job's own reason from its log: a rank killed by a signal (torchrun's root cause)
-    before the survivors' reports of the lost peer, else fedlb's message, else torchrun's."""
+    """The job's own reason from its log: a rank killed by a signal (in torchrun's failure
+    list, which names the root cause as the first rank to report, often a survivor that
+    lost its peer) before the survivors' reports, else fedlb's message, else torchrun's
+    root cause. SIGTERM is torchrun stopping the rest, not a cause."""
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    cause = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.S)
-    killed = cause is not None and int(cause.group(2)) < 0
+    # torchrun's entries: "  rank      : 2 (local_rank: 2)" then "  exitcode  : -9 (pid: ...)"
+    failures = re.findall(r"^\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)", text, re.M)
+    killed = [(rank, -int(code)) for rank, code in failures if int(code) < 0 and code != "-15"]
+    if killed:
+        rank, signal_number = killed[0]
+        return f"rank {rank} was killed by signal {signal_number}; the job stopped"
     ours = [line for line in text.splitlines() if line.startswith("fedlb cluster:")]
-    if ours and not killed:
+    if ours:
         return ours[0].removeprefix("fedlb cluster: ")
+    cause = re.search(
+        r"Root Cause.*?^\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)", text, re.S | re.M
+    )
     if cause:
         rank, code = cause.groups()
         how = f"was killed by signal {-int(code)}" if int(code) < 0 else f"exited with {code}"

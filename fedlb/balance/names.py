@@ -29,9 +29,8 @@ ESTIMATORS = {
 }
 
 
-def choices(table: dict[str, str]) -> str:
-    """The names of `table` for a help text or an error, the default marked."""
-    default = {id(TUNERS): TUNER, id(ESTIMATORS): ESTIMATOR}.get(id(table))
+def choices(table: dict[str, str], default: str | None = None) -> str:
+    """The names of `table` for a help text or an error, `default` marked."""
     return ", ".join(f"{name} (default)" if name == default else name for name in table)
 
 

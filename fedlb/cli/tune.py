@@ -52,11 +52,11 @@ def tune(
     capacity: Annotated[
         str | None, typer.Option(help="gpu curve: batch size that fills accelerator memory.")
     ] = None,
-    tuners: Annotated[str, typer.Option(help="Comma-separated: " + choices(TUNERS))] = ",".join(
-        (defaults.TUNER, *defaults.TUNE_ALSO)
-    ),
+    tuners: Annotated[
+        str, typer.Option(help="Comma-separated: " + choices(TUNERS, defaults.TUNER))
+    ] = ",".join((defaults.TUNER, *defaults.TUNE_ALSO)),
     estimator: Annotated[
-        str, typer.Option(help="Speed estimator: " + choices(ESTIMATORS) + ".")
+        str, typer.Option(help="Speed estimator: " + choices(ESTIMATORS, defaults.ESTIMATOR) + ".")
     ] = defaults.ESTIMATOR,
     rounds: Annotated[int, typer.Option(help="Rounds to model.")] = 10,
     noise: Annotated[float, typer.Option(help="Relative jitter of measured times.")] = 0.0,

@@ -32,8 +32,8 @@ RUN_SETTING_HELP = {
     "momentum": "SGD momentum on the silos.",
     "batch-stream": "per-round (a fresh shuffle each round, every batch full) or carried (one "
     "stream across rounds, each pass's last batch short: FLamby's way).",
-    "tuner": "How sizes move: " + choices(TUNERS) + " (static: plain FedAvg).",
-    "estimator": "Speed estimator: " + choices(ESTIMATORS) + ".",
+    "tuner": "How sizes move: " + choices(TUNERS, defaults.TUNER) + " (static: plain FedAvg).",
+    "estimator": "Speed estimator: " + choices(ESTIMATORS, defaults.ESTIMATOR) + ".",
     "min-batch": "Smallest B any silo gets.",
     "min-share": "Tuner pooled: no silo below min-share x the mean batch, whatever the "
     "guard does (the guard's own floor is 0.5; with guard 0, min-share alone).",

@@ -128,7 +128,6 @@ def prompt_supernode(idle_s: float = IDLE_PULL_S, reply_s: float = REPLY_WAIT_S)
     """Shorten the SuperNode loop's idle pause (3 s) to `idle_s`, its reply and object
     waits (0.5 s) to `reply_s`, and the first retry of its object pulls from the
     SuperLink (1 s) to PULL_BACKOFF_S, in this process."""
-    import functools
 
     from flwr.supernode import start_client_internal as loop
 
@@ -136,10 +135,7 @@ def prompt_supernode(idle_s: float = IDLE_PULL_S, reply_s: float = REPLY_WAIT_S)
     setattr(loop, "time", _ShortSleeps({idle: idle_s, reply: reply_s}))  # noqa: B010 (a module)
     # A prompt SuperNode often holds a message before the ServerApp has pushed all of its
     # objects to the SuperLink; Flower's object pulls then retry after 1 s. Ours: sooner.
-    name = "pull_objects"  # imported into that module by name
-    pull = getattr(loop, name)
-    original = pull.func if isinstance(pull, functools.partial) else pull
-    setattr(loop, name, functools.partial(original, initial_backoff=PULL_BACKOFF_S))
+    _first_retry_after(loop, "pull_objects", PULL_BACKOFF_S)
 
 
 def _supernode_main(arguments: Sequence[str]) -> int:
@@ -283,14 +279,19 @@ def serve(
 def fast_object_pulls(backoff: float = PULL_BACKOFF_S) -> None:
     """Make Flower's ClientApp runtime retry a message's object pulls after `backoff` s
     (doubling, capped as Flower caps it) instead of 1 s."""
-    import functools
-
     from flwr.supernode.runtime import run_clientapp as runtime
 
-    name = "pull_and_inflate_object_from_tree"  # imported into that module by name
-    pull = getattr(runtime, name)
+    _first_retry_after(runtime, "pull_and_inflate_object_from_tree", backoff)
+
+
+def _first_retry_after(module: object, name: str, backoff: float) -> None:
+    """Bind `initial_backoff=backoff` to Flower's pull function that `module` imported by
+    `name` (once: a second call replaces the first binding, never nests it)."""
+    import functools
+
+    pull = getattr(module, name)
     original = pull.func if isinstance(pull, functools.partial) else pull
-    setattr(runtime, name, functools.partial(original, initial_backoff=backoff))
+    setattr(module, name, functools.partial(original, initial_backoff=backoff))
 
 
 def _run_task(runtime_api_address: str, token: str, server_pid: int) -> None:

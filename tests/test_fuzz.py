@@ -120,13 +120,13 @@ def test_random_reports_are_used_or_dropped_with_a_reason(metrics):
         return
     assert (report.batch_size, report.local_steps) == (16, 5)
     manager = BatchSizeManager({"7": 16, "8": 16})
-    sizes = manager.step([report.worker_report("7")])
+    sizes = manager.step([report.worker_report(7)])
     assert sum(sizes.values()) == 32
     if manager.last_rejected:
         assert manager.last_rejected[0][0] == "7"
         assert manager.last_rejected[0][1]
     else:
-        worker = report.worker_report("7")
+        worker = report.worker_report(7)
         assert worker.problems() == []
         assert math.isfinite(worker.speed)
         assert worker.speed > 0

@@ -28,6 +28,7 @@ LAYERS = {
 # Modules other parts may import by name besides the faces, and why.
 PUBLIC_MODULES = {
     "fedlb.flower.protocol": "the wire protocol: every key fedlb adds to Flower's messages",
+    "fedlb.flower.identity": "a silo's identity (its node id) and the names derived from it",
 }
 MAX_FACE = 30
 
@@ -163,3 +164,35 @@ def test_no_package_holds_more_than_a_quarter_of_the_code():
     total = sum(len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py"))
     heavy = {p: n for p, n in lines.items() if n > total / 4}
     assert not heavy, f"{heavy} of {total} lines"
+
+
+def test_a_silo_is_named_from_its_node_id_in_one_module_only():
+    """The labels and the balancer's worker names are derived in fedlb/flower/identity.py;
+    a label format or a node id <-> worker conversion typed elsewhere is a second copy."""
+    import re
+
+    copies = re.compile(r'f"(node|silo)-\{|str\(node\)|int\(worker\)|int\(w\)')
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "identity.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if copies.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_a_silo_identity_survives_its_names():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from fedlb.flower.identity import by_node, by_worker, node_of, worker_name
+
+    @given(st.dictionaries(st.integers(min_value=0, max_value=2**64 - 1), st.integers()))
+    def round_trip(sizes):
+        assert by_node(by_worker(sizes)) == sizes
+        assert all(node_of(worker_name(n)) == n for n in sizes)
+
+    round_trip()
+    with pytest.raises(ValueError, match="not a Flower node id"):
+        node_of("rank-2")

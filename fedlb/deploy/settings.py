@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from fedlb.flower.identity import silo_label
 from fedlb.flower.protocol import (
     NODE_DATA_PATH,
     NODE_DEVICE,
@@ -247,8 +248,8 @@ class SiloSettings:
     def name(self) -> str:
         """Its label: silo-<partition id>, or silo-<its data file's name>."""
         if self.partition_id is not None:
-            return f"silo-{self.partition_id}"
-        return f"silo-{Path(self.data_path).stem}"
+            return silo_label(self.partition_id)
+        return silo_label(Path(self.data_path).stem)
 
     @property
     def speed(self) -> float:

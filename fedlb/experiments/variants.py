@@ -5,6 +5,7 @@ override of LoadBalancedFedAvg's hooks; the deployment strategy knows none of th
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from flwr.app import ConfigRecord, Message
@@ -25,19 +26,13 @@ class StepsTunedFedAvg(LoadBalancedFedAvg):
             raise ValueError("tuning τ needs batch_size and local_steps")
 
     def _orders(self, server_round: int, node: int) -> Orders:
-        steps = self.local_steps if self.manager is None else self.manager.sizes[str(node)]
+        size = self.size_of(node)
+        steps = self.local_steps if size is None else size
         return Orders(server_round, batch_size=self.batch_size, local_steps=steps)
 
     def _load_report(self, node: int, report: SiloReport) -> WorkerReport:
-        return WorkerReport(
-            worker=str(node),
-            batch_size=report.local_steps,
-            iterations=1,
-            compute_s=report.compute_s,
-            overhead_s=report.overhead_s,
-            cpu=report.cpu,
-            mem=report.mem,
-        )
+        # the load unit is one step: the round's steps, run as one "iteration"
+        return replace(report.worker_report(node), batch_size=report.local_steps, iterations=1)
 
     def _initial_load(self, report: SiloReport) -> int:
         return report.local_steps

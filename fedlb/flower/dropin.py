@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from fedlb.training import EmulatedSpeed, Pace, ResizableBatchSampler, ResourceProbe, synchronize
 
+from .identity import node_label, silo_label
 from .profiles import (
     PROFILE_OF,
     SiloProfile,
@@ -215,7 +216,7 @@ def _partition_id(context: Context) -> int | None:
 def _label(context: Context) -> str:
     """The silo's name for its stored profile: silo-<partition-id>, else its node id."""
     partition = _partition_id(context)
-    return f"silo-{partition}" if partition is not None else f"node-{context.node_id}"
+    return silo_label(partition) if partition is not None else node_label(context.node_id)
 
 
 def _plain_arrays(content: RecordDict) -> dict[str, np.ndarray] | None:

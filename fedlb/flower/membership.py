@@ -13,6 +13,7 @@ from flwr.serverapp import Grid
 
 from fedlb.balance import BatchSizeManager, WorkerReport
 
+from .identity import by_node, node_label, node_of, silo_label, worker_name
 from .protocol import SiloReport, partition_of
 from .replies import only_metrics
 
@@ -57,12 +58,12 @@ class Membership:
         self.online: set[int] = set()  # as the SuperLink listed them last
 
     def label(self, node: int) -> str:
-        return self.labels.get(node, f"node-{node}")
+        return self.labels.get(node, node_label(node))
 
     def name(self, node: int, partition_id: int | None) -> None:
         """Label a node by its partition id (stable across restarts of its SuperNode)."""
         if partition_id is not None:
-            self.labels[node] = f"silo-{partition_id}"
+            self.labels[node] = silo_label(partition_id)
 
     def event(self, text: str) -> None:
         """Log a membership event now and keep it for the next round record."""
@@ -135,16 +136,20 @@ class Membership:
         if holder is not None and holder != node and self.holder_active(partition):
             if self.refused.get(node) != partition:
                 self.event(
-                    f"node-{node} claims partition {partition}, which node-{holder} already "
+                    f"{node_label(node)} claims partition {partition}, which "
+                    f"{node_label(holder)} already "
                     "holds: refused (one partition, one vote); a silo was started twice"
                 )
             self.refused[node] = partition
             return (
-                f"node-{node}: claims partition {partition}, already held by node-{holder}; "
+                f"{node_label(node)}: claims partition {partition}, already held by "
+                f"{node_label(holder)}; "
                 "its update is not counted (stop the silo started twice)"
             )
         if holder is not None and holder != node:
-            self.event(f"silo-{partition} is now node-{node} (node-{holder} is gone)")
+            self.event(
+                f"{silo_label(partition)} is now {node_label(node)} ({node_label(holder)} is gone)"
+            )
         self.claims[partition] = node
         self.refused.pop(node, None)
         return None
@@ -175,30 +180,30 @@ class Membership:
     def leave(self, manager: BatchSizeManager, node: int) -> None:
         """Remove a silo from the balancer: X loses the B0 it brought, the rest is
         re-divided in the others' proportions (the last silo stays)."""
-        if str(node) in manager.sizes and len(manager.workers) > 1:
-            sizes = manager.remove_worker(str(node), shrink=self.brought.get(node, 0))
+        if worker_name(node) in manager.sizes and len(manager.workers) > 1:
+            sizes = manager.remove_worker(worker_name(node), shrink=self.brought.get(node, 0))
             self.note(f"{self.label(node)} left", sizes)
 
     def join(self, manager: BatchSizeManager, node: int, b0: int) -> None:
         """Add a silo to the balancer with the B0 it brings (X grows by it) and a fresh
         speed estimate: its first round ran at that size, so it is balanced from its next."""
         self.brought[node] = b0
-        sizes = manager.add_worker(str(node), size=b0, grow=True)
+        sizes = manager.add_worker(worker_name(node), size=b0, grow=True)
         self.note(f"{self.label(node)} joined with its B0 = {b0} and a fresh speed estimate", sizes)
 
     def sync(self, manager: BatchSizeManager, present: list[int], sampled: list[int]) -> None:
         """Before a round: remove the silos no longer `present`, and take back sampled
         silos that left and came back (with their B0: nothing is known of the machine
         they are on now). Silos never seen join when their first report arrives."""
-        for worker in manager.workers:
-            if int(worker) not in present:
-                self.leave(manager, int(worker))
+        for node in map(node_of, manager.workers):
+            if node not in present:
+                self.leave(manager, node)
         for node in sampled:
-            if str(node) not in manager.sizes and node in self.brought:
+            if worker_name(node) not in manager.sizes and node in self.brought:
                 self.join(manager, node, self.brought[node])
 
     def note(self, event: str, sizes: dict[str, int]) -> None:
-        by_label = {self.label(int(w)): b for w, b in sizes.items()}
+        by_label = {self.label(n): b for n, b in by_node(sizes).items()}
         say(logging.INFO, "%s; X = %d divided: %s", event, sum(sizes.values()), by_label)
         self.events.append(event)
 
@@ -209,7 +214,7 @@ class Membership:
         said: Mapping[int, SiloReport],
     ) -> BatchSizeManager:
         """The balancer, made from the silos' first reports (what each brought to X)."""
-        self.brought.update({int(n): b for n, b in initial.items()})
+        self.brought.update(by_node(initial))
         manager = balancer(initial)
         say(
             logging.INFO,
@@ -234,20 +239,20 @@ class Membership:
         joining with their own B0 first; the next sizes by node. Reports the balancer
         rejects leave `reports` (and go to `rejected`, with the reason)."""
         for node, report in sorted(said.items()):
-            if str(node) not in manager.sizes:  # its first round: its own B0
+            if worker_name(node) not in manager.sizes:  # its first round: its own B0
                 self.join(manager, node, initial_load(report))
         sizes = manager.step(list(reports.values()))
         for worker, why in manager.last_rejected:
-            reports.pop(int(worker), None)  # not a time the round's figures can use either
-            rejected.append(f"{self.label(int(worker))}: {why}")
+            reports.pop(node_of(worker), None)  # not a time the round's figures can use either
+            rejected.append(f"{self.label(node_of(worker))}: {why}")
         self.warn_too_slow(manager)
-        return {int(w): b for w, b in sizes.items()}
+        return by_node(sizes)
 
     def warn_too_slow(self, manager: BatchSizeManager) -> None:
         """Say once per silo that it cannot keep up even at the smallest batch size."""
         for worker in sorted(manager.removal_candidates - self.too_slow):
             self.event(
-                f"{self.label(int(worker))} cannot keep up even at the smallest batch size: "
+                f"{self.label(node_of(worker))} cannot keep up even at the smallest batch size: "
                 "it holds every round back and should leave the federation"
             )
         self.too_slow = manager.removal_candidates

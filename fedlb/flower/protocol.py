@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import ConfigRecord, Message, MetricRecord
 
+from .identity import worker_name
+
 if TYPE_CHECKING:  # the silo side never needs the balancer: imported where a server uses it
     from fedlb.balance import WorkerReport
 
@@ -184,12 +186,12 @@ class SiloReport:
             out[START_S] = self.start_s
         return out
 
-    def worker_report(self, worker: str) -> WorkerReport:
-        """The report as the balancer's WorkerReport."""
+    def worker_report(self, node: int) -> WorkerReport:
+        """The report of the silo on `node` as the balancer's WorkerReport."""
         from fedlb.balance import WorkerReport
 
         return WorkerReport(
-            worker=worker,
+            worker=worker_name(node),
             batch_size=self.batch_size,
             iterations=self.local_steps,
             compute_s=self.compute_s,

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from fedlb.balance import WorkerReport, ideal_round_time
 
+from .identity import node_label
 from .protocol import HE_S, TRAIN_LOSS_NAMES, SiloReport, first_number
 from .run_files import RUN_FILES
 
@@ -374,7 +375,7 @@ def round_record(
         loss = first_number(metrics, TRAIN_LOSS_NAMES)
         silos.append(
             SiloRound(
-                silo=labels.get(node, f"node-{node}"),
+                silo=labels.get(node, node_label(node)),
                 node=node,
                 batch_size=said_by.batch_size if said_by else sent.get(node, (0, 0))[0] or 0,
                 local_steps=said_by.local_steps if said_by else sent.get(node, (0, 0))[1] or 0,

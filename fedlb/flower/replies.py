@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 from fedlb.he import CiphertextError
 
 from .he import EncryptedAggregation
+from .identity import node_label
 from .protocol import ProtocolError, SiloReport, numbers, read_report
 
 NON_FINITE = "holds NaN or infinite values"  # an update that blew up
@@ -67,7 +68,7 @@ class UpdateCheck:
             if problem is None:
                 usable.append(msg)
             else:
-                unusable.append(f"node-{msg.metadata.src_node_id} unusable: {problem}")
+                unusable.append(f"{node_label(msg.metadata.src_node_id)} unusable: {problem}")
         return usable, unusable
 
     def _arrays_problem(self, msg: Message) -> str | None:
@@ -151,13 +152,13 @@ def triage_replies(replies: list[Message], sent_to: dict[str, int], updates: Upd
         node = sent_to.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
         triage.answered.add(node)
         if msg.has_error():
-            triage.failed.append(f"node-{node}: {msg.error.reason}")
+            triage.failed.append(f"{node_label(node)}: {msg.error.reason}")
             if msg.metadata.src_node_id != node:
                 triage.unreachable.append(node)
             continue
         problem = updates.problem(msg)
         if problem is not None:
-            triage.failed.append(f"node-{node}: update rejected: {problem}")
+            triage.failed.append(f"{node_label(node)}: update rejected: {problem}")
             if NON_FINITE in problem:
                 triage.blown_up.append(node)
             continue

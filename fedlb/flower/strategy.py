@@ -21,6 +21,7 @@ from fedlb.balance import BatchSizeManager, StabilityGuard, WorkerReport
 from .checkpoint import Checkpoint, restore_strategy_state, save_checkpoint, strategy_state
 from .grid import PollingGrid
 from .he import EncryptedAggregation, EncryptedModel
+from .identity import by_node, node_label, worker_name
 from .membership import Membership, say
 from .options import Balancing, Joining, Keeping
 from .profiles import (
@@ -211,7 +212,12 @@ class LoadBalancedFedAvg(FedAvg):
 
     def current_sizes(self) -> dict[int, int]:
         """Every known silo's batch size for the next round, by node id."""
-        return {} if self.manager is None else {int(k): v for k, v in self.manager.sizes.items()}
+        return {} if self.manager is None else by_node(self.manager.sizes)
+
+    def size_of(self, node: int) -> int | None:
+        """The balancer's current load for `node` (None before balancing starts, or for a
+        silo it does not hold)."""
+        return None if self.manager is None else self.manager.sizes.get(worker_name(node))
 
     def sizes_by_silo(self) -> dict[str, int]:
         """The same, by silo label (silo-<partition-id> where known)."""
@@ -288,7 +294,7 @@ class LoadBalancedFedAvg(FedAvg):
     # Hooks the experiment-only variants (fedlb.experiments) override ------------------
     def _orders(self, server_round: int, node: int) -> Orders:
         """What `node` is told to run this round."""
-        size = None if self.manager is None else self.manager.sizes.get(str(node))
+        size = self.size_of(node)
         return Orders(
             server_round=server_round,
             batch_size=size if size is not None else self.batch_size,
@@ -302,7 +308,7 @@ class LoadBalancedFedAvg(FedAvg):
 
     def _load_report(self, node: int, report: SiloReport) -> WorkerReport:
         """The balancer's view of a silo's report (its load unit: samples per step)."""
-        return report.worker_report(str(node))
+        return report.worker_report(node)
 
     def _initial_load(self, report: SiloReport) -> int:
         """A silo's starting size in the balancer's unit, from its first report."""
@@ -413,7 +419,7 @@ class LoadBalancedFedAvg(FedAvg):
             self.members.bench(node, server_round, "unreachable", self.manager)
         for node in self._sent:
             if node not in triage.answered:
-                failed.append(f"node-{node}: no reply within the round timeout")
+                failed.append(f"{node_label(node)}: no reply within the round timeout")
                 self.members.bench(
                     node, server_round, "no reply within the round timeout", self.manager
                 )
@@ -423,7 +429,9 @@ class LoadBalancedFedAvg(FedAvg):
         valid = self.members.one_vote_each(server_round, valid, failed)
         kept = self._keep(server_round, valid)
         failed += [
-            f"node-{m.metadata.src_node_id}: not among the quorum" for m in valid if m not in kept
+            f"{node_label(m.metadata.src_node_id)}: not among the quorum"
+            for m in valid
+            if m not in kept
         ]
         reports: dict[int, WorkerReport] = {}
         said: dict[int, SiloReport] = {}
@@ -496,20 +504,20 @@ class LoadBalancedFedAvg(FedAvg):
         # Per local step: a silo with more steps (a bigger dataset, τ = len(its loader))
         # moves the model further without diverging.
         norms = {
-            str(n): r.update_norm / r.local_steps
+            worker_name(n): r.update_norm / r.local_steps
             for n, r in said.items()
             if r.update_norm is not None
         }
         # updates rejected for NaN or infinity: left out already, and a blow-up all the same
-        norms.update({str(n): math.inf for n in blown_up})
+        norms.update({worker_name(n): math.inf for n in blown_up})
         losses = {
-            str(n): loss
+            worker_name(n): loss
             for n in said
             if (loss := first_number(app_numbers.get(n, {}), TRAIN_LOSS_NAMES)) is not None
         }
-        sizes = {str(n): r.batch_size for n, r in said.items()}
+        sizes = {worker_name(n): r.batch_size for n, r in said.items()}
         verdict = self.guard.check(norms, losses, sizes)
-        found = {int(n): why for n, why in verdict.diverged.items() if int(n) not in blown_up}
+        found = {n: why for n, why in by_node(verdict.diverged).items() if n not in blown_up}
         for node, why in found.items():
             say(
                 WARNING,

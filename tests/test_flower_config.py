@@ -182,7 +182,7 @@ def test_wrong_he_key_files_are_refused_before_anything_starts(tmp_path):
     result = runner.invoke(app, [*silo_args, str(junk)])
     assert result.exit_code == 2, result.output
     assert "not a TenSEAL context" in flat(result.output)
-    assert "junk" in flat(result.output)
+    assert str(junk) in "".join(flat(result.output).split())  # a long path wraps anywhere
 
 
 def test_tls_and_silo_key_files_are_checked_before_anything_starts(tmp_path):

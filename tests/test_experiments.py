@@ -241,6 +241,52 @@ def test_variants_refuse_what_they_cannot_run():
 
 
 @pytest.mark.slow
+def test_an_experiment_runs_on_a_two_node_ray_cluster(tmp_path):
+    """A Ray head that hosts no silo (0 CPUs) and a second node with one CPU, as a cluster
+    of two machines would be: Flower places ClientApp actors only where a CPU is free, so
+    the experiment finishing means its silos trained on the second node. Every Ray
+    process is gone once the nodes are stopped."""
+    import psutil
+    import ray
+
+    from fedlb.deploy import start_ray_head, start_ray_node
+
+    with (
+        start_ray_head(tmp_path / "ray", num_cpus=0) as head,
+        start_ray_node(tmp_path / "ray", head.address, num_cpus=1, name="second") as second,
+    ):
+        ray.init(address=head.address, logging_level="ERROR")
+        try:
+            nodes = [n for n in ray.nodes() if n["Alive"]]
+        finally:
+            ray.shutdown()
+        assert sorted(n["Resources"].get("CPU", 0) for n in nodes) == [0, 1]
+        started = [psutil.Process(p.process.pid).children(recursive=True) for p in (head, second)]
+        result = CliRunner().invoke(
+            app,
+            [
+                "experiment",
+                *("--silos", "2", "--speeds", "1,2", "--rounds", "2", "--local-steps", "3"),
+                *("--batch-size", "16", "--policies", "lb", "--target-accuracy", "0.2"),
+                *("--ray-address", head.address, "--out", str(tmp_path / "out")),
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        assert f"on the Ray cluster at {head.address}" in result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["policies"]["lb"]["rounds"] == 2
+    _, alive = psutil.wait_procs([p for group in started for p in group], timeout=20)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+
+
+def test_a_ray_address_is_host_and_port():
+    assert Scenario.from_mapping({"ray-address": "10.0.0.5:6379"}).ray_address
+    for wrong in ("10.0.0.5", "auto", "host:port", ":6379", "h:99999"):
+        with pytest.raises(ScenarioError, match="ray-address must be host:port"):
+            Scenario.from_mapping({"ray-address": wrong})
+
+
+@pytest.mark.slow
 def test_a_small_comparison_end_to_end(tmp_path):
     """`flwr run` on a simulation SuperLink, model clock, two policies, two seeds, digits (each
     policy's own behaviour: test_each_policy_does_what_it_says, in-process)."""

@@ -233,7 +233,7 @@ def test_a_silo_killed_mid_run_is_left_out_and_rejoins(tmp_path):
         outcome = federation.run(
             # rounds on warm silos take about a second here: enough of them after the
             # timed-out one for the restarted silo to connect (a few seconds) and rejoin
-            run_settings(out, **{"round-timeout": 20.0, "num-rounds": 12, "evaluate-every": 20}),
+            run_settings(out, **{"round-timeout": 10.0, "num-rounds": 12, "evaluate-every": 20}),
             on_round=on_round,
             timeout=500,
         )

@@ -140,6 +140,13 @@ def experiment(
         bool | None,
         typer.Option("--he/--no-he", help="Encrypt updates with CKKS (fresh keys)."),
     ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="host:port of a running Ray cluster's head to run the silos on (its "
+            "nodes may be other machines); default: a Ray head started here for all runs."
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Results folder.")] = None,
     overwrite: Annotated[
         bool,
@@ -178,6 +185,7 @@ def experiment(
         seed=seed,
         repeats=repeats,
         he=he,
+        ray_address=ray_address,
         out=None if out is None else str(out),
     )
     if from_results is not None:
@@ -205,6 +213,7 @@ def experiment(
         f"{chosen.rounds} rounds, clock: {chosen.clock}; policies {chosen.policies}"
         + (f"; seeds {', '.join(map(str, chosen.seeds()))}" if chosen.repeats > 1 else "")
         + ("; HE: CKKS (measured HE seconds join each silo's fixed cost)" if chosen.he else "")
+        + (f"; on the Ray cluster at {chosen.ray_address}" if chosen.ray_address else "")
     )
 
     runs = len(chosen.policy_names()) * chosen.repeats

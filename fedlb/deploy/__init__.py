@@ -10,7 +10,8 @@
 - `run_server`, `start_silo`, `resume_settings`, `check_run_folder` (`ServerReady`):
   run them; `Federation` (`RunOutcome`): Flower's processes on this machine, a simulation
   SuperLink included; `FlowerProcess`, `DeployError`, `JoinError`, `supernode_join`,
-  `ClientAppFailures`: one process and what its log says.
+  `ClientAppFailures`: one process and what its log says; `start_ray_head`,
+  `start_ray_node` (`RayNode`): Ray nodes here for a simulation SuperLink's runs.
 - `run_app`, `train_reply`, `evaluate_reply`, `check_partition`: fedlb's own ServerApp
   body and silo handlers (modules `fedlb.deploy.server_app` / `client_app`; the app
   `flwr run` submits is `fedlb/deploy/app`). Silos start warm (`fedlb.deploy.warm`).
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
         start_silo,
     )
     from .processes import DeployError, FlowerProcess, JoinError
+    from .ray_nodes import RayNode, start_ray_head, start_ray_node
     from .run_config import ConfigError, RunConfig, as_settings, dataclass_arguments, read_toml
     from .server_app import run_app
     from .settings import (
@@ -53,6 +55,7 @@ __all__ = [
     "Federation",
     "FlowerProcess",
     "JoinError",
+    "RayNode",
     "RunConfig",
     "RunOutcome",
     "ServerReady",
@@ -71,6 +74,8 @@ __all__ = [
     "run_server",
     "server_settings",
     "silo_settings",
+    "start_ray_head",
+    "start_ray_node",
     "start_silo",
     "supernode_join",
     "train_reply",
@@ -102,6 +107,7 @@ __getattr__ = lazy_face(
             "start_silo",
         ],
         ".processes": ["DeployError", "FlowerProcess", "JoinError"],
+        ".ray_nodes": ["RayNode", "start_ray_head", "start_ray_node"],
         ".join": ["ClientAppFailures", "supernode_join"],
         ".federation": ["Federation", "RunOutcome"],
         ".server_app": ["run_app"],

@@ -17,6 +17,7 @@ from fedlb.flower import RUN_FILES, RoundRecord, records_from_json_lines
 from fedlb.security import TlsFiles
 
 from . import processes
+from .ray_nodes import RAY_ENV
 
 log = logging.getLogger("fedlb.flower")
 
@@ -116,6 +117,10 @@ class Federation:
             checkpoint's balancer state is keyed by. None: state in memory.
         simulation: a simulation SuperLink: runs bring their own virtual SuperNodes
             (`run(federation_config=...)`), on Flower's Simulation Engine (Ray).
+        ray_address: with `simulation`, the Ray cluster every run joins (host:port of its
+            head: `start_ray_head`, or a cluster of several machines). None: each run
+            starts a private Ray of its own (fedlb.deploy.ray_nodes says why sharing one
+            is faster).
     """
 
     def __init__(
@@ -127,9 +132,13 @@ class Federation:
         silo_keys: list[Path] | None = None,
         database: Path | None = None,
         simulation: bool = False,
+        ray_address: str | None = None,
     ) -> None:
+        if ray_address is not None and not simulation:
+            raise ValueError("ray_address is for a simulation SuperLink (simulation=True)")
         self.workdir = workdir
         self.simulation = simulation
+        self.ray_address = ray_address
         self.database = database
         self.host = host
         self.port = port
@@ -152,9 +161,9 @@ class Federation:
         env = None
         if self.simulation:
             extra.append("--simulation")
-            # Ray warns that it will stop overriding CUDA_VISIBLE_DEVICES for CPU-only
-            # actors; opting in to that behaviour now silences it and changes nothing here.
-            env = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
+            env = dict(RAY_ENV)
+            if self.ray_address is not None:  # inherited by every run's flwr-simulation
+                env["RAY_ADDRESS"] = self.ray_address
         self.link = processes.start_superlink(
             self.workdir, self.host, self.port, env=env, extra_args=extra, tls=self.tls
         )

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fedlb.deploy import DeployError, Federation
+from fedlb.deploy import DeployError, Federation, start_ray_head
 from fedlb.flower import RUN_FILES, RoundRecord, records_from_json_lines
 
 from .plots import plot_results, plot_seeds
@@ -104,7 +104,14 @@ def run_experiment(
     all_results: dict[int, dict[str, PolicyResult]] = {}
     he = fresh_keys(out / "keys") if scenario.he else None
     try:
-        with Federation(out / "processes", simulation=True) as federation:
+        with contextlib.ExitStack() as stack:
+            # one Ray for every run (fedlb.deploy.ray_nodes): the scenario's, or one here
+            address = scenario.ray_address or (
+                stack.enter_context(start_ray_head(out / "processes")).address
+            )
+            federation = stack.enter_context(
+                Federation(out / "processes", simulation=True, ray_address=address)
+            )
             for seed in scenario.seeds():
                 one = replace(scenario, seed=seed, repeats=1)
                 folder = out if scenario.repeats == 1 else out / f"seed-{seed}"

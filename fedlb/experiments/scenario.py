@@ -87,6 +87,11 @@ def scenario_arguments(
 STEADY_FROM_ROUND = 3
 
 
+def _is_address(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
 class ScenarioError(ValueError):
     """A scenario setting that cannot be run; the message names it."""
 
@@ -104,6 +109,10 @@ class Scenario:
     he: updates travel and are averaged as CKKS ciphertexts (fresh keys per run); the
         measured HE seconds join each silo's fixed cost on either clock, so the model
         clock is no longer bit-for-bit repeatable with it.
+    ray_address: the Ray cluster the policies' runs use: '' a head fedlb starts on this
+        machine for all of them (one Ray start instead of one per run); host:port the
+        head of a running cluster (`ray start --head` on one machine, `ray start
+        --address host:port` on the others), whose nodes all host silos.
     """
 
     name: str = "scenario"
@@ -127,6 +136,7 @@ class Scenario:
     seed: int = 0
     repeats: int = 1
     he: bool = False
+    ray_address: str = ""
     out: str = ""
 
     @classmethod
@@ -211,6 +221,11 @@ class Scenario:
             raise ScenarioError(f"target-accuracy must be in (0, 1], got {self.target_accuracy}")
         if not (math.isfinite(self.base_speed) and self.base_speed > 0):
             raise ScenarioError(f"base-speed must be > 0 samples/s, got {self.base_speed}")
+        if self.ray_address and not _is_address(self.ray_address):
+            raise ScenarioError(
+                f"ray-address must be host:port of a Ray head (e.g. 10.0.0.5:6379), or '' "
+                f"for a head on this machine; got {self.ray_address!r}"
+            )
         self.profiles()
         try:
             self.run_config()

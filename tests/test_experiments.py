@@ -244,8 +244,9 @@ def test_variants_refuse_what_they_cannot_run():
 def test_an_experiment_runs_on_a_two_node_ray_cluster(tmp_path):
     """A Ray head that hosts no silo (0 CPUs) and a second node with one CPU, as a cluster
     of two machines would be: Flower places ClientApp actors only where a CPU is free, so
-    the experiment finishing means its silos trained on the second node. Every Ray
-    process is gone once the nodes are stopped."""
+    the experiment finishing means its silos trained on the second node; the policy is
+    asynchronous FedBuff, its messages one silo at a time. Every Ray process is gone once
+    the nodes are stopped."""
     import psutil
     import ray
 
@@ -267,14 +268,16 @@ def test_an_experiment_runs_on_a_two_node_ray_cluster(tmp_path):
             [
                 "experiment",
                 *("--silos", "2", "--speeds", "1,2", "--rounds", "2", "--local-steps", "3"),
-                *("--batch-size", "16", "--policies", "lb", "--target-accuracy", "0.2"),
+                *("--batch-size", "16", "--policies", "fedbuff", "--target-accuracy", "0.2"),
                 *("--ray-address", head.address, "--out", str(tmp_path / "out")),
             ],
         )
         assert result.exit_code == 0, result.output
         assert f"on the Ray cluster at {head.address}" in result.output
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["policies"]["lb"]["rounds"] == 2
+    # FedBuff (asynchronous, K = 1 of 2 silos): FedAvg's 2 rounds of work, 4 updates
+    assert summary["policies"]["fedbuff"]["rounds"] == 4
+    assert summary["policies"]["fedbuff"]["final_accuracy"] is not None
     _, alive = psutil.wait_procs([p for group in started for p in group], timeout=20)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
 

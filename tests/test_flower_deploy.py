@@ -219,9 +219,8 @@ def test_a_silo_killed_mid_run_is_left_out_and_rejoins(tmp_path):
     SuperNode claims partition 1 all along: one partition, one vote."""
     out = tmp_path / "out"
     with Federation(tmp_path / "procs") as federation:
-        for i in range(3):
-            federation.add_silo(f"silo-{i}", silo_config(i, 3, 1))
-        federation.add_silo("twin", silo_config(1, 3, 1))  # silo-1 started twice
+        silos = {f"silo-{i}": silo_config(i, 3, 1) for i in range(3)}
+        federation.add_silos({**silos, "twin": silo_config(1, 3, 1)})  # silo-1 twice
         victim = federation.silos["silo-2"]
 
         def on_round(record):
@@ -274,8 +273,10 @@ def test_tls_and_silo_authentication_end_to_end(tmp_path):
     ) as federation:
         assert "--ssl-certfile" in federation.link.command
         assert "--enable-supernode-auth" in federation.link.command
-        for i, (private, _) in enumerate(keys):
-            federation.add_silo(f"silo-{i}", silo_config(i, 2, 1), auth_key=private)
+        federation.add_silos(
+            {f"silo-{i}": silo_config(i, 2, 1) for i in range(len(keys))},
+            {f"silo-{i}": private for i, (private, _) in enumerate(keys)},
+        )
         intruders = [
             start_supernode(
                 tmp_path / "procs",

@@ -432,11 +432,13 @@ def test_quickstart_deployed_on_unequal_silos(tmp_path, monkeypatch):
     nodes = []
     try:
         deploy.write_connection(home, f"127.0.0.1:{link.port}")
-        for i, speed in enumerate(DEPLOYED_SPEEDS):
+        address = f"127.0.0.1:{link.port}"
+        for i, speed in enumerate(DEPLOYED_SPEEDS):  # all started, then waited for
             # 3 of 6 partitions: ~190 samples and 6 steps per silo, rounds of a few seconds
             config = {"partition-id": i, "num-partitions": 6, "emulated-speed": speed}
-            address = f"127.0.0.1:{link.port}"
-            nodes.append(deploy.start_supernode(tmp_path, f"silo-{i}", address, config, warm=True))
+            nodes.append(deploy.launch_supernode(tmp_path, f"silo-{i}", address, config, warm=True))
+        for node in nodes:
+            deploy.supernode_ready(node)
         output, status = _flwr_run(home, app, ["--run-config", "num-server-rounds=2"], timeout=400)
     finally:
         for node in nodes:

@@ -168,7 +168,7 @@ def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
     ran each message in a fork of it; an unsigned caller is refused its tasks; a server
     killed between runs is restarted, said so, and the next run completes."""
     with Federation(tmp_path / "procs") as federation:
-        nodes = [federation.add_silo(f"silo-{i}", silo_config(i), warm=True) for i in range(2)]
+        nodes = federation.add_silos({f"silo-{i}": silo_config(i) for i in range(2)}, warm=True)
         servers = [warm_server(node) for node in nodes]
         for node in nodes:  # Flower's SuperNode, run prompt by fedlb's launcher
             launcher = psutil.Process(node.pid).children()[0]

@@ -190,18 +190,48 @@ class Federation:
         when SuperNode authentication is on; `warm` (the default, as for `fedlb silo`):
         its ClientApps start warm and its SuperNode pulls promptly (fedlb.deploy.warm),
         else Flower's own process per message."""
+        return self.add_silos({name: node_config}, {name: auth_key} if auth_key else None, warm)[0]
+
+    def add_silos(
+        self,
+        node_configs: Mapping[str, Mapping[str, Any]],
+        auth_keys: Mapping[str, Path] | None = None,
+        warm: bool = True,
+    ) -> list[processes.FlowerProcess]:
+        """`add_silo` for several silos (name -> node config, name -> private key), all
+        started before any is waited for: their start-ups (torch imported, the SuperNode
+        up) overlap. If one fails, those started here are stopped and the error raised."""
         ca = self.tls.ca if self.tls is not None else None
-        node = processes.start_supernode(
-            self.workdir,
-            name,
-            self.address,
-            node_config,
-            root_certificates=ca,
-            extra_args=["--auth-supernode-private-key", str(auth_key)] if auth_key else None,
-            warm=warm,
-        )
-        self.silos[name] = node
-        return node
+        launched: list[processes.FlowerProcess] = []
+        ports: set[int] = {self.link.port} if self.link is not None else set()
+        try:
+            for name, node_config in node_configs.items():
+                key = (auth_keys or {}).get(name)
+                port = processes.free_port()
+                while port in ports:  # each its own local API, though none is bound yet
+                    port = processes.free_port()
+                ports.add(port)
+                launched.append(
+                    processes.launch_supernode(
+                        self.workdir,
+                        name,
+                        self.address,
+                        node_config,
+                        port,
+                        root_certificates=ca,
+                        extra_args=["--auth-supernode-private-key", str(key)] if key else None,
+                        warm=warm,
+                    )
+                )
+            for node in launched:
+                processes.supernode_ready(node)
+        except BaseException:
+            for node in launched:
+                node.stop()
+            raise
+        for name, node in zip(node_configs, launched, strict=True):
+            self.silos[name] = node
+        return launched
 
     def run(
         self,

@@ -147,9 +147,11 @@ def run_server(
             )
 
         record_processes()
-        for silo in local_silos:
-            federation.add_silo(silo.name, silo.node_config(), warm=silo.warm)
-            record_processes()
+        for warm in (True, False):  # each kind started at once: their start-ups overlap
+            federation.add_silos(
+                {s.name: s.node_config() for s in local_silos if s.warm == warm}, warm=warm
+            )
+        record_processes()
         if on_ready is not None:
             on_ready(
                 ServerReady(

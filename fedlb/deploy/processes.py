@@ -309,7 +309,37 @@ def start_supernode(
     With `root_certificates` (the federation's ca.crt) it talks TLS to the SuperLink and
     refuses one whose certificate that CA did not sign; without, plain HTTP. Returns once
     its local API is up, connected or not (`wait_joined` waits for that); a SuperNode
-    refused before its API came up raises JoinError with Flower's reason."""
+    refused before its API came up raises JoinError with Flower's reason. Several at
+    once: `launch_supernode` each, then `supernode_ready` each (they start in parallel)."""
+    node = launch_supernode(
+        workdir,
+        name,
+        superlink,
+        node_config,
+        port,
+        env,
+        extra_args,
+        root_certificates,
+        warm,
+        preload,
+    )
+    supernode_ready(node)
+    return node
+
+
+def launch_supernode(
+    workdir: Path,
+    name: str,
+    superlink: str,
+    node_config: Mapping[str, Any],
+    port: int | None = None,
+    env: Mapping[str, str] | None = None,
+    extra_args: list[str] | None = None,
+    root_certificates: Path | None = None,
+    warm: bool = False,
+    preload: Sequence[str] = (),
+) -> FlowerProcess:
+    """`start_supernode` without waiting for its API: the process, started."""
     if port:
         check_port_free("127.0.0.1", port, f"silo {name}'s SuperNode")
     port = port or free_port()
@@ -339,15 +369,19 @@ def start_supernode(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("a") as out:  # the log is appended to: mark where this start begins
         out.write(f"{SUPERNODE_START} {name} for {superlink} at {time.strftime('%F %T')}\n")
-    node = FlowerProcess.start(name, command, workdir / f"home-{name}", log_path, port, env)
+    return FlowerProcess.start(name, command, workdir / f"home-{name}", log_path, port, env)
+
+
+def supernode_ready(node: FlowerProcess) -> None:
+    """Wait for a launched SuperNode's local API; stopped and JoinError (Flower's reason)
+    when the server refused it, stopped and DeployError when it did not come up."""
     try:
         node.healthy_or_stopped()
     except DeployError as error:
-        join = supernode_join(log_path)
+        join = supernode_join(node.log_path)
         if join.refused:
             raise JoinError(f"refused by the server: {join.refused}", join.unregistered) from error
         raise
-    return node
 
 
 def wait_joined(

@@ -23,6 +23,7 @@ from fedlb.deploy import (
 from fedlb.flower import LoadBalancedFedAvg
 from fedlb.training import BASE_SPEED
 
+from .asynchronous import FedBuff, FedCompass
 from .clocks import LinearTime, ideal_split, round_time
 from .profiles import CLOCKS, SpeedProfile, preset
 from .variants import QuorumFedAvg, ScaledLrFedAvg, StepsTunedFedAvg
@@ -38,6 +39,7 @@ class Policy:
     tuner: str = defaults.TUNER  # the run setting `tuner` (fedlb.balance.defaults)
     extra: tuple[tuple[str, Any], ...] = ()  # the strategy's own other arguments
     guard: bool = True  # the stability guard (where the run's settings have it on)
+    asynchronous: bool = False  # no rounds: its records are server updates (asynchronous.py)
 
     def strategy_args(self) -> dict[str, Any]:
         return dict(self.extra)
@@ -62,6 +64,21 @@ POLICIES: dict[str, Policy] = {
         QuorumFedAvg,
         tuner="static",
         extra=(("quorum", 0.5),),
+    ),
+    "fedbuff": Policy(
+        "FedBuff: asynchronous, the model moves by K = ⌈n/2⌉ staleness-weighted updates",
+        FedBuff,
+        tuner="static",
+        guard=False,
+        asynchronous=True,
+    ),
+    "fedcompass": Policy(
+        "FedCompass: asynchronous, τ_i in [τ/2, 2τ] from each silo's speed so silos "
+        "arrive in groups, a group applied together",
+        FedCompass,
+        tuner="static",
+        guard=False,
+        asynchronous=True,
     ),
 }
 

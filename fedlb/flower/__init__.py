@@ -10,8 +10,8 @@
 - `Checkpoint`, `load_checkpoint`, `save_checkpoint`, `check_resume`, `start_run_identity`
   (`CheckpointError`): a run's state, resumable.
 - `RoundRecord`, `RoundReporter`, `records_from_json_lines`, `summarise_rounds`,
-  `accuracy_of`, `compare_runs`: per-round results and what they add up to; `RUN_FILES`:
-  the files of a run's out-dir.
+  `accuracy_of`, `compare_runs`, `round_record`: per-round results and what they add up
+  to; `RUN_FILES`: the files of a run's out-dir.
 
 The wire protocol (every key fedlb adds to Flower's messages) is the public module
 `fedlb.flower.protocol`. Running fedlb's own server and silos is `fedlb.deploy`.
@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         accuracy_of,
         compare_runs,
         records_from_json_lines,
+        round_record,
         summarise_rounds,
     )
     from .run_files import RUN_FILES
@@ -81,6 +82,7 @@ __all__ = [
     "load_checkpoint",
     "load_encrypted",
     "records_from_json_lines",
+    "round_record",
     "save_checkpoint",
     "save_encrypted",
     "start_run_identity",
@@ -122,6 +124,7 @@ __getattr__ = lazy_face(
             "accuracy_of",
             "compare_runs",
             "records_from_json_lines",
+            "round_record",
             "summarise_rounds",
         ],
         ".options": ["Balancing", "Joining", "Keeping"],

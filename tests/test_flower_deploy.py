@@ -119,11 +119,16 @@ def test_three_silos_with_speed_factors_1_2_4(tmp_path):
             os.kill(pid, 0)
 
 
-def test_he_fedavg_on_real_processes(tmp_path):
-    """CKKS end to end: the server holds the public context only; every round's aggregate
-    (computed on ciphertexts) decrypts to the dataset-size-weighted mean of the decrypted
-    updates; the final model stays encrypted and `fedlb decrypt` opens it at a silo. Then
-    a run whose silos all fail is a failure with their reason."""
+def test_he_fedavg_over_tls_with_silo_authentication(tmp_path):
+    """One federation set up as a deployment across organisations would be, serving the
+    assertions of all three layers.
+    TLS and silo keys (`fedlb certs`, `fedlb silo-key`): the SuperLink serves HTTPS and
+    admits only registered silo keys; two registered silos train, a silo trusting another
+    CA and a silo with an unregistered key never join.
+    CKKS: the server holds the public context only; every round's aggregate (computed on
+    ciphertexts) decrypts to the dataset-size-weighted mean of the decrypted updates; the
+    final model stays encrypted and `fedlb decrypt` opens it at a silo. Then a run whose
+    silos all fail is a failure with their reason."""
     from collections import OrderedDict
 
     import typer
@@ -132,29 +137,70 @@ def test_he_fedavg_on_real_processes(tmp_path):
 
     from fedlb.cli import app
     from fedlb.cli.federation import finish
+    from fedlb.deploy.processes import start_supernode
     from fedlb.flower import decrypt_record
     from fedlb.he import load_context, write_keys
+    from fedlb.security import make_certificates, make_silo_key
 
     keys = write_keys(tmp_path / "keys")
     secret = load_context(keys.secret, "silo")
+    tls = make_certificates(tmp_path / "certs", ["127.0.0.1", "localhost"])
+    other = make_certificates(tmp_path / "other-ca", ["127.0.0.1"])
+    silo_keys = [make_silo_key(tmp_path / "silo-keys", f"silo-{i}") for i in range(2)]
+    stranger_key, _ = make_silo_key(tmp_path / "stranger", "stranger")
     out = tmp_path / "out"
-    with Federation(tmp_path / "procs") as federation:
-        for i, factor in enumerate((1, 3)):
-            federation.add_silo(
-                f"silo-{i}", {**silo_config(i, 2, factor), "he-context": str(keys.secret)}
-            )
+    with Federation(
+        tmp_path / "procs", tls=tls, silo_keys=[public for _, public in silo_keys]
+    ) as federation:
+        assert "--ssl-certfile" in federation.link.command
+        assert "--enable-supernode-auth" in federation.link.command
+        federation.add_silos(
+            {
+                f"silo-{i}": {**silo_config(i, 2, factor), "he-context": str(keys.secret)}
+                for i, factor in enumerate((1, 3))
+            },
+            {f"silo-{i}": private for i, (private, _) in enumerate(silo_keys)},
+        )
+        intruders = [
+            start_supernode(
+                tmp_path / "procs",
+                "wrong-ca",
+                federation.address,
+                silo_config(0, 2, 1),
+                root_certificates=other.ca,
+                extra_args=["--auth-supernode-private-key", str(silo_keys[0][0])],
+            ),
+            start_supernode(
+                tmp_path / "procs",
+                "unregistered",
+                federation.address,
+                silo_config(1, 2, 1),
+                root_certificates=tls.ca,
+                extra_args=["--auth-supernode-private-key", str(stranger_key)],
+            ),
+        ]
         settings = {
             "num-silos": 2,
             "partition": "dirichlet:0.5",  # unequal dataset sizes: the weights matter
             "keep-updates": 1,
             "he-context": str(keys.public),
         }
-        outcome = federation.run(run_settings(out, **settings), timeout=400)
-        # The same silos in a run that splits the data otherwise (num-silos 1, their
-        # num-partitions 2): each fails every round. Flower calls that run completed;
-        # fedlb calls it a failure, with the silos' reason, and `fedlb server` exits 1.
-        failing = {**settings, "num-silos": 1, "num-rounds": 1, "local-steps": 1}
-        failed = federation.run(run_settings(tmp_path / "out-2", **failing), timeout=200)
+        try:
+            outcome = federation.run(run_settings(out, **settings), timeout=400)
+            # The same silos in a run that splits the data otherwise (num-silos 1, their
+            # num-partitions 2): each fails every round. Flower calls that run completed;
+            # fedlb calls it a failure, with the silos' reason, and `fedlb server` exits 1.
+            failing = {**settings, "num-silos": 1, "num-rounds": 1, "local-steps": 1}
+            failed = federation.run(run_settings(tmp_path / "out-2", **failing), timeout=200)
+        finally:
+            for node in intruders:
+                node.stop()
+    wrong_ca = intruders[0].log_path.read_text(errors="replace")
+    assert "CERTIFICATE_VERIFY_FAILED" in wrong_ca, wrong_ca[-2000:]
+    unregistered = intruders[1].log_path.read_text(errors="replace")
+    assert "could not establish a connection" in unregistered.lower() or (
+        "failed to activate" in unregistered.lower()
+    ), unregistered[-2000:]
     assert failed.status == "finished:completed"
     assert not failed.ok
     assert "1 of 1 rounds trained nothing" in failed.problem
@@ -169,6 +215,7 @@ def test_he_fedavg_on_real_processes(tmp_path):
     assert "HE on" in outcome.log_path.read_text()
     assert [r.round for r in outcome.records] == [1, 2, 3]
     assert all(not r.failed and not r.rejected for r in outcome.records)
+    assert all(len(r.silos) == 2 for r in outcome.records)  # no intruder took part
     assert outcome.records[-1].accuracy is not None  # federated evaluation under HE
     for record in outcome.records:
         for silo in record.silos:
@@ -254,63 +301,6 @@ def test_a_silo_killed_mid_run_is_left_out_and_rejoins(tmp_path):
     assert sum(s.batch_size for s in back.silos) == 48
     assert {s.silo for s in records[-1].silos} == {"silo-0", "silo-1", "silo-2"}
     assert records[-1].accuracy is not None  # the last round evaluates on all three
-
-
-def test_tls_and_silo_authentication_end_to_end(tmp_path):
-    """`fedlb certs` and `fedlb silo-key` files: the SuperLink serves HTTPS and admits only
-    registered silo keys. Two registered silos train; a silo trusting another CA and a silo
-    with an unregistered key never join."""
-    from fedlb.deploy.processes import start_supernode
-    from fedlb.security import make_certificates, make_silo_key
-
-    tls = make_certificates(tmp_path / "certs", ["127.0.0.1", "localhost"])
-    other = make_certificates(tmp_path / "other-ca", ["127.0.0.1"])
-    keys = [make_silo_key(tmp_path / "keys", f"silo-{i}") for i in range(2)]
-    stranger_key, _ = make_silo_key(tmp_path / "stranger", "stranger")
-    out = tmp_path / "out"
-    with Federation(
-        tmp_path / "procs", tls=tls, silo_keys=[public for _, public in keys]
-    ) as federation:
-        assert "--ssl-certfile" in federation.link.command
-        assert "--enable-supernode-auth" in federation.link.command
-        federation.add_silos(
-            {f"silo-{i}": silo_config(i, 2, 1) for i in range(len(keys))},
-            {f"silo-{i}": private for i, (private, _) in enumerate(keys)},
-        )
-        intruders = [
-            start_supernode(
-                tmp_path / "procs",
-                "wrong-ca",
-                federation.address,
-                silo_config(0, 2, 1),
-                root_certificates=other.ca,
-                extra_args=["--auth-supernode-private-key", str(keys[0][0])],
-            ),
-            start_supernode(
-                tmp_path / "procs",
-                "unregistered",
-                federation.address,
-                silo_config(1, 2, 1),
-                root_certificates=tls.ca,
-                extra_args=["--auth-supernode-private-key", str(stranger_key)],
-            ),
-        ]
-        try:
-            outcome = federation.run(
-                run_settings(out, **{"num-silos": 2, "num-rounds": 2}), timeout=300
-            )
-        finally:
-            for node in intruders:
-                node.stop()
-    assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
-    assert [r.round for r in outcome.records] == [1, 2]
-    assert all(len(r.silos) == 2 for r in outcome.records)  # no intruder took part
-    wrong_ca = intruders[0].log_path.read_text(errors="replace")
-    assert "CERTIFICATE_VERIFY_FAILED" in wrong_ca, wrong_ca[-2000:]
-    unregistered = intruders[1].log_path.read_text(errors="replace")
-    assert "could not establish a connection" in unregistered.lower() or (
-        "failed to activate" in unregistered.lower()
-    ), unregistered[-2000:]
 
 
 def test_fedlb_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path):

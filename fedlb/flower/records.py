@@ -71,6 +71,7 @@ class RoundRecord:
     server_accuracy: float | None = None  # centralised evaluation on the server's test set
     server_loss: float | None = None
     server_s: float | None = None  # the strategy's own seconds (not waiting for silos)
+    balancer_s: float | None = None  # of server_s: the balancer's step (estimators, tuner)
     server_rss_mb: float | None = None  # the server process's resident memory at round end
 
     @property

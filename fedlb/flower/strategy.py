@@ -467,11 +467,13 @@ class LoadBalancedFedAvg(FedAvg):
                 f"{self.members.label(n)}: update diverged, left out of the average: {why}"
                 for n, why in diverged.items()
             ]
+        stepped = time.perf_counter()
         next_sizes = (
             {}
             if self.manager is None
             else self.members.step(self.manager, said, reports, rejected, self._initial_load)
         )
+        balancer_s = time.perf_counter() - stepped
         arrived = self._polling.replied_s if self._polling is not None else {}
         record = round_record(
             server_round,
@@ -488,6 +490,7 @@ class LoadBalancedFedAvg(FedAvg):
         record.failed = failed
         record.rejected = rejected
         record.events = self.members.take_events()
+        record.balancer_s = balancer_s if self.manager is not None else None
         return kept, record
 
     def _guard_round(

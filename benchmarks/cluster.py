@@ -411,7 +411,9 @@ def schemes_to_accuracy(quick: bool, figures: dict[str, Any]) -> tuple[str, dict
     return text, {"schemes": data}
 
 
-ORCHESTRA_SCHEMES = ("bsp", "lb-ema", "local-sgd", "orchestra")
+# orchestra: fedlb's agent (a moving reward baseline); orchestra-paper: the paper's reward
+ORCHESTRA_SCHEMES = ("bsp", "lb-ema", "local-sgd", "orchestra", "orchestra-paper")
+AGENTS = ("orchestra", "orchestra-paper")
 
 
 def orchestra_to_accuracy(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -431,26 +433,48 @@ def orchestra_to_accuracy(quick: bool, figures: dict[str, Any]) -> tuple[str, di
     for axis, (setting, runs) in zip(
         [axes] if len(settings) == 1 else axes, every.items(), strict=True
     ):
-        barriers = runs["orchestra"][0]["barriers"]
-        axis.step(
-            [b["seconds"] for b in barriers], [b["barrier_s"] for b in barriers], where="post"
-        )
+        for agent in AGENTS:
+            barriers = runs[agent][0]["barriers"]
+            axis.step(
+                [b["seconds"] for b in barriers],
+                [b["barrier_s"] for b in barriers],
+                where="post",
+                label="moving baseline" if agent == "orchestra" else "the paper's (best so far)",
+            )
+        axis.legend(title="the agent's reward")
         axis.set(xlabel="wall s", ylabel="barrier T (s)", title=f"Orchestra's barrier, {setting}")
     figure.tight_layout()
     plot = RUNS / "orchestra" / "barrier.png"
     figure.savefig(plot, dpi=110)
     plt.close(figure)
     decisions = [
-        b["decision_s"] for runs in every.values() for s in runs["orchestra"] for b in s["barriers"]
+        b["decision_s"]
+        for runs in every.values()
+        for agent in AGENTS
+        for s in runs[agent]
+        for b in s["barriers"]
     ]
+    levels = {
+        agent: [
+            statistics.fmean(b["level"] for b in s["barriers"][len(s["barriers"]) // 2 :])
+            for runs in every.values()
+            for s in runs[agent]
+        ]
+        for agent in AGENTS
+    }
     text = table(COMPARISON_HEADERS, rows) + "\n\n" + _setting_note(iterations, seeds, target)
     text += (
-        f" local-sgd averages every 8 steps; orchestra:4 (local steps at most 4 apart). The "
+        f" local-sgd averages every 8 steps; orchestra:4 (local steps at most 4 apart; "
+        f"orchestra-paper: the same with the paper's reward). The agents' mean barrier "
+        f"level over each run's second half (steps from T*, the floor is the slowest "
+        f"worker's one batch): orchestra "
+        f"{', '.join(f'{v:+.1f}' for v in levels['orchestra'])}; orchestra-paper "
+        f"{', '.join(f'{v:+.1f}' for v in levels['orchestra-paper'])}. The "
         f"agent's cost per decision: mean {statistics.fmean(decisions) * 1000:.2f} ms, max "
         f"{max(decisions) * 1000:.2f} ms (rank 0, between rounds, while the ranks wait for "
         f"the average). Plots: {RUNS / 'orchestra'}/accuracy-*.png, {plot}."
     )
-    return text, {"orchestra": data, "agent_decision_s": decisions}
+    return text, {"orchestra": data, "agent_decision_s": decisions, "agent_levels": levels}
 
 
 # ---- 5. the data-partition manager ------------------------------------------------------

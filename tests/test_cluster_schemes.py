@@ -410,3 +410,23 @@ def test_cluster_scenarios_refuse_what_cannot_run():
         16,
         20,
     ]
+
+
+def test_the_moving_baseline_keeps_the_reward_informative_as_training_slows():
+    """The paper's reward compares each round's rate with the best so far: once the steep
+    early rounds have set it, every later round is −1 whatever the action. Against a moving
+    baseline a round that beats the recent trend still earns +1."""
+    from fedlb.cluster import BarrierAgent
+
+    def rewards(baseline):
+        agent = BarrierAgent(seed=0, baseline=baseline)
+        accuracy, out = 0.1, []
+        for k in range(30):  # gains shrinking by 10% a round, every other round 30% better
+            accuracy += 0.1 * 0.9**k * (1.3 if k % 2 else 0.7)
+            out.append(agent.reward(accuracy, 1.0, 4))
+        return out[5:]
+
+    assert set(rewards("best")) == {-1.0}
+    assert set(rewards("moving")) == {-1.0, 1.0}
+    with pytest.raises(ValueError, match="baseline must be one of moving, best"):
+        BarrierAgent(baseline="mean")

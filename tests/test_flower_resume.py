@@ -95,7 +95,8 @@ def sizes_sent(grid):
 def without_measured_seconds(path):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     for row in rows:
-        for measured in ("wall_s", "eval_wall_s", "server_s", "server_rss_mb", "silo_wall_s"):
+        measured_keys = ("wall_s", "eval_wall_s", "server_s", "balancer_s", "server_rss_mb")
+        for measured in (*measured_keys, "silo_wall_s"):
             row.pop(measured)
         row.pop("start_s", None)
     return rows

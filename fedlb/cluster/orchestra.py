@@ -11,7 +11,11 @@ actor-critic agent.
   moves T by one step (one batch of the fastest worker) up, down, or keeps it. State:
   training progress (rounds done, mean local steps), training accuracy, the last round's
   waiting share. Reward +1 / −1 / 0 as the rate p = Δacc / time · √steps beats, trails or
-  equals the best p so far (Section 3.1.3).
+  equals a baseline: the paper's is the best p so far (Section 3.1.3), which the steep
+  early rounds set, so that afterwards nearly every reward is −1 whatever the action and
+  the barrier drifts to its floor (measured: docs/benchmarks.md); fedlb's default is a
+  moving baseline, an exponential average of the recent p, which falls as training slows
+  and keeps the reward saying whether the last move helped.
 - τ_n = T / t_n: each worker's local steps before the models are averaged.
 
 The agent is a small torch network trained online on one environment (the job): an A2C,
@@ -30,6 +34,7 @@ import torch
 from torch import nn
 
 ACTIONS = (-1, 0, 1)  # the barrier one step down, kept, one step up
+BASELINES = ("moving", "best")  # what a round's rate is rewarded against
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,11 @@ class BarrierAgent:
         gamma: discount of the next state's value. Default 0.9.
         entropy: weight of the exploration bonus. Default 0.01.
         max_level: the largest number of steps the barrier moves from T*. Default 20.
+        baseline: what a round's rate p is compared with: "moving" (the default: an
+            exponential average of the recent p, weight `smoothing` for the newest) or
+            "best" (the paper's: the best p so far).
+        smoothing: the moving baseline's weight of the newest p. Default 0.5 (a baseline
+            that lags a falling rate too far rewards nothing).
     """
 
     STATE = 4  # progress, mean local steps / 100, training accuracy, waiting share
@@ -121,7 +131,15 @@ class BarrierAgent:
         gamma: float = 0.9,
         entropy: float = 0.01,
         max_level: int = 20,
+        baseline: str = "moving",
+        smoothing: float = 0.5,
     ) -> None:
+        if baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {', '.join(BASELINES)}, got {baseline!r}")
+        if not 0.0 < smoothing <= 1.0:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
+        self.baseline = baseline
+        self.smoothing = smoothing
         torch.manual_seed(seed)
         self.network = _ActorCritic(self.STATE)
         self.optimizer = torch.optim.Adam(self.network.parameters(), lr=lr)
@@ -130,24 +148,27 @@ class BarrierAgent:
         self.entropy = entropy
         self.max_level = max_level
         self.level = 0
-        self.best_rate: float | None = None
+        self.baseline_rate: float | None = None
         self.history: list[Decision] = []
         self._last: tuple[torch.Tensor, int] | None = None  # (state, action index)
         self._accuracy: float | None = None
 
     def reward(self, accuracy: float, seconds: float, steps: int) -> float:
-        """+1 / −1 / 0 as p = Δacc/time·√steps beats / trails / equals the best p so far."""
+        """+1 / −1 / 0 as p = Δacc/time·√steps beats / trails / equals the baseline."""
         if self._accuracy is None:
             self._accuracy = accuracy
             return 0.0
         rate = (accuracy - self._accuracy) / max(seconds, 1e-9) * math.sqrt(max(steps, 1))
         self._accuracy = accuracy
-        if self.best_rate is None:
-            self.best_rate = rate
+        if self.baseline_rate is None:
+            self.baseline_rate = rate
             return 0.0
-        ratio_sign = (rate > self.best_rate) - (rate < self.best_rate)
-        self.best_rate = max(self.best_rate, rate)
-        return float(ratio_sign)
+        sign = (rate > self.baseline_rate) - (rate < self.baseline_rate)
+        if self.baseline == "best":
+            self.baseline_rate = max(self.baseline_rate, rate)
+        else:
+            self.baseline_rate += self.smoothing * (rate - self.baseline_rate)
+        return float(sign)
 
     def decide(
         self, progress: float, mean_steps: float, accuracy: float, waiting: float, seconds: float

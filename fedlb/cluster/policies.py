@@ -88,6 +88,12 @@ CLUSTER_POLICIES = {
         engine="orchestra",
         parameter=4,
     ),
+    "orchestra-paper": ClusterPolicy(
+        "Orchestra with the paper's reward (each round's rate against the best so far, "
+        "where fedlb's orchestra uses a moving baseline): orchestra-paper:M",
+        engine="orchestra",
+        parameter=4,
+    ),
 }
 DEFAULT_CLUSTER_POLICY = "lb"  # fedlb.balance.defaults' controller, as in FL
 BALANCING_POLICIES = tuple(n for n, p in CLUSTER_POLICIES.items() if p.engine == "bsp")
@@ -108,7 +114,8 @@ def parse_policy(text: str) -> tuple[str, ClusterPolicy, int | None]:
         number = int(value)
     except ValueError as error:
         raise ValueError(f"policy {name}:VALUE needs a whole number, got {text!r}") from error
-    low = 0 if name in ("ssp", "orchestra") else 1  # a bound of 0 is valid; the others count
+    # a bound of 0 is valid; the others count
+    low = 0 if name in ("ssp", "orchestra", "orchestra-paper") else 1
     if number < low:
         raise ValueError(f"policy {text!r}: the value must be >= {low}")
     return name, policy, number

@@ -286,18 +286,20 @@ def orchestra_job(
     seed: int,
     partitions: DataPartitionManager | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
+    baseline: str = "moving",
 ) -> JobOutcome:
     """One rank of Orchestra: rounds of τ_n local steps, then the replicas averaged; rank
     0 measures every worker's time per batch, searches the barrier (LCM, bound M = `bound`)
-    and lets the agent move it; the next τ_n are broadcast. The job processes as many
-    samples as `iterations` BSP iterations of X would. `probe`: training samples on which
-    rank 0 measures the averaged model's training accuracy for the agent. With
+    and lets the agent (reward `baseline`: BarrierAgent's) move it; the next τ_n are
+    broadcast. The job processes as many samples as `iterations` BSP iterations of X
+    would. `probe`: training samples on which rank 0 measures the averaged model's
+    training accuracy for the agent. With
     `partitions` (rank-local shards) the Data Partition Controller keeps each shard's size
     in proportion to its worker's local steps (its speed): re-partitioned whenever a share
     is more than 5 points off."""
     world = dist.get_world_size()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    agent = BarrierAgent(seed) if rank == 0 else None
+    agent = BarrierAgent(seed, baseline=baseline) if rank == 0 else None
     outcome = JobOutcome()
     compute: list[float] = []
     barriers: list[dict[str, Any]] = []

@@ -202,6 +202,7 @@ def worker(scenario: ClusterScenario) -> None:
                 outcome = orchestra_job(
                     scenario.policy, parameter, rank, model, batches, probe, lr,
                     scenario.iterations, snapshot_s, pace, batch, scenario.seed, shards,
+                    baseline="best" if name == "orchestra-paper" else "moving",
                 )  # fmt: skip
             elif policy.engine == "local":
                 assert parameter is not None

@@ -35,11 +35,6 @@ def node_of(worker: str) -> NodeId:
         raise ValueError(f"worker {worker!r} is not a silo's name: not a Flower node id") from None
 
 
-def by_worker(values: Mapping[NodeId, V]) -> dict[str, V]:
-    """`values` keyed by node, keyed by the balancer's worker names instead."""
-    return {worker_name(n): v for n, v in values.items()}
-
-
 def by_node(values: Mapping[str, V]) -> dict[NodeId, V]:
     """The balancer's `values` by worker name, keyed by node instead."""
     return {node_of(w): v for w, v in values.items()}

@@ -72,7 +72,7 @@ def parameter_server(run: Run, kind: str, parameter: int) -> None:
                 waiting.discard(other)
                 start(other, now)
         run.observe(now)
-    run.result.extra = {"pushes": sum(clocks), "blocked_at_end": sorted(waiting)}
+    run.result.extra |= {"pushes": sum(clocks), "blocked_at_end": sorted(waiting)}
     if kind == "backup":
         run.result.extra["dropped"] = sum(1 for e in run.result.log if e["dropped"])
 
@@ -118,7 +118,7 @@ def eager(run: Run, mode: str) -> None:
         previous = end
         run.observe(end)
     contributors = [len(e["contributors"]) for e in run.result.log]
-    run.result.extra = {"mean_contributors": statistics.fmean(contributors) if contributors else 0}
+    run.result.extra |= {"mean_contributors": statistics.fmean(contributors) if contributors else 0}
 
 
 def local_rounds(run: Run, name: str, parameter: int) -> None:

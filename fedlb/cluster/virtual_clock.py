@@ -57,6 +57,7 @@ class VirtualJob:
         linear warm-up over the first `warmup` updates. Asynchronous updates (b = B) and
         local steps keep `lr`.
     reference_batch: the batch `lr` was tuned for (default: batch_size).
+    lr_max: the linear rule's ceiling (0: none): scaling holds until the lr diverges.
     load: > 0: each worker shares its machine with a competing process that starts or
         stops with this probability every `load_period_s` virtual seconds, taking a CPU
         share drawn in [0.2, 0.75] per episode; the worker's speed is then 1 − 0.8·share
@@ -65,6 +66,8 @@ class VirtualJob:
         `speeds` (the load still applies).
     target: test accuracy to reach (0: none).
     stop_at_target: end the run at the first evaluation at or above `target`.
+    patience_s: > 0: end the run when the test accuracy has not beaten its best for this
+        many virtual seconds (a stalled or diverged run; 0: never).
     max_seconds, max_samples: the run ends past either (virtual seconds; samples in the
         applied updates, 0: no cap).
     eval_every_s: virtual seconds between evaluations of the model on the test set.
@@ -78,11 +81,13 @@ class VirtualJob:
     lr_rule: str = "same"
     warmup: int = 10
     reference_batch: int = 0
+    lr_max: float = 0.0
     load: float = 0.0
     load_period_s: float = 0.1
     speed_at: Callable[[int, int], float] | None = None
     target: float = 0.0
     stop_at_target: bool = True
+    patience_s: float = 0.0
     max_seconds: float = 60.0
     max_samples: int = 0
     eval_every_s: float = 0.1
@@ -91,6 +96,7 @@ class VirtualJob:
     costs: VirtualCosts = field(default_factory=VirtualCosts)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "speeds", tuple(float(v) for v in self.speeds))
         if not self.speeds or min(self.speeds) <= 0 or not all(map(math.isfinite, self.speeds)):
             raise ValueError(f"speeds must be finite and > 0, got {self.speeds}")
         if self.batch_size < 1 or self.warmup < 0 or self.reference_batch < 0:
@@ -197,6 +203,7 @@ class Run:
         self.version = 0  # updates applied
         self._evals = 0  # evaluations made: the next is at _evals · eval_every_s
         self._accuracy: tuple[int, float] | None = None  # (version, accuracy)
+        self._best = (-1.0, 0.0)  # (best test accuracy, when)
         self.done = False
 
     # ---- time -----------------------------------------------------------------------------
@@ -237,6 +244,7 @@ class Run:
         if job.lr_rule == "same":
             return job.lr
         scaled = job.lr * global_batch / (job.reference_batch or job.batch_size)
+        scaled = min(scaled, job.lr_max) if job.lr_max else scaled
         if job.warmup and self.version < job.warmup:
             return job.lr + (scaled - job.lr) * (self.version + 1) / job.warmup
         return scaled
@@ -247,6 +255,9 @@ class Run:
         evaluations due before it see the weights before it."""
         self.observe(now)
         self.weights -= step
+        if not bool(torch.isfinite(self.weights).all()):  # diverged: nothing more to learn
+            self.result.extra["diverged_s"] = now
+            self.done = True
         self.version += 1
         self.result.samples += samples
         self.result.updates = self.version
@@ -266,6 +277,11 @@ class Run:
                 self.result.samples_to_target = self.result.samples
                 self.result.updates_to_target = self.version
                 self.done = self.job.stop_at_target
+            if accuracy > self._best[0]:
+                self._best = (accuracy, seconds)
+            elif self.job.patience_s and seconds - self._best[1] > self.job.patience_s:
+                self.result.extra["stalled_s"] = seconds
+                self.done = True
             self._evals += 1
         if now > self.job.max_seconds:
             self.done = True

@@ -83,6 +83,24 @@ MEASURED: dict[str, dict[str, tuple[float, float | None, float | None]]] = {
     },
 }
 
+ORCHESTRA_SCHEMES = ("bsp", "lb-ema", "local-sgd", "orchestra", "orchestra-paper")
+MEASURED_ORCHESTRA: dict[str, dict[str, tuple[float, float | None, float | None]]] = {
+    "2x": {  # docs/benchmarks.md, Orchestra's Table 2 comparison, measured 2026-11-26
+        "bsp": (54.6, 238, 13.0),
+        "lb-ema": (43.8, 226, 9.9),
+        "local-sgd": (41.8, 256, 10.7),
+        "orchestra": (45.4, 247, 10.2),
+        "orchestra-paper": (47.1, 241, 9.7),
+    },
+    "3x": {
+        "bsp": (54.5, 235, 13.0),
+        "lb-ema": (37.9, 234, 8.8),
+        "local-sgd": (41.7, 256, 10.7),
+        "orchestra": (29.9, 244, 7.2),
+        "orchestra-paper": (34.3, 247, 8.0),
+    },
+}
+
 
 def _data() -> tuple[VirtualData, tuple[int, ...], int]:
     torch.set_num_threads(1)
@@ -111,15 +129,20 @@ def _fmt(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
-def validation(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    seeds = (0,) if quick else (0, 1)
-    data = _data()
+def _compare(
+    settings: list[str],
+    schemes: tuple[str, ...],
+    measured: dict[str, dict[str, tuple[float, float | None, float | None]]],
+    seeds: tuple[int, ...],
+    data: tuple[VirtualData, tuple[int, ...], int],
+) -> tuple[list[list[str]], dict[str, Any]]:
     total = 4 * BATCH
     rows: list[list[str]] = []
     found: dict[str, dict[str, dict[str, Any]]] = {}
-    for setting, (relative, load) in SETTINGS.items():
+    for setting in settings:
+        relative, load = SETTINGS[setting]
         found[setting] = {}
-        for scheme in SCHEMES:
+        for scheme in schemes:
             runs = []
             for seed in seeds:
                 job = VirtualJob(
@@ -143,10 +166,11 @@ def validation(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any
                 "time_to_target_s": _mean([r.time_to_target_s for r in runs]),
                 "reached": sum(r.time_to_target_s is not None for r in runs),
             }
-        bsp, real_bsp = found[setting]["bsp"], MEASURED[setting]["bsp"]
-        for scheme in SCHEMES:
-            mine, real = found[setting][scheme], MEASURED[setting][scheme]
+        bsp, real_bsp = found[setting]["bsp"], measured[setting]["bsp"]
+        for scheme in schemes:
+            mine, real = found[setting][scheme], measured[setting][scheme]
             steps, real_steps = mine["steps_to_target"], real[1]
+            assert real_bsp[1] is not None
             rows.append(
                 [
                     setting,
@@ -155,33 +179,42 @@ def validation(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any
                     f"{mine['iteration_s'] / bsp['iteration_s']:.2f} / {real[0] / real_bsp[0]:.2f}",
                     f"{_fmt(steps, '.0f')} / {_fmt(real_steps, '.0f')}",
                     f"{_fmt(None if steps is None else steps / bsp['steps_to_target'], '.2f')} / "
-                    f"{_fmt(None if real_steps is None else real_steps / real_bsp[1], '.2f')}",  # type: ignore[operator]
+                    f"{_fmt(None if real_steps is None else real_steps / real_bsp[1], '.2f')}",
                     f"{_fmt(mine['time_to_target_s'], '.1f')} / {_fmt(real[2], '.1f')}",
                     f"{mine['reached']}/{len(seeds)}",
                 ]
             )
-    text = table(
-        [
-            "speeds",
-            "scheme",
-            "ms / worker iteration (virtual / measured)",
-            "vs bsp",
-            "X-steps to target",
-            "vs bsp",
-            "s to target",
-            "reached (virtual)",
-        ],
-        rows,
-    )
+    return rows, found
+
+
+HEADERS = [
+    "speeds",
+    "scheme",
+    "ms / worker iteration (virtual / measured)",
+    "vs bsp",
+    "X-steps to target",
+    "vs bsp",
+    "s to target",
+    "reached (virtual)",
+]
+
+
+def validation(quick: bool, figures: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    seeds = (0,) if quick else (0, 1)
+    data = _data()
+    rows, found = _compare(list(SETTINGS), SCHEMES, MEASURED, seeds, data)
+    text = table(HEADERS, rows)
     text += (
-        f"\n\nClock: virtual. 4 workers, MLP on Fashion-MNIST, B = {BATCH} (X = {total}), SGD "
-        f"at lr {LR} for every scheme, target {TARGET}, at most 500 BSP iterations' worth of "
-        f"samples, test accuracy on 2,000 images every 0.5 virtual s (as the real snapshots), "
-        f"seeds {list(seeds)}; speeds {BASE_SPEED:.0f} samples/s x the relative speed, load: "
-        "a competing process per worker switching with probability 0.15 every 0.1 virtual s. "
-        "Measured: the table above (clock: measured, 2026-11-24)."
+        f"\n\nClock: virtual. 4 workers, MLP on Fashion-MNIST, B = {BATCH} (X = {4 * BATCH}), "
+        f"SGD at lr {LR} for every scheme, target {TARGET}, at most 500 BSP iterations' worth "
+        f"of samples, test accuracy on 2,000 images every 0.5 virtual s (as the real "
+        f"snapshots), seeds {list(seeds)}; speeds {BASE_SPEED:.0f} samples/s x the relative "
+        "speed, load: a competing process per worker switching with probability 0.15 every "
+        "0.1 virtual s. Measured: docs/benchmarks.md's table (clock: measured, 2026-11-24)."
     )
-    return text, {"validation": found}
+    rows, orchestra = _compare(["2x", "3x"], ORCHESTRA_SCHEMES, MEASURED_ORCHESTRA, seeds, data)
+    text += "\n\nOrchestra's comparison (measured 2026-11-26):\n\n" + table(HEADERS, rows)
+    return text, {"validation": found, "validation_orchestra": orchestra}
 
 
 # ---- 2. the crossover map -------------------------------------------------------------

@@ -144,7 +144,7 @@ def local_rounds(run: Run, name: str, parameter: int) -> None:
             for _ in range(steps[worker]):
                 weights -= run.lr(batch) * run.gradient(run.batch(worker, batch), weights)
                 times.append(run.compute_s(worker, batch, clock))
-                clock += times[-1] + costs.iteration_s
+                clock += times[-1] + costs.local_step_s
                 run.result.iterations[worker] += 1
             replicas.append(weights)
             ends.append(clock)

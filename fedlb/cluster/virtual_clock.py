@@ -34,15 +34,19 @@ class VirtualCosts:
         pull and push round trip). Default 0.016.
     allreduce_s: one all-reduce (BSP's, eager-SGD's, local SGD's average). Default 0.005.
     exchange_s: a balancing policy's gather-decide-broadcast on top. Default 0.002.
+    local_step_s: a local SGD / Orchestra step (no communication: the optimizer step and
+        Python). Default 0.002.
 
     The defaults are fitted to the 1x row of the measured 4-worker table
     (docs/benchmarks.md): bsp 61 ms, lb-ema 63 ms, asp 56 ms per iteration at 40 ms of
-    compute. At 64 workers a real all-reduce costs more; these stay constant (say so).
+    compute; local_step_s to local-sgd's 41.7 ms at 40 ms. At 64 workers a real
+    all-reduce costs more; these stay constant.
     """
 
     iteration_s: float = 0.016
     allreduce_s: float = 0.005
     exchange_s: float = 0.002
+    local_step_s: float = 0.002
 
 
 @dataclass(frozen=True)

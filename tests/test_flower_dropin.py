@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedlb.deploy import processes as deploy
+from fedlb.deploy.control import Control
 from fedlb.flower import LoadBalancedFedAvg, balance_mod, balanced_loader
 from fedlb.flower.protocol import BATCH_SIZE, COMPUTE_S, LOCAL_STEPS, PARTITION_ID
 from tests.apps.adopt import adopt, app_config, imported
@@ -349,7 +351,8 @@ def test_balanced_loader_without_the_mod_says_what_to_add():
 
 
 def _flwr_run(home: Path, app: Path, options: list[str], timeout: float) -> tuple[str, str]:
-    """`flwr run APP --stream`: (its output, the run's final status from `flwr ls`)."""
+    """`flwr run APP --stream`, the user's own command: (its output, the run's final status
+    from the SuperLink)."""
     done = subprocess.run(
         [str(deploy.bin_dir() / "flwr"), "run", str(app), deploy.CONNECTION, "--stream", *options],
         env=deploy.flower_env(home),
@@ -362,7 +365,9 @@ def _flwr_run(home: Path, app: Path, options: list[str], timeout: float) -> tupl
     (home / "flwr-run.log").write_text(output)
     run_id = re.search(r"run_id `(\d+)`", output)
     assert run_id is not None, output[-3000:]
-    return output, deploy.run_status(home, run_id.group(1))
+    address = tomllib.loads((home / "config.toml").read_text())["superlink"][deploy.CONNECTION]
+    with Control(address["address"]) as control:
+        return output, control.run_status(run_id.group(1))
 
 
 @pytest.mark.timeout(600)

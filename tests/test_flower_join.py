@@ -26,7 +26,6 @@ from fedlb.deploy.processes import (
     FlowerProcess,
     JoinError,
     free_port,
-    register_supernode,
     wait_joined,
 )
 from fedlb.security import make_certificates, make_silo_key
@@ -420,8 +419,8 @@ def test_a_silo_started_before_its_key_is_registered_joins_once_it_is(federation
     try:
         late.wait_for("waiting for the server to register this silo's key")
         assert " joined " not in late.said
-        register_supernode(federation.link.home, federation.keys["late"][1])
-        register_supernode(federation.link.home, federation.keys["late"][1])  # twice: fine
+        federation.link.control.register_supernode(federation.keys["late"][1])
+        federation.link.control.register_supernode(federation.keys["late"][1])  # twice: fine
         late.wait_for("silo-0 joined", timeout=40)
         assert stranger.end() == 1, stranger.said
         assert "refused by the server: [code: 2004]" in stranger.said

@@ -1,5 +1,6 @@
-"""The warm silo path (fedlb.deploy.warm) on real processes, and the Flower behaviours it
-relies on: a Flower upgrade that changes one of them fails here, not in a user's run."""
+"""The warm path (fedlb.deploy.warm: silos and SuperLink) on real processes, and the Flower
+behaviours it relies on: a Flower upgrade that changes one of them fails here, not in a
+user's run."""
 
 from __future__ import annotations
 
@@ -14,14 +15,12 @@ import pytest
 
 from fedlb.deploy import RunConfig
 from fedlb.deploy.federation import Federation
+from fedlb.deploy.prompt import SUPERNODE_SLEEPS, fast_object_pulls, prompt_supernode
 from fedlb.deploy.warm import (
     ACQUIRE_TASK,
-    SUPERNODE_SLEEPS,
-    fast_object_pulls,
     isolated,
     launcher_command,
     make_secret,
-    prompt_supernode,
     unsupported,
 )
 
@@ -38,6 +37,20 @@ def test_the_flower_runtime_it_drives_has_the_shape_it_expects():
         "initial_backoff" in inspect.signature(runtime.pull_and_inflate_object_from_tree).parameters
     )
     assert TaskType.CLIENT_APP.value == "flwr-clientapp"
+    assert TaskType.SERVER_APP.value == "flwr-serverapp"
+    from flwr.supercore.logger import mirror_output_to_queue, restore_output  # noqa: F401
+    from flwr.superlink.runtime.run_serverapp import run_serverapp
+
+    served = set(inspect.signature(run_serverapp).parameters)
+    assert {
+        "runtime_api_address",
+        "log_queue",
+        "token",
+        "insecure",
+        "certificates",
+        "parent_pid",
+        "runtime_dependency_install",
+    } <= served
     AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
     assert {"task", "token"} <= {f.name for f in AcquireTaskResponse.DESCRIPTOR.fields}
     SuperExecAuthHttpInterceptor(master_secret=b"x" * 32, protected_methods={ACQUIRE_TASK})
@@ -132,7 +145,7 @@ def run_settings(out_dir, **changes):
     }
 
 
-def foreign_acquire(address: str, secret: bytes | None) -> None:
+def foreign_acquire(address: str, secret: bytes | None, task: str = "flwr-clientapp") -> None:
     """AcquireTask as another caller would: unsigned, or signed with another secret."""
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.interceptors import (
@@ -148,13 +161,13 @@ def foreign_acquire(address: str, secret: bytes | None) -> None:
         )
     client = RuntimeHttpClient.from_server_address(address, True, None, interceptors)
     try:
-        client.AcquireTask(AcquireTaskRequest(supported_task_types=["flwr-clientapp"]))
+        client.AcquireTask(AcquireTaskRequest(supported_task_types=[task]))
     finally:
         client.close()
 
 
 def warm_server(node) -> psutil.Process:
-    """The silo's warm ClientApp server: the launcher's child that is not the SuperNode."""
+    """The warm server of a silo (or of the SuperLink): the launcher's child that serves."""
     launcher = psutil.Process(node.pid).children()[0]
     for child in launcher.children():
         if "serve" in child.cmdline():
@@ -164,16 +177,17 @@ def warm_server(node) -> psutil.Process:
 
 @pytest.mark.slow
 def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
-    """Two warm silos: a run completes; each silo imported torch once (one server) and
-    ran each message in a fork of it; an unsigned caller is refused its tasks; a server
-    killed between runs is restarted, said so, and the next run completes."""
+    """Two warm silos and a warm SuperLink: a run completes; each silo imported torch
+    once (one server) and ran each message in a fork of it, the SuperLink each run; an
+    unsigned caller is refused their tasks; a silo's server killed between runs is
+    restarted, said so, and the next run completes."""
     with Federation(tmp_path / "procs") as federation:
         nodes = federation.add_silos({f"silo-{i}": silo_config(i) for i in range(2)}, warm=True)
         servers = [warm_server(node) for node in nodes]
         for node in nodes:  # Flower's SuperNode, run prompt by fedlb's launcher
             launcher = psutil.Process(node.pid).children()[0]
             assert any(
-                child.cmdline()[1:4] == ["-m", "fedlb.deploy.warm", "node"]
+                child.cmdline()[1:3] == ["-m", "fedlb.deploy.prompt"]
                 for child in launcher.children()
             )
         outcome = federation.run(run_settings(tmp_path / "one"), timeout=240)
@@ -192,10 +206,15 @@ def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
             assert server.is_running()
             assert warm_server(node).pid == server.pid
 
-        # The runtime API hands tasks only to a caller signed with the silo's secret.
-        for secret in (None, b"not the silo's secret, 32 bytes!"):
-            with pytest.raises(Exception, match=r"(?i)unauthenticated|401|403|auth"):
-                foreign_acquire(f"127.0.0.1:{nodes[0].port}", secret)
+        # The runtime APIs hand tasks only to a caller signed with the owner's secret: the
+        # silo's (ClientApps) and the server's (ServerApps: its port is public).
+        for address, task in (
+            (f"127.0.0.1:{nodes[0].port}", "flwr-clientapp"),
+            (federation.address, "flwr-serverapp"),
+        ):
+            for secret in (None, b"not the owner's secret, 32 bytes"):
+                with pytest.raises(Exception, match=r"(?i)unauthenticated|401|403|auth"):
+                    foreign_acquire(address, secret, task)
 
         os.kill(servers[0].pid, signal.SIGKILL)  # a crash of the warm server
         deadline = time.monotonic() + 30
@@ -205,3 +224,11 @@ def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
         outcome = federation.run(run_settings(tmp_path / "two"), timeout=240)
         assert outcome.status == "finished:completed", outcome.problem()
         assert warm_server(nodes[0]).pid != servers[0].pid
+        # The SuperLink's ServerApps: both runs forked from one warm server that imported
+        # torch once; each run's own output still reached its log (Flower's log upload).
+        assert federation.link is not None
+        assert federation.link.log_path.read_text().count("warm: torch") == 1
+        assert warm_server(federation.link).is_running()
+        for run_log in federation.workdir.glob("serverapp-*.log"):
+            assert "Starting LoadBalancedFedAvg strategy" in run_log.read_text()
+        assert len(list(federation.workdir.glob("serverapp-*.log"))) == 2

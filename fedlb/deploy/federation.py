@@ -17,11 +17,14 @@ from fedlb.flower import RUN_FILES, RoundRecord, records_from_json_lines
 from fedlb.security import TlsFiles
 
 from . import processes
+from .control import Control
 from .ray_nodes import RAY_ENV
 
 log = logging.getLogger("fedlb.flower")
 
-STATUS_EVERY_S = 15.0  # how often a run's status is asked while its log still streams
+STATUS_EVERY_S = 0.25  # how often a run's status is asked (one small HTTP call)
+SUPEREXEC_POLL_ENV, SUPEREXEC_POLL_S = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL", 0.2
+LOG_DRAIN_S = 2.0  # how long a finished run's log may take to arrive in full
 
 
 @dataclass
@@ -121,6 +124,9 @@ class Federation:
             head: `start_ray_head`, or a cluster of several machines). None: each run
             starts a private Ray of its own (fedlb.deploy.ray_nodes says why sharing one
             is faster).
+        warm: the SuperLink's ServerApps start warm: torch, flwr and fedlb's ServerApp
+            imported once, a fork per run (fedlb.deploy.warm); False: Flower's own
+            process per run. A simulation SuperLink always runs Flower's own.
     """
 
     def __init__(
@@ -133,11 +139,13 @@ class Federation:
         database: Path | None = None,
         simulation: bool = False,
         ray_address: str | None = None,
+        warm: bool = True,
     ) -> None:
         if ray_address is not None and not simulation:
             raise ValueError("ray_address is for a simulation SuperLink (simulation=True)")
         self.workdir = workdir
         self.simulation = simulation
+        self.warm = warm and not simulation
         self.ray_address = ray_address
         self.database = database
         self.host = host
@@ -147,6 +155,7 @@ class Federation:
         self.link: processes.FlowerProcess | None = None
         self.silos: dict[str, processes.FlowerProcess] = {}
         self.home = workdir / "home-cli"
+        self.control: Control | None = None
 
     @property
     def address(self) -> str:
@@ -162,18 +171,31 @@ class Federation:
         if self.simulation:
             extra.append("--simulation")
             env = dict(RAY_ENV)
+            # Flower's SuperExec looks for a submitted run every 1 s; one process polling
+            # 5 times a second costs nothing a run would notice, and half a second less
+            # per run does (an experiment submits one per policy and seed)
+            env[SUPEREXEC_POLL_ENV] = repr(SUPEREXEC_POLL_S)
             if self.ray_address is not None:  # inherited by every run's flwr-simulation
                 env["RAY_ADDRESS"] = self.ray_address
         self.link = processes.start_superlink(
-            self.workdir, self.host, self.port, env=env, extra_args=extra, tls=self.tls
+            self.workdir,
+            self.host,
+            self.port,
+            env=env,
+            extra_args=extra,
+            tls=self.tls,
+            warm=self.warm,
         )
         try:
             ca = self.tls.ca if self.tls is not None else None
             processes.write_connection(self.home, self.address, root_certificates=ca)
+            self.control = Control(self.address, root_certificates=ca)
             for key in self.silo_keys or []:
-                processes.register_supernode(self.home, key)
+                self.control.register_supernode(key)
                 log.info("registered silo key %s", key)
         except BaseException:  # __exit__ does not run when __enter__ fails
+            if self.control is not None:
+                self.control.close()
             self.link.stop()
             raise
         log.info("SuperLink listening on %s (pid %d)", self.address, self.link.pid)
@@ -247,14 +269,14 @@ class Federation:
         `first_round`: the first round this run trains (a resumed run's is after its
         checkpoint): earlier rounds in rounds.jsonl are not reported again."""
         out_dir = Path(str(run_config["out-dir"])) if run_config.get("out-dir") else None
+        assert self.control is not None, "run() inside `with Federation(...)`"
+        control = self.control
         if self.database is not None:
-            for old in processes.stop_unfinished_runs(self.home):
+            for old in control.stop_unfinished_runs():
                 log.warning("stopped run %s, left unfinished by an earlier server", old)
-        run_id = processes.submit_run(
-            self.home, app or processes.app_dir(), run_config, federation_config
-        )
+        run_id = control.submit_run(app or processes.app_dir(), run_config, federation_config)
         log_path = self.workdir / f"serverapp-{run_id}.log"
-        streamer = processes.stream_logs(self.home, run_id, log_path)
+        streamer = control.stream_log(run_id, log_path)
         watcher = RoundWatcher(out_dir / RUN_FILES.rounds, first_round) if out_dir else None
         asked_rounds = run_config.get("num-rounds")
         outcome = RunOutcome(
@@ -266,34 +288,26 @@ class Federation:
             num_rounds=int(asked_rounds) if isinstance(asked_rounds, int) else None,
         )
         deadline = None if timeout is None else time.monotonic() + timeout
-        # `flwr log --stream` ends when the run has ended: asking `flwr ls` (a fresh
-        # Python process each time) is needed only then, or now and again in case the
-        # log stream broke off.
-        asked = time.monotonic()
         try:
             while True:
-                finished = False
-                if streamer.poll() is not None or time.monotonic() - asked > STATUS_EVERY_S:
-                    outcome.status = processes.run_status(self.home, run_id)
-                    finished = outcome.status.startswith("finished")
-                    asked = time.monotonic()
+                if self.link is not None and not self.link.alive():
+                    outcome.status = "superlink-died"
+                    return outcome
+                # one small Control API call (the SuperLink's own process, not a new one)
+                outcome.status = control.run_status(run_id)
                 if watcher is not None:
                     for record in watcher.poll():
                         outcome.records.append(record)
                         if on_round is not None:
                             on_round(record)
-                if finished:
-                    return outcome
-                if self.link is not None and not self.link.alive():
-                    outcome.status = "superlink-died"
+                if outcome.status.startswith("finished"):
                     return outcome
                 if deadline is not None and time.monotonic() > deadline:
                     outcome.status = "timed-out"
                     return outcome
-                time.sleep(0.5 if streamer.poll() is None else 1.0)
+                time.sleep(STATUS_EVERY_S)
         finally:
-            streamer.terminate()
-            streamer.wait(10)
+            streamer.wait(LOG_DRAIN_S)  # the stream ends with the run: its last lines
 
     def __exit__(
         self,
@@ -303,5 +317,7 @@ class Federation:
     ) -> None:
         for node in self.silos.values():
             node.stop()
+        if self.control is not None:
+            self.control.close()
         if self.link is not None:
             self.link.stop()

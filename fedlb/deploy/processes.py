@@ -1,4 +1,4 @@
-"""Starting and stopping Flower's deployment processes: SuperLink, SuperNodes, `flwr run`.
+"""Starting and stopping Flower's deployment processes: SuperLink, SuperNodes.
 
 Every process gets its own FLWR_HOME, its own log file and its own process group, so it
 can be stopped with everything it spawned (flower-superexec, flwr-serverapp,
@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import os
-import shlex
 import signal
 import socket
 import ssl
@@ -31,7 +30,7 @@ import psutil
 from fedlb.security import TlsFiles
 
 from .join import SUPERNODE_START, diagnose, supernode_join
-from .warm import launcher_command, make_secret
+from .warm import SERVERAPP, launcher_command, make_secret
 from .warm import unsupported as warm_unsupported
 
 log = logging.getLogger("fedlb.flower")
@@ -238,9 +237,13 @@ def start_superlink(
     env: Mapping[str, str] | None = None,
     extra_args: list[str] | None = None,
     tls: TlsFiles | None = None,
+    warm: bool = False,
 ) -> FlowerProcess:
     """A SuperLink serving Fleet, Control and Runtime APIs on one port: HTTPS with `tls`,
-    plain HTTP (Flower's --insecure) without."""
+    plain HTTP (Flower's --insecure) without. `warm`: its ServerApps start warm
+    (fedlb.deploy.warm: torch, flwr and fedlb's ServerApp imported once, a fork per run),
+    else Flower's own SuperExec and a `flwr-serverapp` process per run; not with
+    `--simulation` (a simulation runs in Flower's own process)."""
     if port:
         check_port_free(host, port, "the SuperLink")
     port = port or free_port(host)
@@ -266,6 +269,21 @@ def start_superlink(
         str(port),
         *(extra_args or []),
     ]
+    if warm and (why := warm_unsupported()):
+        log.warning("the server's ServerApps start cold (a process per run): %s", why)
+        warm = False
+    if warm:
+        from flwr.supercore.address import resolve_bind_address
+
+        secret = make_secret(workdir / "home-superlink" / "superexec.secret")
+        bound = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        command = launcher_command(
+            resolve_bind_address(bound),  # where the runtime API answers on this machine
+            secret,
+            command,
+            task=SERVERAPP,
+            root_certificates=tls.ca if tls is not None else None,
+        )
     link = FlowerProcess.start(
         "SuperLink", command, workdir / "home-superlink", workdir / "superlink.log", port, env
     )
@@ -432,89 +450,3 @@ def write_connection(home: Path, address: str, root_certificates: Path | None = 
         f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
         f'address = "{address}"\n{security}'
     )
-
-
-def _flwr(home: Path, args: list[str], timeout: float = 120) -> dict[str, Any]:
-    command = [str(bin_dir() / "flwr"), *args, "--format", "json"]
-    done = subprocess.run(
-        command,
-        env=flower_env(home),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    try:
-        reply: dict[str, Any] = json.loads(done.stdout)
-    except json.JSONDecodeError as error:
-        raise DeployError(
-            f"`{shlex.join(command)}` gave no JSON (exit {done.returncode}): "
-            f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        ) from error
-    if not reply.get("success", False):
-        raise DeployError(f"`{shlex.join(command)}` failed: {reply}")
-    return reply
-
-
-def register_supernode(home: Path, public_key: Path) -> None:
-    """Register a silo's public key with a SuperLink running --enable-supernode-auth:
-    only SuperNodes holding a registered key can join. A key the SuperLink knows already
-    (its state file kept it: a resumed server) counts as registered."""
-    try:
-        _flwr(home, ["supernode", "register", str(public_key), CONNECTION])
-    except DeployError as error:
-        if "Public key already in use" not in str(error):  # Flower 1.41: "[code: 23] ..."
-            raise
-
-
-def submit_run(
-    home: Path,
-    app: Path,
-    run_config: Mapping[str, Any],
-    federation_config: Mapping[str, Any] | None = None,
-) -> str:
-    """Submit the app with these run settings; returns the run id (no waiting).
-    `federation_config`: a simulation SuperLink's (num-supernodes, client resources)."""
-    # --run-config and --federation-config have the same syntax as --node-config
-    args = ["run", str(app), CONNECTION, "--run-config", node_config_text(run_config)]
-    if federation_config:
-        args += ["--federation-config", node_config_text(federation_config)]
-    reply = _flwr(home, args)
-    return str(reply["run-id"])
-
-
-def run_status(home: Path, run_id: str) -> str:
-    """The run's status as `flwr ls` gives it, e.g. 'running', 'finished:completed'."""
-    reply = _flwr(home, ["ls", CONNECTION, "--run-id", run_id], timeout=60)
-    for run in reply.get("runs", []):
-        if str(run.get("run-id")) == run_id:
-            return str(run.get("status", "unknown"))
-    return "unknown"
-
-
-def stop_unfinished_runs(home: Path) -> list[str]:
-    """Stop every run the SuperLink does not list as finished (a persistent SuperLink
-    keeps the run of a server that died, and that run's ServerApp may still be about);
-    returns their ids."""
-    stopped = []
-    for run in _flwr(home, ["ls", CONNECTION], timeout=60).get("runs", []):
-        if not str(run.get("status", "")).startswith("finished"):
-            run_id = str(run.get("run-id"))
-            with contextlib.suppress(DeployError):  # it may finish meanwhile
-                _flwr(home, ["stop", run_id, CONNECTION], timeout=60)
-                stopped.append(run_id)
-    return stopped
-
-
-def stream_logs(home: Path, run_id: str, log_path: Path) -> subprocess.Popen[bytes]:
-    """`flwr log RUN --stream` into a file (the ServerApp's own output), in the background."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            [str(bin_dir() / "flwr"), "log", run_id, CONNECTION, "--stream"],
-            env=flower_env(home),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )

@@ -1,4 +1,4 @@
-"""The warm silo path: a SuperNode whose ClientApps start warm.
+"""The warm path: a SuperNode whose ClientApps start warm, a SuperLink whose ServerApps do.
 
 Flower 1.42 runs every message a silo receives in a fresh `flwr-clientapp` process: it
 waits for the SuperExec's next task poll (1 s), starts Python, imports flwr (~1.4 s),
@@ -28,28 +28,27 @@ and the next one is served), and exits with the SuperNode's code when it exits. 
 server exits when the launcher does (Flower's parent-process monitor), the forked
 ClientApps when the server does.
 
+The warm ServerApp: a SuperLink pays the same start per run (its SuperExec polls once a
+second, then a fresh `flwr-serverapp` imports flwr, torch and the app: ~3 s before the
+first round's messages). `--task serverapp` serves a SuperLink the same way: its
+`--isolation process`, the same HMAC secret, a fork per run running Flower's own
+`run_serverapp` with its output mirrored to the run's log (what `flwr log` shows). A
+simulation SuperLink keeps Flower's own SuperExec.
+
 Flower behaviours relied on (tests/test_warm_silo.py checks each on real processes, so
 a Flower upgrade that changes one fails a test, not a run):
-- `flower-supernode --isolation process --superexec-auth-secret-file F` serves the
-  runtime API for an external SuperExec and refuses AcquireTask unsigned;
+- `flower-supernode` and `flower-superlink` `--isolation process
+  --superexec-auth-secret-file F` serve the runtime API for an external SuperExec and
+  refuse AcquireTask unsigned;
 - `RuntimeHttpClient.AcquireTask(AcquireTaskRequest(supported_task_types=...))` returns
   a task and its token, signed by `SuperExecAuthHttpInterceptor`;
 - `run_clientapp(runtime_api_address, token, insecure, certificates, parent_pid)` runs
   one task to its end and leaves through `flwr_exit` (SystemExit);
-- it pulls the message through its module's `pull_and_inflate_object_from_tree`, which
-  takes `initial_backoff` (fast_object_pulls shortens it);
-- the SuperNode's loop (`flwr.supernode.start_client_internal`) sleeps `time.sleep(3)`
-  when a pull finds no message and `time.sleep(0.5)` while it waits for a reply or an
-  object's content, and pulls a message's objects from the SuperLink through its
-  module's `pull_objects`, which takes `initial_backoff` (prompt_supernode shortens all
-  three; see below).
-
-The SuperNode prompt: after each reply a SuperNode pulls once, finds nothing yet (the
-server is still aggregating) and sleeps 3 s, so the next round reached it 1.5-3 s late,
-on every balanced round's critical path. The launcher runs Flower's own `flower-supernode`
-entry point in a process of ours whose SuperNode loop sleeps `IDLE_PULL_S` instead (a
-pull is one small request to the SuperLink: 5 a second per silo is nothing for a
-cross-silo federation; `--idle-pull 3` restores Flower's pace).
+- `run_serverapp(runtime_api_address, log_queue, token, insecure, certificates,
+  parent_pid, runtime_dependency_install)` does the same for a ServerApp, what
+  `flwr-serverapp` runs after `mirror_output_to_queue(log_queue)`;
+- the ClientApp runtime's object pulls take `initial_backoff` (fedlb.deploy.prompt).
+The SuperNode itself runs prompt (fedlb.deploy.prompt).
 """
 
 from __future__ import annotations
@@ -67,19 +66,17 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from .prompt import IDLE_PULL_S, fast_object_pulls, supernode_command
+
 POLL_S = 0.1  # task poll: one process polls, so a short interval costs little CPU
-PRELOAD = ("torch", "flwr.supernode.runtime.run_clientapp", "fedlb.deploy.client_app")
+CLIENTAPP, SERVERAPP = "clientapp", "serverapp"  # the kinds of task served
+PRELOAD = {  # what each kind imports once, before its first task
+    CLIENTAPP: ("torch", "flwr.supernode.runtime.run_clientapp", "fedlb.deploy.client_app"),
+    SERVERAPP: ("torch", "flwr.superlink.runtime.run_serverapp", "fedlb.deploy.server_app"),
+}
 RESTART_PAUSE_S = 1.0
 RESTARTS_IN_A_ROW = 5  # a server dying this often right after its start cannot start here
-# Flower pulls a message's objects from its SuperNode with a backoff that starts at 1 s;
-# the SuperNode has them a few ms after it announces the message, so the first retry
-# cost ~1 s a round. Ours start at this.
-PULL_BACKOFF_S = 0.02
 ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"  # the SuperExec-signed method
-IDLE_PULL_S = 0.2  # the SuperNode's pause after a pull that found no message (Flower: 3 s)
-REPLY_WAIT_S = 0.05  # its pause while a reply or an object is not there yet (Flower: 0.5 s)
-SUPERNODE_SLEEPS = (3, 0.5)  # Flower 1.42's fixed pauses in that loop, idle and reply
-
 log = logging.getLogger("fedlb.warm")
 
 
@@ -110,68 +107,13 @@ def make_secret(path: Path) -> Path:
     return path
 
 
-class _ShortSleeps:
-    """The `time` module as Flower's SuperNode loop sees it: its fixed pauses shortened,
-    everything else untouched."""
-
-    def __init__(self, shortened: dict[float, float]) -> None:
-        self.shortened = shortened
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(time, name)
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(self.shortened.get(seconds, seconds))
-
-
-def prompt_supernode(idle_s: float = IDLE_PULL_S, reply_s: float = REPLY_WAIT_S) -> None:
-    """Shorten the SuperNode loop's idle pause (3 s) to `idle_s`, its reply and object
-    waits (0.5 s) to `reply_s`, and the first retry of its object pulls from the
-    SuperLink (1 s) to PULL_BACKOFF_S, in this process."""
-
-    from flwr.supernode import start_client_internal as loop
-
-    idle, reply = SUPERNODE_SLEEPS
-    setattr(loop, "time", _ShortSleeps({idle: idle_s, reply: reply_s}))  # noqa: B010 (a module)
-    # A prompt SuperNode often holds a message before the ServerApp has pushed all of its
-    # objects to the SuperLink; Flower's object pulls then retry after 1 s. Ours: sooner.
-    _first_retry_after(loop, "pull_objects", PULL_BACKOFF_S)
-
-
-def _supernode_main(arguments: Sequence[str]) -> int:
-    """`python -m fedlb.deploy.warm node [--idle-pull S] -- ARGS`: Flower's own
-    `flower-supernode ARGS`, prompt."""
-    parser = argparse.ArgumentParser(prog="python -m fedlb.deploy.warm node")
-    parser.add_argument("--idle-pull", type=float, default=IDLE_PULL_S)
-    split = arguments.index("--") if "--" in arguments else len(arguments)
-    args = parser.parse_args(arguments[:split])
-    from flwr.supernode.cli import flower_supernode
-
-    prompt_supernode(args.idle_pull, min(REPLY_WAIT_S, args.idle_pull))
-    sys.argv = ["flower-supernode", *arguments[split + 1 :]]
-    flower_supernode()
-    return 0
-
-
-def _supernode_command(supernode: Sequence[str], idle_pull_s: float) -> list[str]:
-    """Flower's `flower-supernode ...` run prompt (the same Flower, through
-    `_supernode_main`); any other command as given."""
-    if not supernode or Path(supernode[0]).name != "flower-supernode":
-        return list(supernode)
-    return [
-        sys.executable,
-        "-m",
-        "fedlb.deploy.warm",
-        "node",
-        "--idle-pull",
-        repr(idle_pull_s),
-        "--",
-        *supernode[1:],
-    ]
-
-
 def _this_module(
-    runtime_api_address: str, secret: Path, preload: Sequence[str], serving: bool = False
+    runtime_api_address: str,
+    secret: Path,
+    preload: Sequence[str],
+    task: str = CLIENTAPP,
+    root_certificates: Path | None = None,
+    serving: bool = False,
 ) -> list[str]:
     """`python -m fedlb.deploy.warm [serve]` with the options the launcher and the server
     share."""
@@ -184,6 +126,9 @@ def _this_module(
         runtime_api_address,
         "--secret-file",
         str(secret),
+        "--task",
+        task,
+        *(["--root-certificates", str(root_certificates)] if root_certificates else []),
         *[arg for module in preload for arg in ("--preload", module)],
     ]
 
@@ -194,11 +139,15 @@ def launcher_command(
     supernode: Sequence[str],
     preload: Sequence[str] = (),
     idle_pull_s: float = IDLE_PULL_S,
+    task: str = CLIENTAPP,
+    root_certificates: Path | None = None,
 ) -> list[str]:
     """The command that runs `supernode` (flower-supernode and its arguments) warm, its
-    idle pull every `idle_pull_s`."""
+    idle pull every `idle_pull_s`; with `task=SERVERAPP`, `supernode` is a SuperLink's
+    command (flower-superlink ...) and `root_certificates` the CA its runtime API's TLS
+    certificate is signed by (None: plain HTTP)."""
     return [
-        *_this_module(runtime_api_address, secret, preload),
+        *_this_module(runtime_api_address, secret, preload, task, root_certificates),
         "--idle-pull",
         repr(idle_pull_s),
         "--",
@@ -207,8 +156,9 @@ def launcher_command(
 
 
 def isolated(supernode: Sequence[str], secret: Path) -> list[str]:
-    """`supernode` with what the warm path needs added where it is missing: Flower's
-    process isolation and the SuperExec secret the warm server signs with."""
+    """`supernode` (or a SuperLink's command) with what the warm path needs added where it
+    is missing: Flower's process isolation and the SuperExec secret the warm server signs
+    with."""
     command = list(supernode)
     if "--isolation" not in command:
         command += ["--isolation", "process"]
@@ -223,10 +173,14 @@ def serve(
     parent_pid: int | None = None,
     preload: Sequence[str] = (),
     poll_s: float = POLL_S,
+    task: str = CLIENTAPP,
+    certificates: bytes | None = None,
 ) -> None:
-    """Import what a ClientApp needs once, then fork a warm `run_clientapp` per task."""
+    """Import what a `task` (ClientApp or ServerApp) needs once, then fork a warm Flower
+    runner per task; `certificates`: the CA of a TLS runtime API (None: plain HTTP)."""
     started = time.perf_counter()
-    for module in (*PRELOAD, *preload):
+    modules = (*PRELOAD[task], *preload)
+    for module in modules:
         importlib.import_module(module)
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.app_utils import start_parent_process_monitor
@@ -240,20 +194,22 @@ def serve(
 
     from fedlb.flower import warm_up_torch
 
-    fast_object_pulls()
+    if task == CLIENTAPP:
+        fast_object_pulls()
     warm_up_torch()
     log.info(
-        "warm: %s imported and torch warmed up in %.1f s; serving ClientApp tasks of %s",
-        ", ".join((*PRELOAD, *preload)),
+        "warm: %s imported and torch warmed up in %.1f s; serving %s tasks of %s",
+        ", ".join(modules),
         time.perf_counter() - started,
+        task,
         runtime_api_address,
     )
     if parent_pid is not None:
         start_parent_process_monitor(parent_pid)
     client = RuntimeHttpClient.from_server_address(
         server_address=runtime_api_address,
-        insecure=True,  # loopback only (start_supernode binds the runtime API there)
-        root_certificates=None,
+        insecure=certificates is None,  # a SuperNode's runtime API: loopback, plain HTTP
+        root_certificates=certificates,
         interceptors=[
             RuntimeVersionHttpInterceptor(component_name="SuperExec"),
             SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods={ACQUIRE_TASK}),
@@ -261,7 +217,8 @@ def serve(
         retry_invoker=make_simple_http_retry_invoker(),
     )
     running: dict[int, int] = {}  # child pid -> task id
-    request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
+    kind = TaskType.SERVER_APP if task == SERVERAPP else TaskType.CLIENT_APP
+    request = AcquireTaskRequest(supported_task_types=[kind.value])
     while True:
         _reap(running)
         reply = client.AcquireTask(request)
@@ -270,48 +227,39 @@ def serve(
             sys.stderr.flush()
             child = os.fork()
             if child == 0:
-                _run_task(runtime_api_address, reply.token, os.getppid())
+                _run_task(runtime_api_address, reply.token, os.getppid(), task, certificates)
             running[child] = reply.task.task_id
             continue  # another task may be waiting (a second run): no sleep
         time.sleep(poll_s)
 
 
-def fast_object_pulls(backoff: float = PULL_BACKOFF_S) -> None:
-    """Make Flower's ClientApp runtime retry a message's object pulls after `backoff` s
-    (doubling, capped as Flower caps it) instead of 1 s."""
-    from flwr.supernode.runtime import run_clientapp as runtime
-
-    _first_retry_after(runtime, "pull_and_inflate_object_from_tree", backoff)
-
-
-def _first_retry_after(module: object, name: str, backoff: float) -> None:
-    """Bind `initial_backoff=backoff` to Flower's pull function that `module` imported by
-    `name` (once: a second call replaces the first binding, never nests it)."""
-    import functools
-
-    pull = getattr(module, name)
-    original = pull.func if isinstance(pull, functools.partial) else pull
-    setattr(module, name, functools.partial(original, initial_backoff=backoff))
-
-
-def _run_task(runtime_api_address: str, token: str, server_pid: int) -> None:
-    """In the forked child: Flower's own ClientApp process body, then leave at once (the
-    parent's atexit handlers and threads are not the child's)."""
+def _run_task(
+    runtime_api_address: str,
+    token: str,
+    server_pid: int,
+    task: str = CLIENTAPP,
+    certificates: bytes | None = None,
+) -> None:
+    """In the forked child: Flower's own ClientApp (or ServerApp) process body, then leave
+    at once (the parent's atexit handlers and threads are not the child's)."""
     code = 1
     try:
-        from fedlb.flower.protocol import TASK_STARTED_ENV
-
-        os.environ[TASK_STARTED_ENV] = repr(time.time())  # the ClientApp's start, for its report
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        from flwr.supernode.runtime.run_clientapp import run_clientapp
+        if task == SERVERAPP:
+            _run_serverapp(runtime_api_address, token, server_pid, certificates)
+        else:
+            from flwr.supernode.runtime.run_clientapp import run_clientapp
 
-        run_clientapp(
-            runtime_api_address=runtime_api_address,
-            token=token,
-            insecure=True,
-            certificates=None,
-            parent_pid=server_pid,
-        )
+            from fedlb.flower.protocol import TASK_STARTED_ENV
+
+            os.environ[TASK_STARTED_ENV] = repr(time.time())  # the ClientApp's start
+            run_clientapp(
+                runtime_api_address=runtime_api_address,
+                token=token,
+                insecure=True,
+                certificates=None,
+                parent_pid=server_pid,
+            )
         code = 0
     except SystemExit as leaving:  # flwr_exit
         code = leaving.code if isinstance(leaving.code, int) else 1
@@ -323,9 +271,35 @@ def _run_task(runtime_api_address: str, token: str, server_pid: int) -> None:
         os._exit(code)
 
 
+def _run_serverapp(
+    runtime_api_address: str, token: str, server_pid: int, certificates: bytes | None
+) -> None:
+    """What `flwr-serverapp` does: the process's output mirrored to the run's log queue
+    (uploaded to the SuperLink: `flwr log`), then Flower's `run_serverapp`."""
+    from queue import Queue
+
+    from flwr.supercore.logger import mirror_output_to_queue, restore_output
+    from flwr.superlink.runtime.run_serverapp import run_serverapp
+
+    log_queue: Queue[str | None] = Queue()
+    mirror_output_to_queue(log_queue)
+    try:
+        run_serverapp(
+            runtime_api_address=runtime_api_address,
+            log_queue=log_queue,
+            token=token,
+            insecure=certificates is None,
+            certificates=certificates,
+            parent_pid=server_pid,
+            runtime_dependency_install=False,  # as fedlb's SuperLink is started
+        )
+    finally:
+        restore_output()
+
+
 def _reap(running: dict[int, int]) -> None:
-    """Collect finished ClientApps; say which ended badly (Flower reports an app's own
-    exception to the server; a killed process only this says, on the silo)."""
+    """Collect finished tasks; say which ended badly (Flower reports an app's own
+    exception; a killed process only this says, in this process's log)."""
     while running:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -338,15 +312,15 @@ def _reap(running: dict[int, int]) -> None:
         if os.WIFSIGNALED(status):
             name = signal.Signals(os.WTERMSIG(status)).name
             log.warning(
-                "warm: the ClientApp of task %s (pid %d) was killed by %s; its message "
-                "fails as a crashed ClientApp's does, the next one is served afresh",
+                "warm: task %s (pid %d) was killed by %s; it fails as a crashed app's "
+                "process does, the next one is served afresh",
                 task,
                 pid,
                 name,
             )
         elif os.WEXITSTATUS(status) != 0:
             log.warning(
-                "warm: the ClientApp of task %s (pid %d) exited with code %d (its log is above)",
+                "warm: task %s (pid %d) exited with code %d (its log is above)",
                 task,
                 pid,
                 os.WEXITSTATUS(status),
@@ -359,10 +333,14 @@ def launch(
     supernode: Sequence[str],
     preload: Sequence[str],
     idle_pull_s: float = IDLE_PULL_S,
+    task: str = CLIENTAPP,
+    root_certificates: Path | None = None,
 ) -> int:
-    """Run the SuperNode (prompt) and the warm server; restart the server if it dies;
-    return the SuperNode's exit code."""
-    node = subprocess.Popen(_supernode_command(supernode, idle_pull_s))
+    """Run the SuperNode (prompt; or the SuperLink, for SERVERAPP tasks) and the warm
+    server; restart the server if it dies; return the SuperNode's exit code."""
+    what = "ServerApp" if task == SERVERAPP else "ClientApp"
+    owner = "server" if task == SERVERAPP else "silo"
+    node = subprocess.Popen(supernode_command(supernode, idle_pull_s))
     stopping = False
 
     def stop(signum: int, _frame: object) -> None:
@@ -374,7 +352,9 @@ def launch(
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     server_command = [
-        *_this_module(runtime_api_address, secret_file, preload, serving=True),
+        *_this_module(
+            runtime_api_address, secret_file, preload, task, root_certificates, serving=True
+        ),
         "--parent-pid",
         str(os.getpid()),
     ]
@@ -384,21 +364,28 @@ def launch(
         while node.poll() is None:
             if server.poll() is not None and not stopping:
                 quick_deaths = quick_deaths + 1 if time.monotonic() - started < 10 else 1
-                if quick_deaths >= RESTARTS_IN_A_ROW:  # it cannot start here: end the silo
+                if quick_deaths >= RESTARTS_IN_A_ROW:  # it cannot start here: end the node
                     log.error(
-                        "warm: the silo's warm ClientApp server died %d times in a row within "
-                        "10 s of starting (last code %s); stopping the silo (its log above "
-                        "says why; `--cold` runs Flower's own ClientApp processes instead)",
+                        "warm: the %s's warm %s server died %d times in a row within 10 s "
+                        "of starting (last code %s); stopping the %s (its log above says "
+                        "why; `--cold` runs Flower's own %s processes instead)",
+                        owner,
+                        what,
                         quick_deaths,
                         server.returncode,
+                        owner,
+                        what,
                     )
                     node.terminate()
                     node.wait(30)
                     return 1
                 log.warning(
-                    "warm: the silo's warm ClientApp server exited with code %s; "
-                    "restarting it (a message in flight fails as a crashed ClientApp's does)",
+                    "warm: the %s's warm %s server exited with code %s; restarting it "
+                    "(a task in flight fails as a crashed %s's does)",
+                    owner,
+                    what,
                     server.returncode,
+                    what,
                 )
                 time.sleep(RESTART_PAUSE_S)
                 server, started = subprocess.Popen(server_command), time.monotonic()
@@ -417,13 +404,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per poll otherwise
     arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == ["node"]:
-        return _supernode_main(arguments[1:])
     serving = bool(arguments) and arguments[0] == "serve"
     parser = argparse.ArgumentParser(prog="python -m fedlb.deploy.warm")
     parser.add_argument("--runtime-api-address", required=True)
     parser.add_argument("--secret-file", type=Path, required=True)
     parser.add_argument("--preload", action="append", default=[])
+    parser.add_argument("--task", choices=(CLIENTAPP, SERVERAPP), default=CLIENTAPP)
+    parser.add_argument("--root-certificates", type=Path)
     if serving:
         parser.add_argument("--parent-pid", type=int)
         args = parser.parse_args(arguments[1:])
@@ -433,6 +420,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.secret_file.read_bytes(),
                 args.parent_pid,
                 args.preload,
+                task=args.task,
+                certificates=(
+                    args.root_certificates.read_bytes() if args.root_certificates else None
+                ),
             )
         return 0
     if "--" not in arguments:
@@ -453,6 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         isolated(arguments[split + 1 :], args.secret_file),
         args.preload,
         args.idle_pull,
+        args.task,
+        args.root_certificates,
     )
 
 

@@ -1,0 +1,115 @@
+"""The SuperNode prompt: Flower's own `flower-supernode`, its fixed pauses shortened.
+
+After each reply a SuperNode pulls once, finds nothing yet (the server is still
+aggregating) and sleeps 3 s, so the next round reached it 1.5-3 s late, on every balanced
+round's critical path. `python -m fedlb.deploy.prompt [--idle-pull S] -- ARGS` runs
+Flower's own `flower-supernode ARGS` entry point in a process whose SuperNode loop sleeps
+`IDLE_PULL_S` instead (a pull is one small request to the SuperLink: 5 a second per silo
+is nothing for a cross-silo federation; `--idle-pull 3` restores Flower's pace). The warm
+launcher (fedlb.deploy.warm) runs a silo's SuperNode this way.
+
+Flower behaviours relied on (tests/test_warm_silo.py checks each): the SuperNode's loop
+(`flwr.supernode.start_client_internal`) sleeps `time.sleep(3)` when a pull finds no
+message and `time.sleep(0.5)` while it waits for a reply or an object's content, and
+pulls a message's objects through its module's `pull_objects`, which takes
+`initial_backoff`; the ClientApp runtime pulls its message through its module's
+`pull_and_inflate_object_from_tree`, which takes `initial_backoff` too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+# Flower pulls a message's objects from its SuperNode with a backoff that starts at 1 s;
+# the SuperNode has them a few ms after it announces the message, so the first retry
+# cost ~1 s a round. Ours start at this.
+PULL_BACKOFF_S = 0.02
+IDLE_PULL_S = 0.2  # the SuperNode's pause after a pull that found no message (Flower: 3 s)
+REPLY_WAIT_S = 0.05  # its pause while a reply or an object is not there yet (Flower: 0.5 s)
+SUPERNODE_SLEEPS = (3, 0.5)  # Flower 1.42's fixed pauses in that loop, idle and reply
+
+
+class _ShortSleeps:
+    """The `time` module as Flower's SuperNode loop sees it: its fixed pauses shortened,
+    everything else untouched."""
+
+    def __init__(self, shortened: dict[float, float]) -> None:
+        self.shortened = shortened
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(self.shortened.get(seconds, seconds))
+
+
+def prompt_supernode(idle_s: float = IDLE_PULL_S, reply_s: float = REPLY_WAIT_S) -> None:
+    """Shorten the SuperNode loop's idle pause (3 s) to `idle_s`, its reply and object
+    waits (0.5 s) to `reply_s`, and the first retry of its object pulls from the
+    SuperLink (1 s) to PULL_BACKOFF_S, in this process."""
+
+    from flwr.supernode import start_client_internal as loop
+
+    idle, reply = SUPERNODE_SLEEPS
+    setattr(loop, "time", _ShortSleeps({idle: idle_s, reply: reply_s}))  # noqa: B010 (a module)
+    # A prompt SuperNode often holds a message before the ServerApp has pushed all of its
+    # objects to the SuperLink; Flower's object pulls then retry after 1 s. Ours: sooner.
+    _first_retry_after(loop, "pull_objects", PULL_BACKOFF_S)
+
+
+def main(arguments: Sequence[str] | None = None) -> int:
+    """`python -m fedlb.deploy.prompt [--idle-pull S] -- ARGS`: Flower's own
+    `flower-supernode ARGS`, prompt."""
+    arguments = list(sys.argv[1:] if arguments is None else arguments)
+    parser = argparse.ArgumentParser(prog="python -m fedlb.deploy.prompt")
+    parser.add_argument("--idle-pull", type=float, default=IDLE_PULL_S)
+    split = arguments.index("--") if "--" in arguments else len(arguments)
+    args = parser.parse_args(arguments[:split])
+    from flwr.supernode.cli import flower_supernode
+
+    prompt_supernode(args.idle_pull, min(REPLY_WAIT_S, args.idle_pull))
+    sys.argv = ["flower-supernode", *arguments[split + 1 :]]
+    flower_supernode()
+    return 0
+
+
+def supernode_command(supernode: Sequence[str], idle_pull_s: float) -> list[str]:
+    """Flower's `flower-supernode ...` run prompt (the same Flower, through
+    `main`); any other command as given."""
+    if not supernode or Path(supernode[0]).name != "flower-supernode":
+        return list(supernode)
+    return [
+        sys.executable,
+        "-m",
+        "fedlb.deploy.prompt",
+        "--idle-pull",
+        repr(idle_pull_s),
+        "--",
+        *supernode[1:],
+    ]
+
+
+def fast_object_pulls(backoff: float = PULL_BACKOFF_S) -> None:
+    """Make Flower's ClientApp runtime retry a message's object pulls after `backoff` s
+    (doubling, capped as Flower caps it) instead of 1 s."""
+    from flwr.supernode.runtime import run_clientapp as runtime
+
+    _first_retry_after(runtime, "pull_and_inflate_object_from_tree", backoff)
+
+
+def _first_retry_after(module: object, name: str, backoff: float) -> None:
+    """Bind `initial_backoff=backoff` to Flower's pull function that `module` imported by
+    `name` (once: a second call replaces the first binding, never nests it)."""
+    import functools
+
+    pull = getattr(module, name)
+    original = pull.func if isinstance(pull, functools.partial) else pull
+    setattr(module, name, functools.partial(original, initial_backoff=backoff))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

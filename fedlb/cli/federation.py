@@ -210,6 +210,14 @@ def server(
             "--overwrite", help="Replace the results of an earlier run in --out-dir (deleted)."
         ),
     ] = False,
+    warm: Annotated[
+        bool | None,
+        typer.Option(
+            "--warm/--cold",
+            help="The ServerApp starts warm (torch and fedlb imported once, a fork per run; "
+            "the default), or --cold: Flower's own fresh process per run.",
+        ),
+    ] = None,
     *,
     run_flags: dict[str, Any],
 ) -> None:
@@ -227,6 +235,7 @@ def server(
             "run-timeout": run_timeout,
             "certs": certs,
             "silo-keys": silo_keys,
+            "warm": warm,
         }
     )
     try:
@@ -280,8 +289,9 @@ def demo(
         bool,
         typer.Option(
             "--warm/--cold",
-            help="Silos start ClientApps warm (torch and fedlb imported once, a fork per "
-            "message), or --cold: Flower's own fresh process per message.",
+            help="Silos start ClientApps (and the server its ServerApp) warm: torch and "
+            "fedlb imported once, a fork per message; or --cold: Flower's own fresh "
+            "process per message and per run.",
         ),
     ] = True,
     compare: Annotated[
@@ -306,7 +316,7 @@ def demo(
         raise UsageError(f"--slowdowns must be numbers >= 1, got {slowdowns!r}")
     folder = (out_dir or ServerSettings().results_dir()).resolve()
     try:  # before fresh keys would replace those an earlier run's model needs
-        settings = ServerSettings.from_mapping({"port": 0, "out-dir": str(folder)})
+        settings = ServerSettings.from_mapping({"port": 0, "out-dir": str(folder), "warm": warm})
         check_run_folder(folder, overwrite)
     except ConfigError as error:
         raise UsageError(str(error)) from error
@@ -336,7 +346,9 @@ def demo(
         ("fedlb", "fedlb", {}, warm),
     ):
         try:
-            each = ServerSettings.from_mapping({"port": 0, "out-dir": str(folder / where)})
+            each = ServerSettings.from_mapping(  # the baseline: Flower's own processes
+                {"port": 0, "out-dir": str(folder / where), "warm": warm_silos}
+            )
             check_run_folder(folder / where, overwrite)
             _, each_run = server_settings(None, run={**defaults, **run_flags, **changes})
             each_silos = local_silos(factors, base_speed, silo_context, warm=warm_silos)

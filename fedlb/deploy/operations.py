@@ -125,6 +125,7 @@ def run_server(
         tls=tls,
         silo_keys=keys,
         database=database,
+        warm=server.warm,
     ) as federation:
         port = int(federation.address.rsplit(":", 1)[1])
 

@@ -69,6 +69,8 @@ class ServerSettings:
     certs: TLS, the folder `fedlb certs` wrote (ca.crt, server.crt, server.key); '' : plain.
     silo_keys: a folder of silos' public keys (`fedlb silo-key`'s *.pub): only those silos
         may join (needs certs); '' : any silo that reaches the server.
+    warm: the run's ServerApp starts warm: torch, flwr and fedlb's ServerApp imported once,
+        a fork per run (fedlb.deploy.warm); false: Flower's own fresh process per run.
     """
 
     host: str = "127.0.0.1"
@@ -77,6 +79,7 @@ class ServerSettings:
     run_timeout: float = 0.0
     certs: str = ""
     silo_keys: str = ""
+    warm: bool = True
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServerSettings:

@@ -357,6 +357,10 @@ def test_a_small_comparison_end_to_end(tmp_path):
         }
     assert (tmp_path / "accuracy.png").stat().st_size > 5000
     assert (tmp_path / "accuracy_by_round.png").stat().st_size > 5000
+    # the four runs were forks of one warm simulation server (fedlb.deploy.warm)
+    superlink_log = (tmp_path / "processes" / "superlink.log").read_text()
+    assert superlink_log.count("serving simulation tasks") == 1
+    assert superlink_log.count("Created run") == 4
     # re-summarising from rounds.jsonl at the same target gives the same summary
     from fedlb.experiments import summarise_results
 

@@ -23,7 +23,6 @@ from .ray_nodes import RAY_ENV
 log = logging.getLogger("fedlb.flower")
 
 STATUS_EVERY_S = 0.25  # how often a run's status is asked (one small HTTP call)
-SUPEREXEC_POLL_ENV, SUPEREXEC_POLL_S = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL", 0.2
 LOG_DRAIN_S = 2.0  # how long a finished run's log may take to arrive in full
 
 
@@ -124,9 +123,9 @@ class Federation:
             head: `start_ray_head`, or a cluster of several machines). None: each run
             starts a private Ray of its own (fedlb.deploy.ray_nodes says why sharing one
             is faster).
-        warm: the SuperLink's ServerApps start warm: torch, flwr and fedlb's ServerApp
-            imported once, a fork per run (fedlb.deploy.warm); False: Flower's own
-            process per run. A simulation SuperLink always runs Flower's own.
+        warm: the SuperLink's ServerApps (simulations) start warm: torch, flwr, (Ray) and
+            fedlb's app imported once, a fork per run (fedlb.deploy.warm); False:
+            Flower's own process per run.
     """
 
     def __init__(
@@ -145,7 +144,7 @@ class Federation:
             raise ValueError("ray_address is for a simulation SuperLink (simulation=True)")
         self.workdir = workdir
         self.simulation = simulation
-        self.warm = warm and not simulation
+        self.warm = warm
         self.ray_address = ray_address
         self.database = database
         self.host = host
@@ -171,10 +170,6 @@ class Federation:
         if self.simulation:
             extra.append("--simulation")
             env = dict(RAY_ENV)
-            # Flower's SuperExec looks for a submitted run every 1 s; one process polling
-            # 5 times a second costs nothing a run would notice, and half a second less
-            # per run does (an experiment submits one per policy and seed)
-            env[SUPEREXEC_POLL_ENV] = repr(SUPEREXEC_POLL_S)
             if self.ray_address is not None:  # inherited by every run's flwr-simulation
                 env["RAY_ADDRESS"] = self.ray_address
         self.link = processes.start_superlink(

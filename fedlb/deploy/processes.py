@@ -30,7 +30,7 @@ import psutil
 from fedlb.security import TlsFiles
 
 from .join import SUPERNODE_START, diagnose, supernode_join
-from .warm import SERVERAPP, launcher_command, make_secret
+from .warm import SERVERAPP, SIMULATION, launcher_command, make_secret
 from .warm import unsupported as warm_unsupported
 
 log = logging.getLogger("fedlb.flower")
@@ -240,10 +240,10 @@ def start_superlink(
     warm: bool = False,
 ) -> FlowerProcess:
     """A SuperLink serving Fleet, Control and Runtime APIs on one port: HTTPS with `tls`,
-    plain HTTP (Flower's --insecure) without. `warm`: its ServerApps start warm
-    (fedlb.deploy.warm: torch, flwr and fedlb's ServerApp imported once, a fork per run),
-    else Flower's own SuperExec and a `flwr-serverapp` process per run; not with
-    `--simulation` (a simulation runs in Flower's own process)."""
+    plain HTTP (Flower's --insecure) without. `warm`: its ServerApps (its simulations,
+    with `--simulation` among `extra_args`) start warm (fedlb.deploy.warm: torch, flwr,
+    Ray and fedlb's app imported once, a fork per run), else Flower's own SuperExec and a
+    `flwr-serverapp` (`flwr-simulation`) process per run."""
     if port:
         check_port_free(host, port, "the SuperLink")
     port = port or free_port(host)
@@ -281,7 +281,7 @@ def start_superlink(
             resolve_bind_address(bound),  # where the runtime API answers on this machine
             secret,
             command,
-            task=SERVERAPP,
+            task=SIMULATION if "--simulation" in command else SERVERAPP,
             root_certificates=tls.ca if tls is not None else None,
         )
     link = FlowerProcess.start(

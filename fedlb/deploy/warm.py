@@ -32,8 +32,9 @@ The warm ServerApp: a SuperLink pays the same start per run (its SuperExec polls
 second, then a fresh `flwr-serverapp` imports flwr, torch and the app: ~3 s before the
 first round's messages). `--task serverapp` serves a SuperLink the same way: its
 `--isolation process`, the same HMAC secret, a fork per run running Flower's own
-`run_serverapp` with its output mirrored to the run's log (what `flwr log` shows). A
-simulation SuperLink keeps Flower's own SuperExec.
+`run_serverapp` with its output mirrored to the run's log (what `flwr log` shows).
+`--task simulation` does the same for a simulation SuperLink's runs (`flwr-simulation`'s
+`run_simulation_process`; Ray is imported once and each run's fork connects to it).
 
 Flower behaviours relied on (tests/test_warm_silo.py checks each on real processes, so
 a Flower upgrade that changes one fails a test, not a run):
@@ -46,7 +47,8 @@ a Flower upgrade that changes one fails a test, not a run):
   one task to its end and leaves through `flwr_exit` (SystemExit);
 - `run_serverapp(runtime_api_address, log_queue, token, insecure, certificates,
   parent_pid, runtime_dependency_install)` does the same for a ServerApp, what
-  `flwr-serverapp` runs after `mirror_output_to_queue(log_queue)`;
+  `flwr-serverapp` runs after `mirror_output_to_queue(log_queue)`, and
+  `run_simulation_process` (the same parameters) what `flwr-simulation` runs;
 - the ClientApp runtime's object pulls take `initial_backoff` (fedlb.deploy.prompt).
 The SuperNode itself runs prompt (fedlb.deploy.prompt).
 """
@@ -69,10 +71,17 @@ from pathlib import Path
 from .prompt import IDLE_PULL_S, fast_object_pulls, supernode_command
 
 POLL_S = 0.1  # task poll: one process polls, so a short interval costs little CPU
-CLIENTAPP, SERVERAPP = "clientapp", "serverapp"  # the kinds of task served
+CLIENTAPP, SERVERAPP, SIMULATION = "clientapp", "serverapp", "simulation"  # kinds of task
 PRELOAD = {  # what each kind imports once, before its first task
     CLIENTAPP: ("torch", "flwr.supernode.runtime.run_clientapp", "fedlb.deploy.client_app"),
     SERVERAPP: ("torch", "flwr.superlink.runtime.run_serverapp", "fedlb.deploy.server_app"),
+    # importing Ray starts nothing (each run's child connects: ray.init after the fork)
+    SIMULATION: ("torch", "ray", "flwr.simulation.app", "fedlb.experiments.simulation"),
+}
+TASK_TYPES = {  # Flower's name of each kind (flwr.supercore.constant.TaskType)
+    CLIENTAPP: "flwr-clientapp",
+    SERVERAPP: "flwr-serverapp",
+    SIMULATION: "flwr-simulation",
 }
 RESTART_PAUSE_S = 1.0
 RESTARTS_IN_A_ROW = 5  # a server dying this often right after its start cannot start here
@@ -143,9 +152,9 @@ def launcher_command(
     root_certificates: Path | None = None,
 ) -> list[str]:
     """The command that runs `supernode` (flower-supernode and its arguments) warm, its
-    idle pull every `idle_pull_s`; with `task=SERVERAPP`, `supernode` is a SuperLink's
-    command (flower-superlink ...) and `root_certificates` the CA its runtime API's TLS
-    certificate is signed by (None: plain HTTP)."""
+    idle pull every `idle_pull_s`; with `task=SERVERAPP` (or SIMULATION), `supernode` is
+    a SuperLink's command (flower-superlink ...) and `root_certificates` the CA its
+    runtime API's TLS certificate is signed by (None: plain HTTP)."""
     return [
         *_this_module(runtime_api_address, secret, preload, task, root_certificates),
         "--idle-pull",
@@ -217,8 +226,7 @@ def serve(
         retry_invoker=make_simple_http_retry_invoker(),
     )
     running: dict[int, int] = {}  # child pid -> task id
-    kind = TaskType.SERVER_APP if task == SERVERAPP else TaskType.CLIENT_APP
-    request = AcquireTaskRequest(supported_task_types=[kind.value])
+    request = AcquireTaskRequest(supported_task_types=[TaskType(TASK_TYPES[task]).value])
     while True:
         _reap(running)
         reply = client.AcquireTask(request)
@@ -245,8 +253,8 @@ def _run_task(
     code = 1
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if task == SERVERAPP:
-            _run_serverapp(runtime_api_address, token, server_pid, certificates)
+        if task != CLIENTAPP:
+            _run_server_side(task, runtime_api_address, token, server_pid, certificates)
         else:
             from flwr.supernode.runtime.run_clientapp import run_clientapp
 
@@ -271,20 +279,24 @@ def _run_task(
         os._exit(code)
 
 
-def _run_serverapp(
-    runtime_api_address: str, token: str, server_pid: int, certificates: bytes | None
+def _run_server_side(
+    task: str, runtime_api_address: str, token: str, server_pid: int, certificates: bytes | None
 ) -> None:
-    """What `flwr-serverapp` does: the process's output mirrored to the run's log queue
-    (uploaded to the SuperLink: `flwr log`), then Flower's `run_serverapp`."""
+    """What `flwr-serverapp` (or `flwr-simulation`) does: the process's output mirrored to
+    the run's log queue (uploaded to the SuperLink: `flwr log`), then Flower's own
+    `run_serverapp` (or `run_simulation_process`: the same parameters)."""
     from queue import Queue
 
     from flwr.supercore.logger import mirror_output_to_queue, restore_output
-    from flwr.superlink.runtime.run_serverapp import run_serverapp
 
+    if task == SERVERAPP:
+        from flwr.superlink.runtime.run_serverapp import run_serverapp as run
+    else:
+        from flwr.simulation.app import run_simulation_process as run
     log_queue: Queue[str | None] = Queue()
     mirror_output_to_queue(log_queue)
     try:
-        run_serverapp(
+        run(
             runtime_api_address=runtime_api_address,
             log_queue=log_queue,
             token=token,
@@ -338,8 +350,8 @@ def launch(
 ) -> int:
     """Run the SuperNode (prompt; or the SuperLink, for SERVERAPP tasks) and the warm
     server; restart the server if it dies; return the SuperNode's exit code."""
-    what = "ServerApp" if task == SERVERAPP else "ClientApp"
-    owner = "server" if task == SERVERAPP else "silo"
+    what = {CLIENTAPP: "ClientApp", SERVERAPP: "ServerApp", SIMULATION: "simulation"}[task]
+    owner = "silo" if task == CLIENTAPP else "server"
     node = subprocess.Popen(supernode_command(supernode, idle_pull_s))
     stopping = False
 
@@ -409,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runtime-api-address", required=True)
     parser.add_argument("--secret-file", type=Path, required=True)
     parser.add_argument("--preload", action="append", default=[])
-    parser.add_argument("--task", choices=(CLIENTAPP, SERVERAPP), default=CLIENTAPP)
+    parser.add_argument("--task", choices=tuple(PRELOAD), default=CLIENTAPP)
     parser.add_argument("--root-certificates", type=Path)
     if serving:
         parser.add_argument("--parent-pid", type=int)

@@ -202,7 +202,8 @@ def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
         for node, server in zip(nodes, servers, strict=True):
             log = node.log_path.read_text()
             assert log.count("warm: torch") == 1  # imported once, for every message
-            assert log.count("Loading ClientApp") >= 2  # a ClientApp per message
+            assert log.count("warm: task") >= 2  # a fork per message
+            assert "Loading ClientApp" not in log  # Flower's DEBUG line: not the app's output
             assert server.is_running()
             assert warm_server(node).pid == server.pid
 
@@ -232,3 +233,57 @@ def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
         for run_log in federation.workdir.glob("serverapp-*.log"):
             assert "Starting LoadBalancedFedAvg strategy" in run_log.read_text()
         assert len(list(federation.workdir.glob("serverapp-*.log"))) == 2
+
+
+def test_a_runs_log_is_flushed_without_flowers_pause():
+    """Flower's ServerApp and simulation processes flush the run's log through their
+    modules' `start_log_uploader` / `flush_logs` (the names flush_without_pause replaces),
+    and Flower's own flush sleeps 1 s after the queue empties; the replacement returns
+    once the uploader has pushed every line, and Flower's stop afterwards is a no-op."""
+    import importlib
+    import types
+    from queue import Queue
+
+    from flwr.supercore import logger as flower_logger
+
+    from fedlb.deploy.prompt import flush_without_pause
+
+    for name in ("flwr.superlink.runtime.run_serverapp", "flwr.simulation.app"):
+        module = importlib.import_module(name)
+        assert module.start_log_uploader is flower_logger.start_log_uploader
+        assert module.flush_logs is flower_logger.flush_logs
+        assert module.stop_log_uploader is flower_logger.stop_log_uploader
+
+    pushed: list[str] = []
+
+    class Client:  # the runtime client's one call the uploader makes
+        def PushLogs(self, request):  # noqa: N802 (Flower's name)
+            time.sleep(0.05)  # a round trip
+            pushed.extend(request.logs)
+
+    runtime = types.SimpleNamespace(
+        start_log_uploader=flower_logger.start_log_uploader, flush_logs=flower_logger.flush_logs
+    )
+    flush_without_pause(runtime)
+    queue: Queue[str | None] = Queue()
+    uploader = runtime.start_log_uploader(queue, node_id=0, run_id=1, client=Client())
+    for i in range(5):
+        queue.put(f"line {i}\n")
+    started = time.monotonic()
+    assert runtime.flush_logs(queue)
+    took = time.monotonic() - started
+    assert pushed == [f"line {i}\n" for i in range(5)]  # every line, pushed, in order
+    assert not uploader.is_alive()
+    assert took < 0.8  # Flower's flush: 1 s after the queue empties
+    flower_logger.stop_log_uploader(queue, uploader, timeout=0.1)  # Flower's stop: done
+
+
+def test_flowers_own_flush_pauses_a_second():
+    """The pause flush_without_pause removes is there in this Flower (else drop it)."""
+    from queue import Queue
+
+    from flwr.supercore import logger as flower_logger
+
+    started = time.monotonic()
+    assert flower_logger.flush_logs(Queue())
+    assert time.monotonic() - started >= 0.9

@@ -1,4 +1,5 @@
-"""The SuperNode prompt: Flower's own `flower-supernode`, its fixed pauses shortened.
+"""Flower's fixed pauses shortened, in fedlb's own processes: the SuperNode prompt, and a
+run's log flushed without its 1 s pause (`flush_without_pause`, in warm ServerApps).
 
 After each reply a SuperNode pulls once, finds nothing yet (the server is still
 aggregating) and sleeps 3 s, so the next round reached it 1.5-3 s late, on every balanced
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 # Flower pulls a message's objects from its SuperNode with a backoff that starts at 1 s;
 # the SuperNode has them a few ms after it announces the message, so the first retry
@@ -109,6 +112,36 @@ def _first_retry_after(module: object, name: str, backoff: float) -> None:
     pull = getattr(module, name)
     original = pull.func if isinstance(pull, functools.partial) else pull
     setattr(module, name, functools.partial(original, initial_backoff=backoff))
+
+
+def flush_without_pause(runtime: Any) -> None:
+    """Make `runtime` (Flower's ServerApp or simulation process module) flush the run's
+    log at its end without Flower's fixed 1 s pause.
+
+    Flower's `flush_logs` waits for the log queue to empty, then sleeps 1 s "to allow the
+    PushLogs call to complete" before the run is reported finished: a second at the end of
+    every run. Here the module's uploader thread is remembered when it starts, and the
+    flush ends that thread (a None in its queue: it drains the queue, pushes, and exits)
+    and waits for exactly that: the logs are pushed, no sooner and no later. Flower's
+    `stop_log_uploader` afterwards finds it done. A line logged after the flush (Flower
+    logs one only when pushing the run's output fails) reaches the process's output, not
+    the run's log."""
+    start, flush = runtime.start_log_uploader, runtime.flush_logs
+    started: list[threading.Thread] = []
+
+    def start_and_keep(*args: Any, **kwargs: Any) -> threading.Thread:
+        thread: threading.Thread = start(*args, **kwargs)
+        started.append(thread)
+        return thread
+
+    def flush_now(log_queue: Any, timeout: float = 3.0) -> bool:
+        if not started:
+            return bool(flush(log_queue, timeout))
+        log_queue.put(None)
+        started[-1].join(timeout)
+        return not started[-1].is_alive()
+
+    runtime.start_log_uploader, runtime.flush_logs = start_and_keep, flush_now
 
 
 if __name__ == "__main__":

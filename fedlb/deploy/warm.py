@@ -68,7 +68,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from .prompt import IDLE_PULL_S, fast_object_pulls, supernode_command
+from .prompt import IDLE_PULL_S, fast_object_pulls, flush_without_pause, supernode_command
 
 POLL_S = 0.1  # task poll: one process polls, so a short interval costs little CPU
 CLIENTAPP, SERVERAPP, SIMULATION = "clientapp", "serverapp", "simulation"  # kinds of task
@@ -237,6 +237,7 @@ def serve(
             if child == 0:
                 _run_task(runtime_api_address, reply.token, os.getppid(), task, certificates)
             running[child] = reply.task.task_id
+            log.info("warm: task %s runs in pid %d", reply.task.task_id, child)
             continue  # another task may be waiting (a second run): no sleep
         time.sleep(poll_s)
 
@@ -253,6 +254,9 @@ def _run_task(
     code = 1
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        root = logging.getLogger()  # the server's own log format, not the app's: a fresh
+        for handler in list(root.handlers):  # process has none (else each line twice)
+            root.removeHandler(handler)
         if task != CLIENTAPP:
             _run_server_side(task, runtime_api_address, token, server_pid, certificates)
         else:
@@ -289,10 +293,14 @@ def _run_server_side(
 
     from flwr.supercore.logger import mirror_output_to_queue, restore_output
 
+    # the modules by name: flwr.superlink.runtime exports a function of the module's name
     if task == SERVERAPP:
-        from flwr.superlink.runtime.run_serverapp import run_serverapp as run
+        runtime = importlib.import_module("flwr.superlink.runtime.run_serverapp")
+        run = runtime.run_serverapp
     else:
-        from flwr.simulation.app import run_simulation_process as run
+        runtime = importlib.import_module("flwr.simulation.app")
+        run = runtime.run_simulation_process
+    flush_without_pause(runtime)
     log_queue: Queue[str | None] = Queue()
     mirror_output_to_queue(log_queue)
     try:

@@ -53,9 +53,11 @@ def test_three_silos_with_speed_factors_1_2_4(tmp_path):
     out = tmp_path / "out"
     silos = []
 
-    def start_silos(ready):  # once the SuperLink is up, before round 1
-        for i, factor in enumerate((1, 2, 4)):
-            settings = silo_settings(
+    def start_silos(ready):  # once the SuperLink is up, before round 1; side by side
+        from concurrent.futures import ThreadPoolExecutor
+
+        settings = [
+            silo_settings(
                 Path(f"silos/silo-{i}.toml"),
                 {
                     "server": ready.address,
@@ -64,7 +66,10 @@ def test_three_silos_with_speed_factors_1_2_4(tmp_path):
                     "workdir": str(tmp_path / f"silo-{i}"),
                 },
             )
-            silos.append(start_silo(settings))
+            for i, factor in enumerate((1, 2, 4))
+        ]
+        with ThreadPoolExecutor(len(settings)) as pool:
+            silos.extend(pool.map(start_silo, settings))
 
     rounds = []
     server, run = server_settings(

@@ -425,15 +425,16 @@ def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(600)
 def test_quickstart_deployed_on_unequal_silos(tmp_path, monkeypatch):
-    """A SuperLink and three warm SuperNodes (fedlb.deploy.warm: Flower's own app, forked
-    per message) of emulated speeds 4:2:1 running the quickstart: sizes follow the
+    """A warm SuperLink and three warm SuperNodes (fedlb.deploy.warm: Flower's own app,
+    forked per run and per message) of emulated speeds 4:2:1 running the quickstart,
+    submitted with the user's own `flwr run`: sizes follow the
     speeds, its metrics and log are kept. (Speeds low enough that three
     fresh training processes on two cores still run slower than emulated: the padding,
     not the contention, sets their pace.)"""
     monkeypatch.chdir(tmp_path)  # the ServerApp saves final_model.pt where it runs
     app, _ = adopt("quickstart_pytorch", tmp_path)
     home = tmp_path / "home-cli"
-    link = deploy.start_superlink(tmp_path)
+    link = deploy.start_superlink(tmp_path, warm=True)
     nodes = []
     try:
         deploy.write_connection(home, f"127.0.0.1:{link.port}")

@@ -64,7 +64,7 @@ def measure(silos: int, rounds: int, loop: dict[str, Any], work: Path) -> dict[s
         "out-dir": str(work / "out"),
         **loop,
     }
-    with Federation(work / "procs") as federation:
+    with Federation(work / "procs", warm=False) as federation:  # Flower's own ServerApp
         for i in range(silos):
             federation.add_silo(  # Flower's own path: what this benchmark measures
                 f"silo-{i}", {"partition-id": i, "num-partitions": silos, "threads": 1}, warm=False

@@ -7,7 +7,7 @@ silo's slowdown) so that a round's compute is that of a cross-silo round, well a
 Flower's own per-message floor. For each silo count, in one run on this machine:
 
 - `fedavg cold`: plain FedAvg (tuner static: every silo at B0), Flower's process per message;
-- `fedavg warm`: the same on fedlb's warm silo path;
+- `fedavg warm`: the same on fedlb's warm path (silos and ServerApp);
 - `default cold` / `default warm`: fedlb's default (pooled tuner, change-point estimator,
   stability guard: no silo below half the mean batch);
 - `full balance warm`: the default without the guard (LB-BSP as published).
@@ -77,7 +77,8 @@ def measure(policy: str, silos: int, rounds: int, local_steps: int, work: Path) 
         "out-dir": str(work / "out"),
         **changes,
     }
-    with Federation(work / "procs") as federation:
+    # cold: Flower's own processes on both sides (a ServerApp process per run as well)
+    with Federation(work / "procs", warm=warm) as federation:
         for i, slowdown in enumerate(slowdowns):
             federation.add_silo(
                 f"silo-{i}",

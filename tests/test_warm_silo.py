@@ -18,6 +18,8 @@ from fedlb.deploy.federation import Federation
 from fedlb.deploy.prompt import SUPERNODE_SLEEPS, fast_object_pulls, prompt_supernode
 from fedlb.deploy.warm import (
     ACQUIRE_TASK,
+    NODE_NAME,
+    SERVER_NAME,
     isolated,
     launcher_command,
     make_secret,
@@ -169,9 +171,12 @@ def foreign_acquire(address: str, secret: bytes | None, task: str = "flwr-client
 def warm_server(node) -> psutil.Process:
     """The warm server of a silo (or of the SuperLink): the launcher's child that serves."""
     launcher = psutil.Process(node.pid).children()[0]
-    for child in launcher.children():
-        if "serve" in child.cmdline():
-            return child
+    deadline = time.monotonic() + 60  # forked once the launcher has imported torch
+    while time.monotonic() < deadline:
+        for child in launcher.children():
+            if child.name() == SERVER_NAME:
+                return child
+        time.sleep(0.1)
     raise AssertionError(f"no warm server under {launcher.cmdline()}")
 
 
@@ -184,12 +189,11 @@ def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
     with Federation(tmp_path / "procs") as federation:
         nodes = federation.add_silos({f"silo-{i}": silo_config(i) for i in range(2)}, warm=True)
         servers = [warm_server(node) for node in nodes]
-        for node in nodes:  # Flower's SuperNode, run prompt by fedlb's launcher
-            launcher = psutil.Process(node.pid).children()[0]
-            assert any(
-                child.cmdline()[1:3] == ["-m", "fedlb.deploy.prompt"]
-                for child in launcher.children()
-            )
+        warm_server(federation.link)
+        for node in [*nodes, federation.link]:  # Flower's SuperNode (SuperLink), forked
+            launcher = psutil.Process(node.pid).children()[0]  # by fedlb's launcher
+            names = sorted(child.name() for child in launcher.children())
+            assert names == sorted([NODE_NAME, SERVER_NAME]), names
         outcome = federation.run(run_settings(tmp_path / "one"), timeout=240)
         assert outcome.status == "finished:completed", outcome.problem()
         assert [r.round for r in outcome.records] == [1, 2]
@@ -287,3 +291,91 @@ def test_flowers_own_flush_pauses_a_second():
     started = time.monotonic()
     assert flower_logger.flush_logs(Queue())
     assert time.monotonic() - started >= 0.9
+
+
+def test_a_forked_child_ends_as_a_started_one_would():
+    """The launcher's children are forks (fedlb.deploy.forked): their exit codes, signals
+    and names read as a started process's would."""
+    import subprocess
+    import sys
+
+    from fedlb.deploy.forked import Forked
+
+    assert Forked(lambda: 3, "fedlb-test").wait(10) == 3
+    assert Forked(lambda: sys.exit(4), "fedlb-test").wait(10) == 4
+    assert Forked(lambda: None, "fedlb-test").wait(10) == 0
+    assert Forked(lambda: 1 // 0, "fedlb-test").wait(10) == 1  # its traceback on stderr
+    sleeper = Forked(lambda: time.sleep(60), "fedlb-sleeper")
+    deadline = time.monotonic() + 10  # the child names itself first thing
+    while psutil.Process(sleeper.pid).name() != "fedlb-sleeper":
+        assert time.monotonic() < deadline, psutil.Process(sleeper.pid).name()
+        time.sleep(0.02)
+    assert sleeper.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeper.wait(0.2)
+    sleeper.terminate()
+    assert sleeper.wait(10) == -signal.SIGTERM
+    sleeper.kill()  # gone already: nothing to signal, no error
+
+
+def test_the_supernode_pushes_the_reply_of_the_run_it_handles():
+    """Flower's SuperNode loop pushes whichever reply comes first. A ClientApp of a run
+    whose server died (its message ignored, the app already started) replies late: a fast
+    restart's next message then got that stale reply as its own, and its real reply
+    waited a round. With replies_of_the_current_run the push step takes the reply of the
+    run it pulled a message of, and drops the stale one."""
+    import inspect
+    import types
+
+    from flwr.supernode import start_client_internal as flower_loop
+
+    from fedlb.deploy.prompt import replies_of_the_current_run
+
+    for name in ("_pull_and_store_message", "_push_messages"):  # what the loop calls
+        assert name in inspect.getsource(flower_loop.start_client_internal)
+    assert {"state", "object_store", "send", "push_object"} <= set(
+        inspect.signature(flower_loop._push_messages).parameters
+    )
+
+    def reply(run_id: int, name: str):
+        return types.SimpleNamespace(
+            metadata=types.SimpleNamespace(
+                run_id=run_id, message_id=name, reply_to_message_id=f"to-{name}"
+            )
+        )
+
+    class State:  # Flower's NodeState as the push step uses it (retrieval marks a message)
+        def __init__(self, messages):
+            self.messages = {m.metadata.message_id: [m, False] for m in messages}
+
+        def get_messages_legacy(self, *, run_ids=None, is_reply=None, limit=None):
+            found = []
+            for entry in self.messages.values():
+                message, retrieved = entry
+                if retrieved or (run_ids is not None and message.metadata.run_id not in run_ids):
+                    continue
+                entry[1] = True
+                found.append(message)
+            return found
+
+        def delete_messages(self, *, message_ids=None):
+            for name in message_ids or []:
+                self.messages.pop(name, None)
+
+    pushed, deleted = [], []
+
+    def flower_push(*, state, object_store, send, push_object):  # the part that matters
+        for message in state.get_messages_legacy(is_reply=True):
+            pushed.append(message.metadata.message_id)
+            state.delete_messages(message_ids=[message.metadata.message_id])
+
+    loop = types.SimpleNamespace(_pull_and_store_message=lambda **_: 2, _push_messages=flower_push)
+    replies_of_the_current_run(loop)
+    replies_of_the_current_run(loop)  # twice: still one wrapper
+    state = State([reply(1, "stale"), reply(2, "current")])
+    store = types.SimpleNamespace(delete=deleted.append)
+    assert loop._pull_and_store_message() == 2  # a message of run 2 is being handled
+    loop._push_messages(state=state, object_store=store, send=None, push_object=None)
+    assert pushed == ["current"]  # not the stale reply of run 1 ...
+    assert deleted == ["stale"]  # ... which is dropped
+    assert state.messages == {}

@@ -20,10 +20,11 @@ pulls a message's objects through its module's `pull_objects`, which takes
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,71 @@ def prompt_supernode(idle_s: float = IDLE_PULL_S, reply_s: float = REPLY_WAIT_S)
     # A prompt SuperNode often holds a message before the ServerApp has pushed all of its
     # objects to the SuperLink; Flower's object pulls then retry after 1 s. Ours: sooner.
     _first_retry_after(loop, "pull_objects", PULL_BACKOFF_S)
+    replies_of_the_current_run(loop)
+
+
+class _OneRun:
+    """A SuperNode's state as its push step sees it: only replies of run `run_id`."""
+
+    def __init__(self, state: Any, run_id: int) -> None:
+        self.state, self.run_id = state, run_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.state, name)
+
+    def get_messages_legacy(self, **filters: Any) -> Any:
+        return self.state.get_messages_legacy(**{**filters, "run_ids": [self.run_id]})
+
+
+def replies_of_the_current_run(loop: Any) -> None:
+    """Make Flower's SuperNode loop (`loop`: its module) push the reply to the message it
+    handles, not whichever reply comes first.
+
+    The loop handles one message at a time: it pulls a message, starts its ClientApp,
+    waits for *a* reply and pushes it. When the SuperLink dies while a message is being
+    received, the loop ignores that message, but its ClientApp was already started; if
+    the restarted server's next message arrives before that ClientApp ends (a fast
+    restart: a resumed `fedlb server`), the loop takes the stale reply as the new
+    message's, pushes it (the SuperLink drops it: its run is gone) and moves on, and the
+    new message's reply waits until some later message: the silo misses the round.
+    Here the push step sees only replies of the run it pulled a message of; a reply of
+    another run is dropped after the push, as the SuperLink would drop it."""
+    pull, push = loop._pull_and_store_message, loop._push_messages
+    if getattr(push, "one_run", False):  # already in place
+        return
+    current: dict[str, int | None] = {"run": None}
+
+    @functools.wraps(pull)
+    def pull_and_remember(*args: Any, **kwargs: Any) -> int | None:
+        current["run"] = pull(*args, **kwargs)
+        return current["run"]
+
+    @functools.wraps(push)
+    def push_this_runs_reply(*, state: Any, object_store: Any, **kwargs: Any) -> None:
+        run_id = current["run"]
+        if run_id is None:  # not from this loop: Flower's own behaviour
+            push(state=state, object_store=object_store, **kwargs)
+            return
+        push(state=_OneRun(state, run_id), object_store=object_store, **kwargs)
+        stale = [
+            message
+            for message in state.get_messages_legacy(is_reply=True)
+            if message.metadata.run_id != run_id
+        ]
+        for message in stale:
+            print(
+                f"fedlb: dropped the reply of a ClientApp of run {message.metadata.run_id}, "
+                f"a run the server no longer runs (handling run {run_id})",
+                flush=True,
+            )
+            state.delete_messages(
+                message_ids=[message.metadata.message_id, message.metadata.reply_to_message_id]
+            )
+            object_store.delete(message.metadata.message_id)
+
+    setattr(push_this_runs_reply, "one_run", True)  # noqa: B010
+    setattr(loop, "_pull_and_store_message", pull_and_remember)  # noqa: B010
+    setattr(loop, "_push_messages", push_this_runs_reply)  # noqa: B010
 
 
 def main(arguments: Sequence[str] | None = None) -> int:
@@ -96,6 +162,29 @@ def supernode_command(supernode: Sequence[str], idle_pull_s: float) -> list[str]
     ]
 
 
+def node_entry(command: Sequence[str], idle_pull_s: float) -> tuple[str, Callable[[], int]] | None:
+    """How to run `command` in a forked process instead of a new Python: the module that
+    holds its entry point (to import before the fork) and the call that runs it; None for a
+    command that is not Flower's `flower-supernode` (run prompt, as `main` does) or
+    `flower-superlink`."""
+    program, arguments = Path(command[0]).name if command else "", list(command[1:])
+    if program == "flower-supernode":
+        return "flwr.supernode.cli", lambda: main(
+            ["--idle-pull", repr(idle_pull_s), "--", *arguments]
+        )
+    if program == "flower-superlink":
+
+        def superlink() -> int:
+            from flwr.superlink.cli import flower_superlink
+
+            sys.argv = ["flower-superlink", *arguments]
+            flower_superlink()
+            return 0
+
+        return "flwr.superlink.cli", superlink
+    return None
+
+
 def fast_object_pulls(backoff: float = PULL_BACKOFF_S) -> None:
     """Make Flower's ClientApp runtime retry a message's object pulls after `backoff` s
     (doubling, capped as Flower caps it) instead of 1 s."""
@@ -107,7 +196,6 @@ def fast_object_pulls(backoff: float = PULL_BACKOFF_S) -> None:
 def _first_retry_after(module: object, name: str, backoff: float) -> None:
     """Bind `initial_backoff=backoff` to Flower's pull function that `module` imported by
     `name` (once: a second call replaces the first binding, never nests it)."""
-    import functools
 
     pull = getattr(module, name)
     original = pull.func if isinstance(pull, functools.partial) else pull

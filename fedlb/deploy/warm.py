@@ -26,7 +26,11 @@ group under fedlb's guard) starts the SuperNode and the warm server, restarts th
 server if it dies (saying so; the message in flight fails as a ClientApp crash does,
 and the next one is served), and exits with the SuperNode's code when it exits. The
 server exits when the launcher does (Flower's parent-process monitor), the forked
-ClientApps when the server does.
+ClientApps when the server does. The launcher starts both as forks of itself
+(fedlb.deploy.forked, named `fedlb-node` and `fedlb-warm`): it imports Flower's entry
+point and forks the SuperNode, then imports torch and the app and forks the server, so
+what they share is imported once (a new Python for each imported flwr twice: ~1.4 s of
+CPU per silo) and a restarted server is a fork too.
 
 The warm ServerApp: a SuperLink pays the same start per run (its SuperExec polls once a
 second, then a fresh `flwr-serverapp` imports flwr, torch and the app: ~3 s before the
@@ -68,7 +72,14 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from .prompt import IDLE_PULL_S, fast_object_pulls, flush_without_pause, supernode_command
+from .forked import Forked
+from .prompt import (
+    IDLE_PULL_S,
+    fast_object_pulls,
+    flush_without_pause,
+    node_entry,
+    supernode_command,
+)
 
 POLL_S = 0.1  # task poll: one process polls, so a short interval costs little CPU
 CLIENTAPP, SERVERAPP, SIMULATION = "clientapp", "serverapp", "simulation"  # kinds of task
@@ -84,6 +95,7 @@ TASK_TYPES = {  # Flower's name of each kind (flwr.supercore.constant.TaskType)
     SIMULATION: "flwr-simulation",
 }
 RESTART_PAUSE_S = 1.0
+NODE_NAME, SERVER_NAME = "fedlb-node", "fedlb-warm"  # the forked children's process names
 RESTARTS_IN_A_ROW = 5  # a server dying this often right after its start cannot start here
 ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"  # the SuperExec-signed method
 log = logging.getLogger("fedlb.warm")
@@ -122,15 +134,12 @@ def _this_module(
     preload: Sequence[str],
     task: str = CLIENTAPP,
     root_certificates: Path | None = None,
-    serving: bool = False,
 ) -> list[str]:
-    """`python -m fedlb.deploy.warm [serve]` with the options the launcher and the server
-    share."""
+    """`python -m fedlb.deploy.warm` with the launcher's options."""
     return [
         sys.executable,
         "-m",
         "fedlb.deploy.warm",
-        *(["serve"] if serving else []),
         "--runtime-api-address",
         runtime_api_address,
         "--secret-file",
@@ -360,7 +369,16 @@ def launch(
     server; restart the server if it dies; return the SuperNode's exit code."""
     what = {CLIENTAPP: "ClientApp", SERVERAPP: "ServerApp", SIMULATION: "simulation"}[task]
     owner = "silo" if task == CLIENTAPP else "server"
-    node = subprocess.Popen(supernode_command(supernode, idle_pull_s))
+    # This process is the children's zygote: what a child needs is imported here once and
+    # the child forked. The node (Flower's SuperNode or SuperLink) goes first, before the
+    # heavy imports (torch) it does not need; the server after them.
+    entry = node_entry(supernode, idle_pull_s)
+    node: subprocess.Popen[bytes] | Forked
+    if entry is None:  # a command other than Flower's own: run as given
+        node = subprocess.Popen(supernode_command(supernode, idle_pull_s))
+    else:
+        importlib.import_module(entry[0])
+        node = Forked(entry[1], NODE_NAME)
     stopping = False
 
     def stop(signum: int, _frame: object) -> None:
@@ -371,14 +389,16 @@ def launch(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    server_command = [
-        *_this_module(
-            runtime_api_address, secret_file, preload, task, root_certificates, serving=True
-        ),
-        "--parent-pid",
-        str(os.getpid()),
-    ]
-    server = subprocess.Popen(server_command)
+    for module in (*PRELOAD[task], *preload):
+        importlib.import_module(module)
+    launcher = os.getpid()
+    secret = secret_file.read_bytes()
+    certificates = root_certificates.read_bytes() if root_certificates else None
+
+    def serving() -> None:
+        serve(runtime_api_address, secret, launcher, preload, task=task, certificates=certificates)
+
+    server = Forked(serving, SERVER_NAME, own_logging=True)
     started, quick_deaths = time.monotonic(), 0
     try:
         while node.poll() is None:
@@ -408,7 +428,7 @@ def launch(
                     what,
                 )
                 time.sleep(RESTART_PAUSE_S)
-                server, started = subprocess.Popen(server_command), time.monotonic()
+                server, started = Forked(serving, SERVER_NAME, own_logging=True), time.monotonic()
             time.sleep(0.2)
     finally:
         if server.poll() is None:
@@ -424,28 +444,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per poll otherwise
     arguments = list(sys.argv[1:] if argv is None else argv)
-    serving = bool(arguments) and arguments[0] == "serve"
     parser = argparse.ArgumentParser(prog="python -m fedlb.deploy.warm")
     parser.add_argument("--runtime-api-address", required=True)
     parser.add_argument("--secret-file", type=Path, required=True)
     parser.add_argument("--preload", action="append", default=[])
     parser.add_argument("--task", choices=tuple(PRELOAD), default=CLIENTAPP)
     parser.add_argument("--root-certificates", type=Path)
-    if serving:
-        parser.add_argument("--parent-pid", type=int)
-        args = parser.parse_args(arguments[1:])
-        with contextlib.suppress(KeyboardInterrupt):  # SIGINT: its launcher is gone
-            serve(
-                args.runtime_api_address,
-                args.secret_file.read_bytes(),
-                args.parent_pid,
-                args.preload,
-                task=args.task,
-                certificates=(
-                    args.root_certificates.read_bytes() if args.root_certificates else None
-                ),
-            )
-        return 0
     if "--" not in arguments:
         parser.error("give the SuperNode's command after --")
     parser.add_argument(

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import logging
 import os
@@ -68,7 +69,6 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -95,7 +95,7 @@ TASK_TYPES = {  # Flower's name of each kind (flwr.supercore.constant.TaskType)
     SIMULATION: "flwr-simulation",
 }
 RESTART_PAUSE_S = 1.0
-NODE_NAME, SERVER_NAME = "fedlb-node", "fedlb-warm"  # the forked children's process names
+NODE_NAME, SERVER_NAME, TASK_NAME = "fedlb-node", "fedlb-warm", "fedlb-task"  # forks' names
 RESTARTS_IN_A_ROW = 5  # a server dying this often right after its start cannot start here
 ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"  # the SuperExec-signed method
 log = logging.getLogger("fedlb.warm")
@@ -240,11 +240,10 @@ def serve(
         _reap(running)
         reply = client.AcquireTask(request)
         if reply.HasField("task") and reply.token:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            child = os.fork()
-            if child == 0:
-                _run_task(runtime_api_address, reply.token, os.getppid(), task, certificates)
+            run = functools.partial(
+                _run_task, runtime_api_address, reply.token, os.getpid(), task, certificates
+            )
+            child = Forked(run, TASK_NAME).pid
             running[child] = reply.task.task_id
             log.info("warm: task %s runs in pid %d", reply.task.task_id, child)
             continue  # another task may be waiting (a second run): no sleep
@@ -258,38 +257,23 @@ def _run_task(
     task: str = CLIENTAPP,
     certificates: bytes | None = None,
 ) -> None:
-    """In the forked child: Flower's own ClientApp (or ServerApp) process body, then leave
-    at once (the parent's atexit handlers and threads are not the child's)."""
-    code = 1
-    try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        root = logging.getLogger()  # the server's own log format, not the app's: a fresh
-        for handler in list(root.handlers):  # process has none (else each line twice)
-            root.removeHandler(handler)
-        if task != CLIENTAPP:
-            _run_server_side(task, runtime_api_address, token, server_pid, certificates)
-        else:
-            from flwr.supernode.runtime.run_clientapp import run_clientapp
+    """In the forked child (fedlb.deploy.forked: a fresh process's signals and logging, its
+    own exit): Flower's own ClientApp (or ServerApp, simulation) process body."""
+    if task != CLIENTAPP:
+        _run_server_side(task, runtime_api_address, token, server_pid, certificates)
+        return
+    from flwr.supernode.runtime.run_clientapp import run_clientapp
 
-            from fedlb.flower.protocol import TASK_STARTED_ENV
+    from fedlb.flower.protocol import TASK_STARTED_ENV
 
-            os.environ[TASK_STARTED_ENV] = repr(time.time())  # the ClientApp's start
-            run_clientapp(
-                runtime_api_address=runtime_api_address,
-                token=token,
-                insecure=True,
-                certificates=None,
-                parent_pid=server_pid,
-            )
-        code = 0
-    except SystemExit as leaving:  # flwr_exit
-        code = leaving.code if isinstance(leaving.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    os.environ[TASK_STARTED_ENV] = repr(time.time())  # the ClientApp's start, for its report
+    run_clientapp(
+        runtime_api_address=runtime_api_address,
+        token=token,
+        insecure=True,
+        certificates=None,
+        parent_pid=server_pid,
+    )
 
 
 def _run_server_side(

@@ -194,12 +194,12 @@ class Control:
 
 class LogStream:
     """A run's log streamed into a file by a daemon thread, as `flwr log RUN --stream`
-    does; `running()` turns False when the SuperLink has sent all of it (the run ended)
-    or the stream broke off."""
+    does, until the SuperLink has sent all of it (the run ended). A stream that breaks off
+    (the SuperLink gone, the client closed) says so at the end of the file: the run's
+    status, not the stream, tells whether the run ended."""
 
     def __init__(self, client: ControlHttpClient, run_id: str, log_path: Path) -> None:
         self.client, self.run_id, self.log_path = client, run_id, log_path
-        self.error: BaseException | None = None
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._copy, name=f"log-{run_id}", daemon=True)
         self._thread.start()
@@ -207,17 +207,14 @@ class LogStream:
     def _copy(self) -> None:
         from flwr.proto.control_pb2 import StreamLogsRequest
 
-        try:
-            with self.log_path.open("a") as log:
+        with self.log_path.open("a") as log:
+            try:
                 request = StreamLogsRequest(run_id=int(self.run_id), after_timestamp=0.0)
                 for reply in self.client.StreamLogs(request):
                     log.write(reply.log_output)
                     log.flush()
-        except Exception as error:  # a closed client, a SuperLink gone: the run's loop asks
-            self.error = error
-
-    def running(self) -> bool:
-        return self._thread.is_alive()
+            except Exception as error:
+                log.write(f"\nfedlb: the run's log stream broke off here: {error!r}\n")
 
     def wait(self, timeout: float) -> None:
         """Wait up to `timeout` s for the stream to end (it ends soon after its run)."""

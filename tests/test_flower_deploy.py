@@ -26,6 +26,11 @@ def silo_config(i, n, factor):
     }
 
 
+def record_port(out_dir):
+    """The SuperLink's public port, as the server recorded it in server.json."""
+    return json.loads((out_dir / "server.json").read_text())["port"]
+
+
 def run_settings(out_dir, **changes):
     values = {
         **RunConfig().to_mapping(),
@@ -39,6 +44,39 @@ def run_settings(out_dir, **changes):
     }
     values.update(changes)
     return values
+
+
+def probe_public_door(address, control_address, ca=None):
+    """What a stranger who reaches the server's public port gets from the Control API
+    during a live run, with the federation's CA when it has TLS (all it needs): nothing.
+    Returns the live run's id (from the control door, on this machine)."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from fedlb.deploy.control import Control
+    from fedlb.deploy.processes import DeployError
+
+    with Control(control_address) as own:  # the loopback door answers on this machine
+        live = [run for run, status in own.runs().items() if status == "running"]
+    assert len(live) == 1, live
+    with Control(address, root_certificates=ca) as stranger:
+        for call in (stranger.runs, lambda: stranger.stop_run(live[0])):
+            with pytest.raises(DeployError, match="not served on this port"):
+                call()
+    context = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
+    scheme = "https" if ca is not None else "http"
+    for method in ("list-runs", "list-nodes", "stop-run", "register-supernode"):
+        request = urllib.request.Request(
+            f"{scheme}://{address}/v1/control/{method}",
+            data=b"{}",
+            headers={"content-type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5, context=context)
+        assert refused.value.code == 403
+        assert b"Control API listens on 127.0.0.1:" in refused.value.read()
+    return live[0]
 
 
 def test_three_silos_with_speed_factors_1_2_4(tmp_path):
@@ -72,17 +110,26 @@ def test_three_silos_with_speed_factors_1_2_4(tmp_path):
             silos.extend(pool.map(start_silo, settings))
 
     rounds = []
+    probed = []
+
+    def on_round(record):  # a stranger on the public port tries to list and stop the run
+        rounds.append(record)
+        if record.round == 1:
+            control = json.loads((out / "server.json").read_text())["control"]
+            probed.append(probe_public_door(f"127.0.0.1:{record_port(out)}", control))
+
     server, run = server_settings(
         Path("server/server.toml"),
         {"port": 0, "out-dir": str(out), "run-timeout": 400.0},
         {k: v for k, v in run_settings(out, **{"keep-updates": 1}).items() if k != "out-dir"},
     )
     try:
-        outcome = run_server(server, run, on_ready=start_silos, on_round=rounds.append)
+        outcome = run_server(server, run, on_ready=start_silos, on_round=on_round)
     finally:
         for silo in silos:
             silo.stop()
     assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
+    assert probed == [outcome.run_id]  # the live run, which the stranger did not stop
     assert len(outcome.records) == 3
     assert [r.round for r in rounds] == [1, 2, 3]
     assert outcome.model_path == out / "model.pt"
@@ -190,8 +237,15 @@ def test_he_fedavg_over_tls_with_silo_authentication(tmp_path):
             "keep-updates": 1,
             "he-context": str(keys.public),
         }
+        probed = []
+
+        def probe(record):  # with the CA every silo has, a stranger gets no Control API
+            if record.round == 1:
+                address = federation.address
+                probed.append(probe_public_door(address, federation.control_address, tls.ca))
+
         try:
-            outcome = federation.run(run_settings(out, **settings), timeout=400)
+            outcome = federation.run(run_settings(out, **settings), on_round=probe, timeout=400)
             # The same silos in a run that splits the data otherwise (num-silos 1, their
             # num-partitions 2): each fails every round. Flower calls that run completed;
             # fedlb calls it a failure, with the silos' reason, and `fedlb server` exits 1.
@@ -217,6 +271,7 @@ def test_he_fedavg_over_tls_with_silo_authentication(tmp_path):
     assert exit_.value.exit_code == 1
 
     assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
+    assert probed == [outcome.run_id]  # the live run, which the stranger did not stop
     assert "HE on" in outcome.log_path.read_text()
     assert [r.round for r in outcome.records] == [1, 2, 3]
     assert all(not r.failed and not r.rejected for r in outcome.records)

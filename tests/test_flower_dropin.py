@@ -393,7 +393,7 @@ def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
     link = deploy.start_superlink(tmp_path, extra_args=["--simulation"])
     home = tmp_path / "home-cli"
     try:
-        deploy.write_connection(home, f"127.0.0.1:{link.port}")
+        deploy.write_connection(home, f"127.0.0.1:{link.control_port}")
         output, status = _flwr_run(
             home,
             app,
@@ -441,7 +441,7 @@ def test_quickstart_deployed_on_unequal_silos(tmp_path, monkeypatch):
     link = deploy.start_superlink(tmp_path, warm=True)
     nodes = []
     try:
-        deploy.write_connection(home, f"127.0.0.1:{link.port}")
+        deploy.write_connection(home, f"127.0.0.1:{link.control_port}")
         address = f"127.0.0.1:{link.port}"
         for i, speed in enumerate(DEPLOYED_SPEEDS):  # all started, then waited for
             # 3 of 6 partitions: ~190 samples and 6 steps per silo, rounds of a few seconds

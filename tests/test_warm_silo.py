@@ -212,10 +212,11 @@ def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
             assert warm_server(node).pid == server.pid
 
         # The runtime APIs hand tasks only to a caller signed with the owner's secret: the
-        # silo's (ClientApps) and the server's (ServerApps: its port is public).
+        # silo's (ClientApps) and the server's (ServerApps), at both of its doors.
         for address, task in (
             (f"127.0.0.1:{nodes[0].port}", "flwr-clientapp"),
             (federation.address, "flwr-serverapp"),
+            (federation.control_address, "flwr-serverapp"),
         ):
             for secret in (None, b"not the owner's secret, 32 bytes"):
                 with pytest.raises(Exception, match=r"(?i)unauthenticated|401|403|auth"):

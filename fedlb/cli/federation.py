@@ -134,6 +134,11 @@ def announce(ready: ServerReady) -> None:
         f"[bold]fedlb server[/]: SuperLink on {ready.address}; waiting for "
         f"{ready.run.num_silos} silos; results in {ready.out_dir}"
     )
+    if ready.control_address:
+        console.print(
+            f"  Control API (runs, nodes, `flwr ls`) on {ready.control_address}, this machine "
+            f"only: FLWR_HOME={ready.out_dir / 'processes' / 'home-cli'} flwr ls"
+        )
     if ready.tls_ca is not None:
         console.print(f"  TLS on: silos need {ready.tls_ca} (--root-certificates)")
     if ready.silo_keys is not None:

@@ -18,6 +18,7 @@ from fedlb.security import TlsFiles
 
 from . import processes
 from .control import Control
+from .gate import CONTROL_HOST
 from .ray_nodes import RAY_ENV
 
 log = logging.getLogger("fedlb.flower")
@@ -158,8 +159,16 @@ class Federation:
 
     @property
     def address(self) -> str:
+        """Where silos reach the SuperLink (its Fleet API)."""
         assert self.link is not None
         return f"{self.host}:{self.link.port}"
+
+    @property
+    def control_address(self) -> str:
+        """Its Control API: loopback on this machine only (fedlb.deploy.gate)."""
+        assert self.link is not None
+        assert self.link.control_port is not None
+        return f"{CONTROL_HOST}:{self.link.control_port}"
 
     def __enter__(self) -> Federation:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -182,9 +191,8 @@ class Federation:
             warm=self.warm,
         )
         try:
-            ca = self.tls.ca if self.tls is not None else None
-            processes.write_connection(self.home, self.address, root_certificates=ca)
-            self.control = Control(self.address, root_certificates=ca)
+            processes.write_connection(self.home, self.control_address)
+            self.control = Control(self.control_address)
             for key in self.silo_keys or []:
                 self.control.register_supernode(key)
                 log.info("registered silo key %s", key)
@@ -193,7 +201,12 @@ class Federation:
                 self.control.close()
             self.link.stop()
             raise
-        log.info("SuperLink listening on %s (pid %d)", self.address, self.link.pid)
+        log.info(
+            "SuperLink listening on %s, its Control API on %s (pid %d)",
+            self.address,
+            self.control_address,
+            self.link.pid,
+        )
         return self
 
     def add_silo(

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from fedlb.flower import (
     load_checkpoint,
     start_run_identity,
 )
-from fedlb.security import digest_path
+from fedlb.security import FolderInUseError, claim_folder, digest_path
 
 from .federation import Federation, RunOutcome
 from .processes import (
@@ -74,6 +74,7 @@ class ServerReady:
     tls_ca: Path | None
     silo_keys: int | None  # registered keys (None: authentication off)
     local_silos: list[tuple[str, float]]  # (name, emulated samples/s) of silos started here
+    control_address: str = ""  # the SuperLink's Control API (loopback only), for `flwr`
 
 
 def run_server(
@@ -93,14 +94,42 @@ def run_server(
     address it listens on are kept there too, so `resume_settings(out_dir)` can go on
     after a stop. `run.resume` set: go on from that run's checkpoint (its silos
     reconnect under their node ids). A fresh run refuses a folder that holds an earlier
-    run unless `overwrite` (then that run's results are deleted). Raises ConfigError for
-    settings that cannot run (checked before anything starts) and DeployError when a
-    process will not start."""
+    run unless `overwrite` (then that run's results are deleted). The folder is this
+    process's while it runs: another run into it, fresh or resumed, is refused. Raises
+    ConfigError for settings that cannot run (checked before anything starts) and
+    DeployError when a process will not start."""
     run = checked_run(run.to_mapping())
+    out_dir = Path(run.out_dir) if run.out_dir and not server.out_dir else server.results_dir()
+    with claimed(out_dir) as out_dir:  # first: two starts must not both find it free
+        return _run_claimed(server, run, out_dir, local_silos, on_ready, on_round, overwrite)
+
+
+@contextlib.contextmanager
+def claimed(folder: Path, what: str = "out-dir") -> Iterator[Path]:
+    """`claim_folder(folder)` (resolved, yielded) once check_out_dir says it can be
+    written; ConfigError when another run holds it."""
+    check_out_dir(folder, what)
+    try:
+        stack = contextlib.ExitStack()
+        held = stack.enter_context(claim_folder(folder))
+    except FolderInUseError as error:
+        raise ConfigError(str(error)) from None
+    with stack:
+        yield held
+
+
+def _run_claimed(
+    server: ServerSettings,
+    run: RunConfig,
+    out_dir: Path,
+    local_silos: Sequence[SiloSettings],
+    on_ready: Callable[[ServerReady], None] | None,
+    on_round: Callable[[RoundRecord], None] | None,
+    overwrite: bool,
+) -> RunOutcome:
+    """run_server's run, its out-dir claimed."""
     if server.port:  # before anything is written or stopped (a live server may hold it)
         check_port_free(server.host, server.port, "the SuperLink")
-    out_dir = Path(run.out_dir) if run.out_dir and not server.out_dir else server.results_dir()
-    out_dir = out_dir.resolve()
     run_config = {**run.to_mapping(), "out-dir": str(out_dir)}
     tls, keys = server.tls(), server.registered_keys()
     database = out_dir / DATABASE_FILE
@@ -137,6 +166,7 @@ def run_server(
                     {
                         "host": server.host,
                         "port": port,
+                        "control": federation.control_address,
                         "server": {
                             "pid": os.getpid(),
                             "started": process_start_time(os.getpid()),
@@ -162,6 +192,7 @@ def run_server(
                     tls.ca if tls is not None else None,
                     len(keys) if keys is not None else None,
                     [(silo.name, silo.speed) for silo in local_silos],
+                    federation.control_address,
                 )
             )
         return federation.run(

@@ -29,6 +29,7 @@ import psutil
 
 from fedlb.security import TlsFiles
 
+from .gate import CONTROL_HOST, gated_command
 from .join import SUPERNODE_START, diagnose, supernode_join
 from .warm import SERVERAPP, SIMULATION, launcher_command, make_secret
 from .warm import unsupported as warm_unsupported
@@ -106,6 +107,7 @@ class FlowerProcess:
     log_path: Path
     port: int
     command: list[str] = field(default_factory=list)
+    control_port: int | None = None  # a SuperLink's Control API, on 127.0.0.1 (fedlb.deploy.gate)
 
     @classmethod
     def start(
@@ -163,13 +165,11 @@ class FlowerProcess:
                     f"{self.name} exited with code {self.process.returncode} while starting; "
                     f"its log ({self.log_path}) ends with:\n{self.log_tail()}"
                 )
-            try:
-                url = f"{scheme}://127.0.0.1:{self.port}/health"
-                with urllib.request.urlopen(url, timeout=1, context=context) as reply:
-                    if reply.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+            doors = [(scheme, self.port, context)]
+            if self.control_port is not None:  # the SuperLink's control door: plain, loopback
+                doors.append(("http", self.control_port, None))
+            if all(_answers(*door) for door in doors):
+                return
             time.sleep(0.1)
         raise DeployError(
             f"{self.name} did not become ready on port {self.port} in {timeout:.0f} s"
@@ -207,6 +207,16 @@ class FlowerProcess:
             os.killpg(self.process.pid, sig)
 
 
+def _answers(scheme: str, port: int, context: ssl.SSLContext | None) -> bool:
+    """Whether 127.0.0.1:`port` answers /health."""
+    try:
+        url = f"{scheme}://127.0.0.1:{port}/health"
+        with urllib.request.urlopen(url, timeout=1, context=context) as reply:
+            return bool(reply.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def process_start_time(pid: int) -> float | None:
     try:
         return float(psutil.Process(pid).create_time())
@@ -238,15 +248,23 @@ def start_superlink(
     extra_args: list[str] | None = None,
     tls: TlsFiles | None = None,
     warm: bool = False,
+    control_port: int | None = None,
 ) -> FlowerProcess:
-    """A SuperLink serving Fleet, Control and Runtime APIs on one port: HTTPS with `tls`,
-    plain HTTP (Flower's --insecure) without. `warm`: its ServerApps (its simulations,
-    with `--simulation` among `extra_args`) start warm (fedlb.deploy.warm: torch, flwr,
-    Ray and fedlb's app imported once, a fork per run), else Flower's own SuperExec and a
-    `flwr-serverapp` (`flwr-simulation`) process per run."""
+    """A SuperLink serving the Fleet API (and the Runtime API to this machine) on `port`:
+    HTTPS with `tls`, plain HTTP (Flower's --insecure) without; its Control API on
+    127.0.0.1:`control_port` only (None: a free port; fedlb.deploy.gate says why).
+    `warm`: its ServerApps (its simulations, with `--simulation` among `extra_args`)
+    start warm (fedlb.deploy.warm: torch, flwr, Ray and fedlb's app imported once, a
+    fork per run), else Flower's own SuperExec and a `flwr-serverapp` (`flwr-simulation`)
+    process per run."""
     if port:
         check_port_free(host, port, "the SuperLink")
     port = port or free_port(host)
+    if control_port:
+        check_port_free(CONTROL_HOST, control_port, "the SuperLink's Control API")
+    control_port = control_port or free_port(CONTROL_HOST)
+    while control_port == port:
+        control_port = free_port(CONTROL_HOST)
     security = (
         [
             "--ssl-ca-certfile",
@@ -269,24 +287,22 @@ def start_superlink(
         str(port),
         *(extra_args or []),
     ]
+    command = gated_command(control_port, command)
     if warm and (why := warm_unsupported()):
         log.warning("the server's ServerApps start cold (a process per run): %s", why)
         warm = False
     if warm:
-        from flwr.supercore.address import resolve_bind_address
-
         secret = make_secret(workdir / "home-superlink" / "superexec.secret")
-        bound = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         command = launcher_command(
-            resolve_bind_address(bound),  # where the runtime API answers on this machine
+            f"{CONTROL_HOST}:{control_port}",  # the runtime API, at the loopback door
             secret,
             command,
             task=SIMULATION if "--simulation" in command else SERVERAPP,
-            root_certificates=tls.ca if tls is not None else None,
         )
     link = FlowerProcess.start(
         "SuperLink", command, workdir / "home-superlink", workdir / "superlink.log", port, env
     )
+    link.control_port = control_port
     link.healthy_or_stopped(ca=tls.ca if tls is not None else None)
     return link
 

@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .gate import parse_gated, run_superlink
+
 # Flower pulls a message's objects from its SuperNode with a backoff that starts at 1 s;
 # the SuperNode has them a few ms after it announces the message, so the first retry
 # cost ~1 s a round. Ours start at this.
@@ -168,6 +170,9 @@ def node_entry(command: Sequence[str], idle_pull_s: float) -> tuple[str, Callabl
     command that is not Flower's `flower-supernode` (run prompt, as `main` does) or
     `flower-superlink`."""
     program, arguments = Path(command[0]).name if command else "", list(command[1:])
+    if (gated := parse_gated(command)) is not None:  # flower-superlink behind fedlb's gate
+        control_port, link_command = gated
+        return "flwr.superlink.cli", functools.partial(run_superlink, control_port, link_command)
     if program == "flower-supernode":
         return "flwr.supernode.cli", lambda: main(
             ["--idle-pull", repr(idle_pull_s), "--", *arguments]

@@ -15,11 +15,13 @@ import pytest
 
 from fedlb.deploy import RunConfig
 from fedlb.deploy.federation import Federation
+from fedlb.deploy.join import LOST_TASK, ClientAppFailures
 from fedlb.deploy.prompt import SUPERNODE_SLEEPS, fast_object_pulls, prompt_supernode
 from fedlb.deploy.warm import (
     ACQUIRE_TASK,
     NODE_NAME,
     SERVER_NAME,
+    TASK_NAME,
     isolated,
     launcher_command,
     make_secret,
@@ -238,6 +240,78 @@ def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
         for run_log in federation.workdir.glob("serverapp-*.log"):
             assert "Starting LoadBalancedFedAvg strategy" in run_log.read_text()
         assert len(list(federation.workdir.glob("serverapp-*.log"))) == 2
+
+
+@pytest.mark.slow
+def test_a_task_lost_mid_round_fails_at_once_and_the_silo_stays_in(tmp_path):
+    """Before: a silo whose warm server was killed mid-task dropped out for the rest of the
+    run, silently: its SuperNode waited for the lost task's reply for ever, the round for
+    its timeout (600 s by default), and the silo was never sampled again. Now a task lost
+    to its warm server's death (round 1) or to its own (SIGKILL, round 3) is answered with
+    an error at once: the round goes on without that reply, the silo trains in the next,
+    and what happened is in the silo's log as the console reads it."""
+    import threading
+
+    kills: dict[int, float] = {}  # round -> when its task (or server) was killed
+
+    def next_task(node, after: int = 0) -> psutil.Process:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for child in warm_server(node).children():
+                if child.name() == TASK_NAME and child.pid != after:
+                    return child
+            time.sleep(0.05)
+        raise AssertionError("no task was forked")
+
+    with Federation(tmp_path / "procs") as federation:
+        configs = {f"silo-{i}": {**silo_config(i), "emulated-speed": 20.0} for i in range(2)}
+        nodes = federation.add_silos(configs, warm=True)
+        failures = ClientAppFailures(nodes[0].log_path)
+
+        def kill() -> None:  # round 1: the warm server; round 3: the task's own process
+            task = next_task(nodes[0])  # round 1's training (~4 s at 20 samples/s)
+            time.sleep(1.0)
+            kills[1] = time.monotonic()
+            os.kill(warm_server(nodes[0]).pid, signal.SIGKILL)
+            for _ in range(2):  # round 2's task, then round 3's
+                task.wait(60)
+                task = next_task(nodes[0], task.pid)
+            time.sleep(1.0)
+            kills[3] = time.monotonic()
+            task.kill()
+
+        killer = threading.Thread(target=kill, daemon=True)
+        killer.start()
+        ended: dict[int, float] = {}
+
+        def on_round(record) -> None:
+            ended[record.round] = time.monotonic()
+
+        settings = {"num-rounds": 4, "local-steps": 10, "round-timeout": 300.0}
+        outcome = federation.run(
+            run_settings(tmp_path / "out", **settings), on_round=on_round, timeout=500
+        )
+        killer.join(5)
+    assert outcome.status == "finished:completed", outcome.problem()
+    assert sorted(kills) == [1, 3]
+    taking_part = {r.round: sorted(s.silo for s in r.silos) for r in outcome.records}
+    assert taking_part == {
+        1: ["silo-1"],
+        2: ["silo-0", "silo-1"],
+        3: ["silo-1"],
+        4: ["silo-0", "silo-1"],
+    }
+    for number in (1, 3):
+        record = outcome.records[number - 1]
+        assert len(record.failed) == 1, record.failed
+        assert "ClientApp failed" in record.failed[0], record.failed
+        assert ended[number] - kills[number] < 30  # its round did not wait for the timeout
+    log = nodes[0].log_path.read_text()
+    assert log.count(LOST_TASK) == 2, log[-3000:]
+    assert "its process was killed by SIGKILL" in log
+    said = failures.new()  # what `fedlb silo` prints on the silo's console
+    assert any("warm ClientApp server exited" in line for line in said), said
+    assert sum("ended without a reply" in line for line in said) == 2, said
 
 
 def test_a_runs_log_is_flushed_without_flowers_pause():

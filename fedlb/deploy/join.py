@@ -105,6 +105,8 @@ def diagnose(address: str, tls: bool, timeout: float = 3.0) -> str:
 
 
 _APP_FAILED = "ClientApp raised an exception"  # Flower's line before the traceback
+_WARM_RESTART = "warm: the silo's"  # fedlb.deploy.warm: "... warm ClientApp server exited"
+LOST_TASK = "fedlb: a ClientApp ended without a reply"  # fedlb.deploy.prompt's line
 _RAISED = re.compile(r"^([\w.]*(?:Error|Exception)): (.+)$")  # a traceback's last line
 
 
@@ -131,7 +133,15 @@ class ClientAppFailures:
         found = []
         for line in chunk[:complete].decode(errors="replace").splitlines():
             line = _ANSI.sub("", line).strip()
-            if _APP_FAILED in line:
+            if line.startswith(LOST_TASK):  # fedlb's own line: the whole story in one
+                failure = line[len(LOST_TASK) :].strip(" :")
+                failure = f"it ended without a reply {failure}"
+                if failure not in self.said:
+                    self.said.add(failure)
+                    found.append(failure)
+            elif _WARM_RESTART in line:  # the launcher's line: its warm server died
+                found.append("its " + line.split(_WARM_RESTART, 1)[1].strip())
+            elif _APP_FAILED in line:
                 self.failing = True
             elif self.failing and (match := _RAISED.match(line)):
                 self.failing = False

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .gate import parse_gated, run_superlink
+from .join import LOST_TASK
 
 # Flower pulls a message's objects from its SuperNode with a backoff that starts at 1 s;
 # the SuperNode has them a few ms after it announces the message, so the first retry
@@ -66,6 +67,49 @@ def prompt_supernode(idle_s: float = IDLE_PULL_S, reply_s: float = REPLY_WAIT_S)
     # objects to the SuperLink; Flower's object pulls then retry after 1 s. Ours: sooner.
     _first_retry_after(loop, "pull_objects", PULL_BACKOFF_S)
     replies_of_the_current_run(loop)
+    failed_clientapps_reply()
+
+
+def failed_clientapps_reply() -> None:
+    """Make a SuperNode answer a message whose ClientApp ended as failed without replying
+    (its process stopped by a signal, its warm server killed: Flower's runtime then
+    reports the task FAILED on its way out) with an error reply, at once.
+
+    Flower 1.42's node state inserts such an error reply when an AgentApp's task fails,
+    and for a ClientApp only when the task's heartbeat expires (60 s after the last);
+    a ClientApp task that reports FAILED revokes its token, so it never expires: the
+    SuperNode's loop waited for a reply for ever, the server's round until its timeout,
+    and the silo was never sampled again. Here the ClientApp's task gets the AgentApp's
+    treatment, with Flower's own CLIENT_APP_CRASHED code and the task's details; a task
+    that did push its reply (an app's own exception: Flower pushes an error reply first)
+    is not answered twice (Flower's `_store_error_replies` skips replied messages)."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode, SubStatus
+    from flwr.supercore.constant import TaskType
+    from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState as State
+
+    finish = State.finish_task
+    if getattr(finish, "replies", False):  # already in place
+        return
+
+    @functools.wraps(finish)
+    def finish_and_reply(self: Any, task_id: int, sub_status: str, details: str) -> bool:
+        finished: bool = finish(self, task_id, sub_status, details)
+        if finished and sub_status == SubStatus.FAILED:
+            tasks = self.get_tasks(task_ids=[task_id])
+            if tasks and tasks[0].type == TaskType.CLIENT_APP:
+                print(
+                    f"{LOST_TASK} (task {task_id} of run {tasks[0].run_id}: {details}); "
+                    "its message is answered with an error, so the server goes on without "
+                    "this silo's reply and the next message is served",
+                    flush=True,
+                )
+                error = Error(ErrorCode.CLIENT_APP_CRASHED, f"ClientApp failed: {details}")
+                self._store_error_replies({tasks[0].run_id}, error)
+        return finished
+
+    setattr(finish_and_reply, "replies", True)  # noqa: B010
+    State.finish_task = finish_and_reply  # type: ignore[method-assign]
 
 
 class _OneRun:

@@ -69,7 +69,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .forked import Forked
@@ -234,17 +234,18 @@ def serve(
         ],
         retry_invoker=make_simple_http_retry_invoker(),
     )
-    running: dict[int, int] = {}  # child pid -> task id
+    running: dict[int, tuple[int, str]] = {}  # child pid -> task id, token
     request = AcquireTaskRequest(supported_task_types=[TaskType(TASK_TYPES[task]).value])
+    failed = functools.partial(_report_failed, runtime_api_address, certificates)
     while True:
-        _reap(running)
+        _reap(running, failed)
         reply = client.AcquireTask(request)
         if reply.HasField("task") and reply.token:
             run = functools.partial(
                 _run_task, runtime_api_address, reply.token, os.getpid(), task, certificates
             )
             child = Forked(run, TASK_NAME).pid
-            running[child] = reply.task.task_id
+            running[child] = (reply.task.task_id, reply.token)
             log.info("warm: task %s runs in pid %d", reply.task.task_id, child)
             continue  # another task may be waiting (a second run): no sleep
         time.sleep(poll_s)
@@ -310,9 +311,44 @@ def _run_server_side(
         restore_output()
 
 
-def _reap(running: dict[int, int]) -> None:
+def _report_failed(
+    runtime_api_address: str, certificates: bytes | None, token: str, details: str
+) -> None:
+    """Finish a task whose process was killed as FAILED, with its own token, as Flower's
+    runtime does on its way out: its owner (a SuperNode) then answers its message with an
+    error at once (fedlb.deploy.prompt.failed_clientapps_reply) instead of waiting for a
+    heartbeat that never comes."""
+    from flwr.common.constant import SubStatus
+    from flwr.proto.runtime_pb2 import PushTaskOutputRequest
+    from flwr.supercore.interceptors import (
+        RuntimeTokenHttpInterceptor,
+        RuntimeVersionHttpInterceptor,
+    )
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    client = RuntimeHttpClient.from_server_address(
+        server_address=runtime_api_address,
+        insecure=certificates is None,
+        root_certificates=certificates,
+        interceptors=[
+            RuntimeVersionHttpInterceptor(component_name="SuperExec"),
+            RuntimeTokenHttpInterceptor(token),
+        ],
+    )
+    try:
+        client.PushTaskOutput(PushTaskOutputRequest(sub_status=SubStatus.FAILED, details=details))
+    except Exception as error:  # its token then expires in 60 s: Flower's own path
+        log.warning("warm: could not report the killed task as failed: %s", error)
+    finally:
+        client.close()
+
+
+def _reap(
+    running: dict[int, tuple[int, str]], failed: Callable[[str, str], None] | None = None
+) -> None:
     """Collect finished tasks; say which ended badly (Flower reports an app's own
-    exception; a killed process only this says, in this process's log)."""
+    exception; a killed process only this says, in this process's log) and report a
+    killed one's task as failed (`failed(token, details)`)."""
     while running:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -321,7 +357,7 @@ def _reap(running: dict[int, int]) -> None:
             return
         if pid == 0:
             return
-        task = running.pop(pid, None)
+        task, token = running.pop(pid, (None, ""))
         if os.WIFSIGNALED(status):
             name = signal.Signals(os.WTERMSIG(status)).name
             log.warning(
@@ -331,6 +367,8 @@ def _reap(running: dict[int, int]) -> None:
                 pid,
                 name,
             )
+            if failed is not None and token:
+                failed(token, f"its process was killed by {name}")
         elif os.WEXITSTATUS(status) != 0:
             log.warning(
                 "warm: task %s (pid %d) exited with code %d (its log is above)",

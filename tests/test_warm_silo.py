@@ -249,7 +249,8 @@ def test_a_task_lost_mid_round_fails_at_once_and_the_silo_stays_in(tmp_path):
     its timeout (600 s by default), and the silo was never sampled again. Now a task lost
     to its warm server's death (round 1) or to its own (SIGKILL, round 3) is answered with
     an error at once: the round goes on without that reply, the silo trains in the next,
-    and what happened is in the silo's log as the console reads it."""
+    and what happened is in the silo's log as the console reads it. A silo lost whole
+    (round 5) ends its round after ~20 s of missed heartbeats, not Flower's ~60."""
     import threading
 
     kills: dict[int, float] = {}  # round -> when its task (or server) was killed
@@ -279,6 +280,12 @@ def test_a_task_lost_mid_round_fails_at_once_and_the_silo_stays_in(tmp_path):
             time.sleep(1.0)
             kills[3] = time.monotonic()
             task.kill()
+            task = next_task(nodes[0], task.pid)  # round 4's task runs to its end
+            task.wait(60)
+            task = next_task(nodes[0], task.pid)  # round 5's: the whole silo goes
+            time.sleep(1.0)
+            kills[5] = time.monotonic()
+            nodes[0].kill()
 
         killer = threading.Thread(target=kill, daemon=True)
         killer.start()
@@ -287,25 +294,30 @@ def test_a_task_lost_mid_round_fails_at_once_and_the_silo_stays_in(tmp_path):
         def on_round(record) -> None:
             ended[record.round] = time.monotonic()
 
-        settings = {"num-rounds": 4, "local-steps": 10, "round-timeout": 300.0}
+        settings = {"num-rounds": 5, "local-steps": 10, "round-timeout": 300.0}
         outcome = federation.run(
             run_settings(tmp_path / "out", **settings), on_round=on_round, timeout=500
         )
         killer.join(5)
     assert outcome.status == "finished:completed", outcome.problem()
-    assert sorted(kills) == [1, 3]
+    assert sorted(kills) == [1, 3, 5]
     taking_part = {r.round: sorted(s.silo for s in r.silos) for r in outcome.records}
     assert taking_part == {
         1: ["silo-1"],
         2: ["silo-0", "silo-1"],
         3: ["silo-1"],
         4: ["silo-0", "silo-1"],
+        5: ["silo-1"],
     }
     for number in (1, 3):
         record = outcome.records[number - 1]
         assert len(record.failed) == 1, record.failed
         assert "ClientApp failed" in record.failed[0], record.failed
         assert ended[number] - kills[number] < 30  # its round did not wait for the timeout
+    # Round 5: the silo's machine gone (SuperNode and all): the SuperLink declares the node
+    # unavailable after 2 of its heartbeat intervals (fedlb's 10 s; Flower's are 30 s)
+    assert any("Node Unavailable" in f for f in outcome.records[4].failed), outcome.records[4]
+    assert ended[5] - kills[5] < 2 * 10 + 10
     log = nodes[0].log_path.read_text()
     assert log.count(LOST_TASK) == 2, log[-3000:]
     assert "its process was killed by SIGKILL" in log

@@ -5,8 +5,10 @@ where the input is valid up to the point tested, run_server / start_silo are rep
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -217,6 +219,35 @@ def test_a_silo_partition_outside_its_range_is_refused(args, message, nothing_st
 )
 def test_other_impossible_silo_settings_are_refused(args, message, nothing_starts):
     refused([*SILO, *args], message)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"PK not a zip", "not a readable .npz file"),
+        ({"x": np.zeros((0, 4)), "y": np.zeros(0)}, "holds no samples (x and y are empty)"),
+        (
+            {"x": np.zeros((5, 4)), "y": np.zeros(4)},
+            "x and y differ in length (5 samples and 4 labels): give one label per sample",
+        ),
+        ({"y": np.zeros(4)}, "needs arrays x (samples) and y (labels), missing ['x']"),
+    ],
+)
+def test_a_silos_data_file_is_checked_when_it_starts(tmp_path, content, message, nothing_starts):
+    """Before: only its first message failed, in its ClientApp. Now `fedlb silo` refuses
+    it before its SuperNode starts (or its work dir is made): the file, what is wrong,
+    what to do; the ClientApp reads it with the same checks (fedlb.data.load_npz)."""
+    data = tmp_path / "hospital.npz"
+    if isinstance(content, bytes):
+        data.write_bytes(content)
+    else:
+        np.savez(data, **content)
+    work = tmp_path / "work"
+    refused(["silo", "--data-path", str(data), "--workdir", str(work)], f"data-path {data}: ")
+    refused(["silo", "--data-path", str(data), "--workdir", str(work)], message)
+    assert not work.exists()
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        silo_settings(None, {"data-path": str(data)})
 
 
 # the run's settings (fedlb server, fedlb demo)

@@ -82,6 +82,15 @@ def test_npz_files_are_read_and_bad_ones_explained(tmp_path):
         "nokeys.npz": ({"a": np.ones(3)}, "needs arrays x (samples) and y (labels)"),
         "lengths.npz": ({"x": np.ones((3, 2)), "y": np.ones(2)}, "3 samples and 2 labels"),
         "fractional.npz": ({"x": np.ones((2, 2)), "y": np.array([0.5, 1])}, "whole-number"),
+        # what a silo's first message used to find (issue 35): now found when it starts
+        "zero-bytes.npz": (b"", "not a readable .npz file"),
+        "cut.npz": (good.read_bytes()[:100], "not a readable .npz file"),
+        "empty.npz": ({"x": np.ones((0, 2)), "y": np.ones(0)}, "holds no samples"),
+        "scalar.npz": ({"x": 1.0, "y": 0}, "x is not an array with one row per sample"),
+        "strings.npz": ({"x": np.array(["a", "b"]), "y": np.ones(2)}, "x holds text values"),
+        "objects.npz": ({"x": np.array([1, None]), "y": np.ones(2)}, "x or y cannot be read"),
+        "nan.npz": ({"x": np.array([[np.nan], [1]]), "y": np.ones(2)}, "NaN or infinite"),
+        "negative.npz": ({"x": np.ones((2, 2)), "y": np.array([0, -1])}, "negative label"),
     }
     for name, (content, message) in cases.items():
         path = tmp_path / name

@@ -357,6 +357,29 @@ def test_runs_side_by_side_on_the_wall_clock():
     assert "1.67x" in text  # 80 s against 48 s
 
 
+def test_a_long_reason_does_not_wrap_the_round_table_one_word_per_row():
+    """Issue 35: a silo's reason for sending no update filled the round table's silo
+    column, one word per row. The table names the silo; the reason follows it, whole."""
+    from rich.console import Console
+
+    from fedlb.cli.federation import RoundView
+
+    reason = (
+        "node-5021877373327894310: ClientApp raised ValueError: /data/hospital-3.npz: x and "
+        "y differ in length (100 samples and 99 labels): give one label per sample"
+    )
+    console = Console(record=True, width=100)
+    console.print(RoundView(record(4, failed=[reason])))
+    lines = console.export_text().splitlines()
+    below = next(i for i, line in enumerate(lines) if "no update:" in line)
+    table = lines[:below]
+    assert [line.split()[:2] for line in table if "node-" in line] == [
+        ["node-5021877373327894310", "–"]
+    ]
+    assert not [line for line in table if "ClientApp" in line or "labels" in line]
+    assert " ".join(" ".join(lines[below:]).split()) == f"no update: {reason}"
+
+
 def test_rounds_written_before_the_timeline_fields_still_read():
     line = json.loads(record(1).json_lines()[0])
     for key in ("start_s", "silo_wall_s"):

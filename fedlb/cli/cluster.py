@@ -17,7 +17,7 @@ from fedlb.cluster import CLUSTER_POLICIES, DEFAULT_CLUSTER_POLICY
 from fedlb.experiments import ClusterScenario, ClusterScenarioError, launch
 from fedlb.models import MODELS
 
-from .common import UsageError, app, console
+from .common import UsageError, app, console, holding
 
 
 def _failure(log_path: Path) -> str:
@@ -120,30 +120,14 @@ def cluster(
     except ClusterScenarioError as error:
         raise UsageError(str(error)) from error
     first = next(iter(jobs.values()))
-    console.print(
-        f"[bold]fedlb cluster[/]: {first.nproc} ranks, speeds {first.speeds} x "
-        f"{first.base_speed:g} samples/s, X = {first.nproc * first.batch_size}, "
-        f"{first.iterations} iterations; devices {first.device}, backend "
-        f"{first.placement()[1]}; clock: measured (emulated speeds, sleep-padded)"
-    )
-    summaries: dict[str, dict[str, Any]] = {}
-    for name, job in jobs.items():
-        folder = out / name.replace(":", "-")
-        code = launch(job, folder, timeout)
-        if code != 0:
-            # escaped: gloo's messages hold [file:line] parts that rich would read as markup
-            reason = escape(_failure(folder / "torchrun.log"))
-            console.print(f"[red]{name}: the job failed[/]: {reason}")
-            console.print(f"log: {folder / 'torchrun.log'}")
-            raise typer.Exit(1)
-        summaries[name] = json.loads((folder / "summary.json").read_text())
-        summary = summaries[name]
-        accuracy = summary["final_accuracy"]
+    with holding(out, "--out"):  # one fedlb cluster at a time per results folder
         console.print(
-            f"  {name}: {summary['mean_update_s'] * 1000:.1f} ms per update, "
-            f"{summary['updates']} updates in {summary['wall_s']:.1f} s"
-            + ("" if accuracy is None else f", accuracy {accuracy:.3f}")
+            f"[bold]fedlb cluster[/]: {first.nproc} ranks, speeds {first.speeds} x "
+            f"{first.base_speed:g} samples/s, X = {first.nproc * first.batch_size}, "
+            f"{first.iterations} iterations; devices {first.device}, backend "
+            f"{first.placement()[1]}; clock: measured (emulated speeds, sleep-padded)"
         )
+        summaries = _run_jobs(jobs, out, timeout)
     table = Table(
         title="time per update and accuracy, clock: measured (emulated speeds)",
         caption=f"ceiling these speeds allow over BSP: {first.ceiling():.2f}x (compute only)",
@@ -178,6 +162,32 @@ def cluster(
         table.add_row(*row)
     console.print(table)
     console.print(f"results: {out}/<policy>/iterations.jsonl, summary.json, torchrun.log")
+
+
+def _run_jobs(
+    jobs: dict[str, ClusterScenario], out: Path, timeout: float
+) -> dict[str, dict[str, Any]]:
+    """Each policy's job in out/<policy>, said as it ends; their summaries (exit 1 at the
+    first that fails)."""
+    summaries: dict[str, dict[str, Any]] = {}
+    for name, job in jobs.items():
+        folder = out / name.replace(":", "-")
+        code = launch(job, folder, timeout)
+        if code != 0:
+            # escaped: gloo's messages hold [file:line] parts that rich would read as markup
+            reason = escape(_failure(folder / "torchrun.log"))
+            console.print(f"[red]{name}: the job failed[/]: {reason}")
+            console.print(f"log: {folder / 'torchrun.log'}")
+            raise typer.Exit(1)
+        summaries[name] = json.loads((folder / "summary.json").read_text())
+        summary = summaries[name]
+        accuracy = summary["final_accuracy"]
+        console.print(
+            f"  {name}: {summary['mean_update_s'] * 1000:.1f} ms per update, "
+            f"{summary['updates']} updates in {summary['wall_s']:.1f} s"
+            + ("" if accuracy is None else f", accuracy {accuracy:.3f}")
+        )
+    return summaries
 
 
 @app.command()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -36,6 +39,23 @@ def file_error(error: OSError) -> str:
 
 class UsageError(typer.BadParameter):
     """Bad input on the command line or in a config file: exit code 2 with the reason."""
+
+
+@contextlib.contextmanager
+def holding(folder: Path, what: str) -> Iterator[Path]:
+    """The command's folder (`what`: its option) held while the block runs, resolved: a
+    usage error when results cannot be written there or another fedlb run holds it."""
+    from fedlb.deploy import ConfigError, check_out_dir
+    from fedlb.security import FolderInUseError, claim_folder
+
+    try:
+        check_out_dir(folder, what)
+        stack = contextlib.ExitStack()
+        held = stack.enter_context(claim_folder(folder))
+    except (ConfigError, FolderInUseError) as error:
+        raise UsageError(str(error)) from None
+    with stack:
+        yield held
 
 
 @app.callback()

@@ -23,7 +23,7 @@ from fedlb.deploy import (
     supernode_join,
 )
 
-from .common import UsageError, app, console
+from .common import UsageError, app, console, holding
 from .federation import given
 
 QUICK_EXIT_S = 30.0  # a SuperNode that leaves this soon after joining, again and again,
@@ -164,10 +164,16 @@ def silo(
     )
     if not connect_timeout >= 0:  # NaN too
         raise UsageError(f"connect-timeout must be >= 0 (0: wait for ever), got {connect_timeout}")
-    try:
+    try:  # its data file, read and checked now, not when its first message fails
         settings = silo_settings(config, flags)
     except ConfigError as error:
         raise UsageError(str(error)) from error
+    with holding(settings.work_dir, "workdir"):  # one silo per work dir (its Flower home)
+        _run_silo(settings, connect_timeout)
+
+
+def _run_silo(settings: SiloSettings, connect_timeout: float) -> None:
+    """`fedlb silo` with its work dir held: join, and join again, until it is stopped."""
     if settings.he_context:
         console.print(f"HE on: key fingerprint {settings.he_fingerprint()} ({settings.he_context})")
     name, address = settings.name, settings.server
@@ -194,11 +200,7 @@ def silo(
                 while node.alive():
                     time.sleep(0.5)
                     for failure in failures.new():
-                        console.print(
-                            f"[red]{name}: a message failed in its ClientApp:[/] "
-                            f"{escape(failure)} (the server goes on without this silo's "
-                            f"reply; the traceback is in {node.log_path})"
-                        )
+                        console.print(f"[red]{name}:[/] {escape(failure)}")
                 node.stop()  # what it left behind
                 quick_exits = quick_exits + 1 if time.monotonic() - joined < QUICK_EXIT_S else 0
                 _rejoin_or_exit(node, name, address, quick_exits)

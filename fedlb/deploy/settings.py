@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from fedlb.data import load_npz
 from fedlb.flower.identity import silo_label
 from fedlb.flower.protocol import (
     NODE_DATA_PATH,
@@ -204,6 +205,26 @@ def _fingerprint(path: str, role: Literal["server", "silo"], stamp: int) -> str:
         raise ConfigError(str(error)) from error
 
 
+def check_silo_data(path: Path) -> None:
+    """A silo's own data file, read and checked as its ClientApp will read it (load_npz),
+    or a ConfigError naming the file, what is wrong and what to do. A file is read once
+    while unchanged: a silo's settings are checked more than once before it starts."""
+    try:
+        stat = path.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        stamp = (-1, -1)  # load_npz says what is wrong with it
+    _read_silo_data(str(path), stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_silo_data(path: str, stamp: tuple[int, int]) -> None:
+    try:
+        load_npz(path)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"data-path {error}") from None
+
+
 @dataclass(frozen=True)
 class SiloSettings:
     """One silo's SuperNode. Keys in files: '-'.
@@ -255,6 +276,11 @@ class SiloSettings:
         return silo_label(Path(self.data_path).stem)
 
     @property
+    def work_dir(self) -> Path:
+        """Its logs and Flower home, resolved: workdir, or runs/<its name>."""
+        return Path(self.workdir or Path("runs") / self.name).resolve()
+
+    @property
     def speed(self) -> float:
         """Samples/s it emulates (0: real speed)."""
         if self.emulated_speed == 0.0 and self.slowdown is not None:
@@ -265,6 +291,7 @@ class SiloSettings:
         if self.data_path:
             if not Path(self.data_path).is_file():
                 raise ConfigError(f"data-path {self.data_path} is not a file")
+            check_silo_data(Path(self.data_path))  # now, not when its first message fails
         elif self.partition_id is None or self.num_partitions is None:
             raise ConfigError(
                 "a silo needs partition-id and num-partitions, or data-path (or a config file)"

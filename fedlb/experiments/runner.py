@@ -15,8 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fedlb.deploy import DeployError, Federation, start_ray_head
+from fedlb.deploy import ConfigError, DeployError, Federation, check_out_dir, start_ray_head
 from fedlb.flower import RUN_FILES, RoundRecord, records_from_json_lines
+from fedlb.security import FolderInUseError, claim_folder
 
 from .plots import plot_results, plot_seeds
 from .results import PolicyResult, combine_seeds, write_results
@@ -91,8 +92,25 @@ def run_experiment(
     every seed's in `out/seed-S` and their combination in `out`. Flower's processes and
     each run's ServerApp log are in `out/processes`. ScenarioError, before anything runs,
     where `out` holds an earlier run's results (an experiment's or a server's) unless
-    `overwrite`."""
-    out = out.resolve()  # a symlink to another run's folder is that folder
+    `overwrite`, or where another fedlb run holds `out` (it is this process's while it runs)."""
+    try:  # before looking in it: two experiments started together must not both find it free
+        check_out_dir(out, "--out")
+        stack = contextlib.ExitStack()
+        out = stack.enter_context(claim_folder(out))  # resolved: a symlink is its target
+    except (ConfigError, FolderInUseError) as error:
+        raise ScenarioError(str(error)) from None
+    with stack:
+        return _run_claimed(scenario, out, on_policy, on_round, overwrite)
+
+
+def _run_claimed(
+    scenario: Scenario,
+    out: Path,
+    on_policy: Callable[[str, PolicyResult], None] | None,
+    on_round: Callable[[RoundRecord], None] | None,
+    overwrite: bool,
+) -> dict[str, Any]:
+    """run_experiment's runs, `out` claimed."""
     held = [name for name in (RUN_FILES.rounds, RUN_FILES.summary) if (out / name).exists()]
     if held and not overwrite:
         raise ScenarioError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -21,7 +22,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
-from fedlb.security import DigestError, check_digest
+from fedlb.security import DigestError, check_digest, check_seal, seal_zip
 
 from .protocol import NODE_HE_CONTEXT, add_he_seconds
 
@@ -82,7 +83,7 @@ def read_encrypted(record: ArrayRecord) -> tuple[list[bytes], Layout]:
         raise CiphertextError(f"the encrypted arrays cannot be decoded: {error}") from error
 
 
-INNER_DIGEST = "__sha256__"  # an encrypted model's own digest, inside its .npz
+INNER_DIGEST = "__sha256__"  # the arrays' digest, inside the .npz (older fedlb checks it)
 
 
 def _arrays_digest(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -96,24 +97,40 @@ def _arrays_digest(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
 
 
 def save_encrypted(record: ArrayRecord, path: Path) -> Path:
-    """An encrypted model to an .npz of its uint8 arrays (no key inside), with their
-    digest inside the file: a copy that lost its side files is still checked."""
+    """An encrypted model to an .npz of its uint8 arrays (no key inside), sealed with the
+    digest of the whole file at its end (`fedlb.security.seal_zip`): a copy that lost its
+    side files is still checked, every byte of it. Written to a temporary file first and
+    renamed, so an earlier model at `path` is replaced only by a whole new one."""
     read_encrypted(record)  # refuses anything that is not one
     arrays = {k: a.numpy() for k, a in record.items()}
-    with path.open("wb") as handle:
-        np.savez(handle, **arrays, **{INNER_DIGEST: _arrays_digest(arrays)})  # type: ignore[arg-type]
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with temporary.open("w+b") as handle:
+            np.savez(handle, **arrays, **{INNER_DIGEST: _arrays_digest(arrays)})  # type: ignore[arg-type]
+            seal_zip(handle)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
     return path
 
 
 def load_encrypted(path: Path, unchecked: bool = False) -> ArrayRecord:
-    """What `save_encrypted` wrote; CiphertextError if the file is not an encrypted model,
-    is damaged (its digest inside, or the .sha256 beside it, does not match), or cannot be
-    checked at all (neither digest) unless `unchecked`: one flipped bit in a ciphertext
-    decrypts, without a word, to weights off by 10^7."""
+    """What `save_encrypted` wrote; CiphertextError, one line naming the file, if it is not
+    an encrypted model, is damaged (its sealed digest, the .sha256 beside it, or the arrays'
+    digest inside it does not match; cut short; bytes added), or cannot be checked at all
+    unless `unchecked`: one flipped bit in a ciphertext decrypts, without a word, to
+    weights off by 10^7. A file sealed by fedlb is checked whole before it is read. One
+    written before fedlb sealed its files is checked on its arrays' digest (every byte
+    that decrypts; its zip headers only by a .sha256 beside it), one with neither digest
+    (older still) only by its .sha256, or not at all with `unchecked`."""
     from fedlb.he import CiphertextError
 
     try:
         beside = check_digest(path)
+        try:
+            sealed = check_seal(path)
+        except DigestError as error:
+            raise DigestError(f"{error}. Use an intact copy") from error
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except DigestError as error:
@@ -129,7 +146,7 @@ def load_encrypted(path: Path, unchecked: bool = False) -> ArrayRecord:
             f"{path} does not match the digest written inside it: the file was damaged or "
             "changed after fedlb wrote it. Use an intact copy"
         )
-    if inner is None and not beside and not unchecked:
+    if not sealed and inner is None and not beside and not unchecked:
         raise CiphertextError(
             f"{path} carries no digest and has none beside it ({path.name}.sha256): its "
             "integrity cannot be checked. Restore the .sha256 file, or decrypt it unchecked "

@@ -5,6 +5,10 @@ and the cluster mode alike (it knows nothing of Flower's strategies).
   server certificate and silo keys.
 - `file_digest`, `write_digest`, `check_digest`, `digest_path` (`DigestError`): SHA-256
   digests beside stored files.
+- `claim_folder` (`FolderInUseError`, `LOCK_FILE`): one fedlb run per out-dir or work
+  dir at a time, an OS lock held while the run's process lives.
+- `seal_zip`, `check_seal` (`DigestError`): a zip's own digest, sealed at its end (its
+  archive comment), over every byte of it: checked with or without a side file.
 """
 
 from __future__ import annotations
@@ -14,18 +18,32 @@ from typing import TYPE_CHECKING
 from fedlb._faces import lazy_face
 
 if TYPE_CHECKING:
-    from .digests import DigestError, check_digest, digest_path, file_digest, write_digest
+    from .digests import (
+        DigestError,
+        check_digest,
+        check_seal,
+        digest_path,
+        file_digest,
+        seal_zip,
+        write_digest,
+    )
+    from .run_lock import LOCK_FILE, FolderInUseError, claim_folder
     from .tls import TlsError, TlsFiles, make_certificates, make_silo_key
 
 __all__ = [
+    "LOCK_FILE",
     "DigestError",
+    "FolderInUseError",
     "TlsError",
     "TlsFiles",
     "check_digest",
+    "check_seal",
+    "claim_folder",
     "digest_path",
     "file_digest",
     "make_certificates",
     "make_silo_key",
+    "seal_zip",
     "write_digest",
 ]
 
@@ -33,6 +51,15 @@ __getattr__ = lazy_face(
     __name__,
     {
         ".tls": ["TlsError", "TlsFiles", "make_certificates", "make_silo_key"],
-        ".digests": ["DigestError", "check_digest", "digest_path", "file_digest", "write_digest"],
+        ".digests": [
+            "DigestError",
+            "check_digest",
+            "check_seal",
+            "digest_path",
+            "file_digest",
+            "seal_zip",
+            "write_digest",
+        ],
+        ".run_lock": ["LOCK_FILE", "FolderInUseError", "claim_folder"],
     },
 )

@@ -9,8 +9,8 @@ import pytest
 
 from fedlb.balance import BatchSizeManager, PooledProportional, StabilityGuard
 from fedlb.flower import Balancing, Keeping, LoadBalancedFedAvg, RoundReporter
-from fedlb.flower.protocol import UPDATE_NORM
-from tests.test_flower_strategy import make_grid, sent_sizes, start
+from fedlb.flower.protocol import NOTICE, UPDATE_NORM
+from tests.test_flower_strategy import make_grid, sent_sizes, start, train_messages
 
 
 def test_the_default_is_half_the_mean_batch_and_rises_only_on_a_blow_up():
@@ -199,6 +199,15 @@ def test_an_update_holding_nan_is_left_out_and_raises_the_floor(tmp_path):
     assert len(failed) == 1
     assert "NaN or infinite" in failed[0]
     assert min(sent_sizes(grid)[2].values()) == 12  # the floor raised to 0.75
+    # the silo is told with its next message (its console says it), once, and only it
+    notices = {
+        (m.content["config"]["server-round"], m.metadata.dst_node_id): m.content["config"][NOTICE]
+        for m in train_messages(grid)
+        if NOTICE in m.content["config"]
+    }
+    assert list(notices) == [(3, 102)], notices
+    assert notices[3, 102].startswith("its update of round 2 was left out of the average: ")
+    assert "NaN or infinite" in notices[3, 102]
 
 
 def test_a_resumed_run_goes_on_at_the_floor_it_had_reached():

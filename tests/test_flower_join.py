@@ -497,7 +497,8 @@ def test_a_silo_rejoins_a_server_restarted_on_its_address(tmp_path):
 @pytest.mark.slow
 def test_a_silo_says_on_its_console_why_its_clientapp_failed(tmp_path):
     """Before: a silo whose --num-partitions disagreed with the run printed nothing on its
-    own console (the error went to the server and the silo's log only)."""
+    own console (the error went to the server and the silo's log only), nor a silo whose
+    update the server left out (NaN)."""
     import subprocess
     import sys
     import time
@@ -541,6 +542,10 @@ def test_a_silo_says_on_its_console_why_its_clientapp_failed(tmp_path):
                 "out-dir": str(tmp_path / "out"),
             }
             federation.run(settings, timeout=180)
+            # at η = 1e30 silo-0's update of round 1 holds NaN: the server leaves it out,
+            # and says so to the silo with round 2's message
+            blown = {"learning-rate": 1e30, "num-rounds": 2, "out-dir": str(tmp_path / "nan")}
+            federation.run({**settings, **blown}, timeout=180)
             time.sleep(2.0)  # the silo reads its log every 0.5 s
         finally:
             for silo in silos:
@@ -551,3 +556,6 @@ def test_a_silo_says_on_its_console_why_its_clientapp_failed(tmp_path):
     assert "but the run has num-silos 2" in outputs[1]
     assert "restart it with --num-partitions 2" in outputs[1]
     assert "failed in its ClientApp" not in outputs[0]
+    told = "the server says its update of round 1 was left out of the average: "
+    assert told in outputs[0], outputs[0]
+    assert "NaN or infinite" in outputs[0].split(told, 1)[1]

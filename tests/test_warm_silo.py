@@ -323,7 +323,7 @@ def test_a_task_lost_mid_round_fails_at_once_and_the_silo_stays_in(tmp_path):
     assert "its process was killed by SIGKILL" in log
     said = failures.new()  # what `fedlb silo` prints on the silo's console
     assert any("warm ClientApp server exited" in line for line in said), said
-    assert sum("ended without a reply" in line for line in said) == 2, said
+    assert sum("ClientApp ended without a reply" in line for line in said) == 2, said
 
 
 def test_a_runs_log_is_flushed_without_flowers_pause():

@@ -15,6 +15,8 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedlb.flower.protocol import NOTICE_LINE
+
 SUPERNODE_START = "fedlb: starting SuperNode"  # heads each start's part of a SuperNode log
 _CONNECTED = re.compile(r"SuperNode ID: (\d+)")  # Flower's line once ActivateNode succeeded
 _EXIT = re.compile(r"Exit Code: (\d+)")  # flwr_exit's first line; the reason follows
@@ -111,9 +113,11 @@ _RAISED = re.compile(r"^([\w.]*(?:Error|Exception)): (.+)$")  # a traceback's la
 
 
 class ClientAppFailures:
-    """New ClientApp failures in a SuperNode's log, one line each, as `fedlb silo` reads
-    it while the silo runs: Flower sends the error to the server and logs the traceback
-    in the silo's log; the operator at the silo's console saw nothing."""
+    """What the operator at a silo's console must hear of, from its SuperNode's log, one
+    sentence each, as `fedlb silo` reads it while the silo runs: a message that failed in
+    its ClientApp (Flower sends the error to the server and logs the traceback only here),
+    a ClientApp that ended without a reply, a warm server restarted, and the server's
+    word that an update of this silo was left out of the average."""
 
     def __init__(self, log_path: Path) -> None:
         self.log_path = log_path
@@ -130,23 +134,33 @@ class ClientAppFailures:
             return []
         complete = chunk.rfind(b"\n") + 1  # a line still being written waits
         self.offset += complete
-        found = []
+        found: list[str] = []
         for line in chunk[:complete].decode(errors="replace").splitlines():
             line = _ANSI.sub("", line).strip()
-            if line.startswith(LOST_TASK):  # fedlb's own line: the whole story in one
-                failure = line[len(LOST_TASK) :].strip(" :")
-                failure = f"it ended without a reply {failure}"
-                if failure not in self.said:
-                    self.said.add(failure)
-                    found.append(failure)
-            elif _WARM_RESTART in line:  # the launcher's line: its warm server died
-                found.append("its " + line.split(_WARM_RESTART, 1)[1].strip())
-            elif _APP_FAILED in line:
-                self.failing = True
-            elif self.failing and (match := _RAISED.match(line)):
-                self.failing = False
-                failure = f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2)}"
-                if failure not in self.said:
-                    self.said.add(failure)
-                    found.append(failure)
+            sentence = self._sentence(line)
+            if sentence is not None:
+                found.append(sentence)
         return found
+
+    def _sentence(self, line: str) -> str | None:
+        """What `line` (one line of the log) tells the operator; None: nothing."""
+        where = f"the traceback is in {self.log_path}"
+        if line.startswith(LOST_TASK):  # fedlb's own line: the whole story in one
+            return f"a message's ClientApp ended without a reply {line[len(LOST_TASK) :]}"
+        if _WARM_RESTART in line:  # the launcher's line: its warm server died
+            return "its " + line.split(_WARM_RESTART, 1)[1].strip()
+        if line.startswith(NOTICE_LINE):  # the server's word, printed by balance_mod
+            return f"the server says {line[len(NOTICE_LINE) :].strip()}"
+        if _APP_FAILED in line:
+            self.failing = True
+        elif self.failing and (match := _RAISED.match(line)):
+            self.failing = False
+            failure = f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2)}"
+            if failure in self.said:
+                return None
+            self.said.add(failure)
+            return (
+                f"a message failed in its ClientApp: {failure} (the server goes on without "
+                f"this silo's reply; {where})"
+            )
+        return None

@@ -57,6 +57,7 @@ from .protocol import (
     NODE_EMULATED_CLOCK,
     NODE_EMULATED_SPEED,
     NODE_PARTITION_ID,
+    NOTICE_LINE,
     RUN_EMULATED_CLOCK,
     RUN_EMULATED_SPEEDS,
     STREAM_STATE,
@@ -285,6 +286,8 @@ class BalanceMod:
         start_s = clientapp_age()
         probe = ResourceProbe()
         orders = Orders.read(sent_config(msg))
+        if orders.notice:  # its log, which `fedlb silo` echoes on the silo's console
+            print(f"{NOTICE_LINE} {orders.notice}", flush=True)
         speed = _emulated_speed(context)
         silo_clock = (
             self.clock(context)

@@ -33,6 +33,9 @@ PREFIX = "fedlb."
 BATCH_SIZE = "fedlb.batch-size"  # absent: the silo draws its own loader's batch size (B0)
 LOCAL_STEPS = "fedlb.local-steps"  # absent: as many steps as the silo's loop runs
 EVALUATE_FIRST = "fedlb.evaluate"  # fedlb's silo app: evaluate the incoming model first
+NOTICE = "fedlb.notice"  # what became of the silo's last update, when it was left out
+NOTICE_LINE = "fedlb: the server says:"  # how balance_mod prints a notice in the silo's log
+NOTICE_CHARS = 500  # a notice is one line of a console, not a document
 SERVER_ROUND = "server-round"  # Flower's own key (FedAvg sets it too)
 
 # silo -> server, in the train reply's MetricRecord
@@ -121,6 +124,7 @@ class Orders:
     batch_size: int | None = None  # None: the silo's own loader's batch size
     local_steps: int | None = None  # None: as many as its loop runs (fixed after round 1)
     evaluate_first: bool = False
+    notice: str = ""  # why its last update was left out (the silo's console says it)
 
     def into(self, config: ConfigRecord) -> ConfigRecord:
         """`config` (the app's train config, copied) with the orders added."""
@@ -132,6 +136,8 @@ class Orders:
             out[LOCAL_STEPS] = self.local_steps
         if self.evaluate_first:
             out[EVALUATE_FIRST] = True
+        if self.notice:
+            out[NOTICE] = self.notice
         return out
 
     @classmethod
@@ -147,6 +153,7 @@ class Orders:
             batch_size=None if batch is None else _whole(batch, f"the server's {BATCH_SIZE}"),
             local_steps=None if steps is None else _whole(steps, f"the server's {LOCAL_STEPS}"),
             evaluate_first=config.get(EVALUATE_FIRST) is True,
+            notice=str(config.get(NOTICE, ""))[:NOTICE_CHARS],
         )
 
 

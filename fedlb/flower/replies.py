@@ -139,6 +139,7 @@ class Triage:
     valid: list[Message] = field(default_factory=list)
     blown_up: list[int] = field(default_factory=list)  # updates holding NaN or infinity
     failed: list[str] = field(default_factory=list)  # "node-N: why", for the record
+    rejected: dict[int, str] = field(default_factory=dict)  # node -> why its update is out
     answered: set[int] = field(default_factory=set)
     unreachable: list[int] = field(default_factory=list)  # the SuperLink answered for them
 
@@ -159,6 +160,7 @@ def triage_replies(replies: list[Message], sent_to: dict[str, int], updates: Upd
         problem = updates.problem(msg)
         if problem is not None:
             triage.failed.append(f"{node_label(node)}: update rejected: {problem}")
+            triage.rejected[node] = problem
             if NON_FINITE in problem:
                 triage.blown_up.append(node)
             continue

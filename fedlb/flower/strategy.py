@@ -161,6 +161,7 @@ class LoadBalancedFedAvg(FedAvg):
         self._offset = 0  # rounds a restored checkpoint had done
         self._sent: dict[int, tuple[int | None, int | None]] = {}  # node -> (B, τ) ordered
         self._messages: list[Message] = []  # this round's train messages
+        self._notices: dict[int, str] = {}  # node -> why its last update was left out
         self._started = 0.0
         self._user_floor = 0.0
         self._own_loop = False  # start() ran: else a subclass's own start() drives the hooks
@@ -235,8 +236,9 @@ class LoadBalancedFedAvg(FedAvg):
         if missing:
             say(
                 INFO,
-                "round 1 at every silo's B0: %d of %d silos have no stored speed profile "
-                "for this model and hardware",
+                "round 1 at every silo's B0: %d of %d silos have no usable stored speed "
+                "profile for this model and hardware (none, one too old, or a damaged one, "
+                "which is named in the log of the silo or of this server)",
                 len(missing),
                 len(nodes),
             )
@@ -296,6 +298,7 @@ class LoadBalancedFedAvg(FedAvg):
         """What `node` is told to run this round."""
         size = self.size_of(node)
         return Orders(
+            notice=self._notices.pop(node, ""),
             server_round=server_round,
             batch_size=size if size is not None else self.batch_size,
             local_steps=self.local_steps,
@@ -461,6 +464,10 @@ class LoadBalancedFedAvg(FedAvg):
             self._start_balancing(said)
         # The guard first: the floor it sets bounds this step's sizes.
         diverged = self._guard_round(server_round, said, app_numbers, triage.blown_up)
+        for node, why in {**triage.rejected, **diverged}.items():  # told in its next message
+            self._notices[node] = (
+                f"its update of round {server_round} was left out of the average: {why}"
+            )
         if diverged:
             kept = [m for m in kept if m.metadata.src_node_id not in diverged]
             failed += [

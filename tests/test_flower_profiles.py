@@ -4,6 +4,7 @@ store, the query, and Flower's quickstart run twice."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import replace
 
@@ -140,3 +141,75 @@ def test_a_federation_that_ran_before_starts_balanced(tmp_path, monkeypatch, cap
     third, log = run_quickstart(app, 1, caplog, profiles=False)
     assert {b for b, _, _ in third[1].values()} == {32}
     assert seen_before(next(iter(json.loads((tmp_path / "profiles/models-seen.json").read_text()))))
+
+
+ABSURD = {"speed": 1e300, "inf": float("inf"), "nan": float("nan"), "negative": -5.0, "zero": 0.0}
+
+
+@pytest.mark.parametrize("speed", ABSURD.values(), ids=list(ABSURD))
+def test_an_absurd_stored_speed_is_a_damaged_profile_said_once(
+    tmp_path, monkeypatch, caplog, speed
+):
+    """A stored speed no silo can have (1e300, inf, NaN, negative, 0 samples/s) is a
+    damaged profile: ignored, with one line naming the file and the figure, written
+    short (never 300 digits); the silo's next round's measurement replaces it."""
+    from fedlb.flower import profiles
+
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
+    monkeypatch.setattr(profiles, "_SAID_DAMAGED", set())
+    save_profile("silo-0", "model-a", MACHINE, profile())
+    (path,) = (tmp_path / "profiles").glob("profile-*.json")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "speed": speed}))
+    caplog.set_level("WARNING")
+    assert load_profile("silo-0", "model-a", MACHINE) is None
+    assert load_profile("silo-0", "model-a", MACHINE) is None  # read every round, said once
+    (line,) = caplog.messages
+    assert f"ignoring the damaged speed profile {path} (speed" in line
+    assert "samples/s" in line
+    assert max(map(len, re.findall(r"\d+", line))) < 25  # no giant number
+    profiles.record_round("silo-0", "model-a", MACHINE, 1, profile())  # replaced
+    assert load_profile("silo-0", "model-a", MACHINE).speed == 100.0
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("speed", ABSURD.values(), ids=list(ABSURD))
+def test_an_absurd_speed_a_silo_sends_is_no_profile(speed, caplog):
+    from flwr.app import Message, MessageType, MetricRecord
+
+    from fedlb.flower.profiles import profile_query, profile_reply
+
+    query = Message(profile_query("m"), message_type=MessageType.TRAIN, dst_node_id=1)
+    reply = profile_reply(query, profile(), 2)
+    metrics: MetricRecord = reply.content["metrics"]  # type: ignore[assignment]
+    metrics["fedlb.profile-speed"] = speed
+    caplog.set_level("WARNING")
+    assert read_profile(reply) is None
+    (line,) = caplog.messages
+    assert "sent a damaged speed profile (speed" in line
+    assert max(map(len, re.findall(r"\d+", line))) < 25
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_run_with_a_damaged_profile_starts_at_b0_and_says_so(tmp_path, monkeypatch, caplog):
+    """One silo's stored speed reads 1e300 samples/s: round 1 is not 'balanced from
+    stored profiles'; it runs at every silo's B0, as the log says, and the damaged file
+    is named and then replaced by the round's measurement."""
+    from fedlb.flower import profiles
+
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
+    monkeypatch.setattr(profiles, "_SAID_DAMAGED", set())
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level("INFO")
+    app, _ = adopt("quickstart_pytorch", tmp_path)
+    run_quickstart(app, 2, caplog)
+    damaged = sorted((tmp_path / "profiles").glob("profile-*.json"))[0]
+    damaged.write_text(json.dumps({**json.loads(damaged.read_text()), "speed": 1e300}))
+
+    sizes, log = run_quickstart(app, 1, caplog)
+    assert {b for b, _, _ in sizes[1].values()} == {32}  # every silo's B0, as said:
+    assert "round 1 at every silo's B0: 1 of 3 silos have no usable stored speed" in log
+    assert f"ignoring the damaged speed profile {damaged} (speed 1e+300 samples/s" in log
+    assert "balanced from the silos' stored speed profiles" not in log
+    assert "stale" not in log
+    assert max(map(len, re.findall(r"\d+", log))) < 25  # no 300-digit number anywhere
+    assert 0 < json.loads(damaged.read_text())["speed"] < 1e9  # measured afresh

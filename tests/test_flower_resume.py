@@ -58,7 +58,7 @@ def crash(grid):
     raise CrashError
 
 
-def strategy_for(out_dir, keep_before=None):
+def strategy_for(out_dir, keep_before=None, **resumed):
     return LoadBalancedFedAvg(
         min_available_nodes=4,
         fraction_train=0.75,  # node sampling: the RNG's state must carry over too
@@ -67,7 +67,7 @@ def strategy_for(out_dir, keep_before=None):
         seed=7,
         balancing=Balancing(batch_size=16, local_steps=3),
         keeping=Keeping(
-            reporter=RoundReporter(out_dir, keep_before=keep_before),
+            reporter=RoundReporter(out_dir, keep_before=keep_before, **resumed),
             checkpoint_dir=out_dir,
             run_settings=SETTINGS,
         ),
@@ -231,7 +231,205 @@ def test_a_half_written_last_line_is_dropped_on_resume_and_said(tmp_path, caplog
     reporter = RoundReporter(tmp_path, keep_before=3)
     assert [r.round for r in reporter.records] == [1, 2]
     assert path.read_text() == "".join(line + "\n" for line in whole)
-    assert "half-written line" in caplog.text
+    assert "its last line (line 3, of round 3) is half-written" in caplog.text
+    assert "round 3 is written again" in caplog.text  # (run again, or from the checkpoint)
     path.write_text(whole[0] + "\nnot json\n" + whole[1] + "\n")
     with pytest.raises(ValueError, match=r"rounds.jsonl line 2 is not a round record"):
         RoundReporter(tmp_path, keep_before=3)
+    assert path.read_text() == whole[0] + "\nnot json\n" + whole[1] + "\n"  # left as it was
+
+
+def rows_of(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("torn", ["before the checkpoint", "after the checkpoint"])
+def test_what_resume_says_of_a_half_written_line_is_what_it_does(tmp_path, caplog, torn):
+    """The server stopped while writing a line of rounds.jsonl. Of a round after the
+    checkpoint: that round's lines go and the round is run again, as said. Of a round the
+    checkpoint already holds (a power cut lost what the file had not yet written): the
+    round is not run again, and resuming says its record stays short of that line, which
+    it does; nothing else is lost."""
+    config = RunConfig.from_mapping(SETTINGS)
+    pool, _ = federation_data(config)
+    initial = ArrayRecord(model_for(config, pool).state_dict())
+    run(strategy_for(tmp_path / "whole"), CrashingGrid(), initial)
+    with pytest.raises(CrashError):
+        run(strategy_for(tmp_path / "stopped"), CrashingGrid(crash_before=4), initial)
+    checkpoint = load_checkpoint(tmp_path / "stopped")
+    assert checkpoint.round == 3
+    path = tmp_path / "stopped" / "rounds.jsonl"
+    whole = (tmp_path / "whole" / "rounds.jsonl").read_text().splitlines()
+    stopped = [(row["round"], row["silo"]) for row in rows_of(path)]
+    assert (
+        stopped == [(row["round"], row["silo"]) for row in map(json.loads, whole)][: len(stopped)]
+    )
+    if torn == "before the checkpoint":  # round 2's last line half on disk, no later one
+        ends = max(i for i, line in enumerate(whole) if json.loads(line)["round"] == 2)
+        path.write_text("".join(line + "\n" for line in whole[:ends]) + whole[ends][:90])
+        said = (
+            "its last line (line 6, of round 2) is half-written: the server stopped while "
+            "writing it; dropped it; round 2's record stays incomplete (2 of 3 silos' lines) "
+            "and round 2 is not run again: the checkpoint includes it; the run goes on from "
+            "its checkpoint after round 3 with rounds 4-6"
+        )
+    else:  # written after the checkpoint: round 3's record, then half of round 4's first line
+        ends = min(i for i, line in enumerate(whole) if json.loads(line)["round"] == 4)
+        path.write_text("".join(line + "\n" for line in whole[:ends]) + whole[ends][:90])
+        said = (
+            "its last line (line 10, of round 4) is half-written: the server stopped while "
+            "writing it; dropped it and the 3 lines of round 3 before it, written after the "
+            "checkpoint; round 3's record is written again from the checkpoint; round 4 is "
+            "run again; the run goes on from its checkpoint after round 3 with rounds 4-6"
+        )
+    assert checkpoint.first_unpublished_round == 3  # round 3's record waits in it
+    assert load_checkpoint(tmp_path / "stopped").round == 3  # a torn last line is no damage
+    holds = "rounds 1-2 (round 2 in part)" if torn == "before the checkpoint" else "rounds 1-2"
+    story = checkpoint.story(6, tmp_path / "stopped")  # what the operator reads first
+    assert story.startswith(f"rounds 1-3 of 6 done (rounds.jsonl holds {holds}; round 3's")
+    assert story.endswith("rounds 4-6 to go")
+
+    caplog.set_level("WARNING")
+    caplog.clear()
+    resumed_grid = CrashingGrid()
+    resumed = strategy_for(tmp_path / "stopped", keep_before=3, done=checkpoint.round, num_rounds=6)
+    assert f"{path}: {said}" in caplog.messages
+    run(resumed, resumed_grid, resumed.restore(checkpoint))
+
+    assert {r for r, _, _ in sizes_sent(resumed_grid)} == {4, 5, 6}  # what is run, as said
+    rows = rows_of(path)
+    expected = rows_of(tmp_path / "whole" / "rounds.jsonl")
+    if torn == "before the checkpoint":
+        round_2 = [row for row in rows if row["round"] == 2]
+        assert len(round_2) == 2
+        assert {row["round_silos"] for row in round_2} == {3}
+        expected = [row for row in expected if row["round"] != 2 or row in round_2]
+    assert [(row["round"], row["silo"]) for row in rows] == [
+        (row["round"], row["silo"]) for row in expected
+    ]
+    assert sorted({row["round"] for row in rows}) == [1, 2, 3, 4, 5, 6]
+
+
+def _record_lines(round_, silos=2):
+    from fedlb.flower import RoundRecord
+    from fedlb.flower.records import SiloRound
+
+    return RoundRecord(
+        round_,
+        "model",
+        [
+            SiloRound(f"silo-{i}", i, 16, 3, 1.0, 0.1, 1.1, 0.0, 0.5, 10, 0.0, 16)
+            for i in range(silos)
+        ],
+        1.1,
+        1.0,
+        0.9,
+        0.1,
+        2.0,
+    ).json_lines()
+
+
+def _second_line(text):
+    def damage(folder):
+        path = folder / "rounds.jsonl"
+        lines = path.read_bytes().split(b"\n")
+        path.write_bytes(b"\n".join([lines[0], text, *lines[2:]]))
+
+    return damage
+
+
+def _without(key):
+    def damage(folder):
+        path = folder / "rounds.jsonl"
+        lines = path.read_text().splitlines()
+        row = json.loads(lines[1])
+        del row[key]
+        path.write_text("\n".join([lines[0], json.dumps(row), *lines[2:]]) + "\n")
+
+    return damage
+
+
+def _write(name, content):
+    return lambda folder: (folder / name).write_bytes(content)
+
+
+DAMAGED = {
+    "not JSON": (_second_line(b"not json"), "rounds.jsonl line 2 is not a round record (not JSON"),
+    "not UTF-8": (
+        _second_line(b'{"round": 1, "\xff\xfe"}'),
+        "rounds.jsonl line 2 is not a round record (not UTF-8",
+    ),
+    "no field": (_without("wall_s"), "rounds.jsonl line 2 is not a round record (no wall_s)"),
+    "no silo field": (
+        _without("batch_size"),
+        "rounds.jsonl line 2 is not a round record (no batch_size)",
+    ),
+    "not an object": (
+        _second_line(b"[1, 2]"),
+        "rounds.jsonl line 2 is not a round record (an array, not an",
+    ),
+    "no round": (
+        _second_line(b'{"round": "1"}'),
+        "rounds.jsonl line 2 is not a round record (round is '1'",
+    ),
+    "run.json": (_write("run.json", b'{"run-id": "ab'), "run.json is damaged (not JSON"),
+    "run.json bytes": (_write("run.json", b"\x80\x81"), "run.json is damaged (not UTF-8"),
+    "server.json": (_write("server.json", b"\x00\x00"), "server.json is damaged"),
+    "server.json list": (
+        _write("server.json", b"[]"),
+        "server.json is damaged (not a JSON object)",
+    ),
+    "server.json pid": (
+        _write("server.json", b'{"port": 9, "processes": [{"pid": "x"}]}'),
+        "server.json is damaged (a process's pid is 'x')",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED, ids=list(DAMAGED))
+def test_a_damaged_run_file_stops_a_resume_with_one_line_and_changes_nothing(
+    tmp_path, monkeypatch, damage
+):
+    """Any line of rounds.jsonl before the last that is no round record, a damaged run.json
+    or server.json: `fedlb server --resume` says so in one line naming the file (and the
+    line) and what to do, exits 2 (a data error) with no traceback, and leaves every file
+    of the run as it was."""
+    from typer.testing import CliRunner
+
+    import fedlb.cli.federation
+    from fedlb.cli import app
+    from fedlb.deploy import ConfigError
+    from fedlb.deploy.operations import resume_settings
+    from fedlb.flower import start_run_identity
+
+    settings = {**RunConfig().to_mapping(), "num-rounds": 5}
+    start_run_identity(tmp_path, settings)
+    save_checkpoint(tmp_path, Checkpoint(3, 5, ArrayRecord(), {"pending": None}, settings))
+    lines = [line for r in (1, 2, 3) for line in _record_lines(r)]
+    (tmp_path / "rounds.jsonl").write_text("".join(line + "\n" for line in lines))
+    listed = {"host": "127.0.0.1", "port": 9, "server": {"pid": 2**22 + 7, "started": 1.0}}
+    (tmp_path / "server.json").write_text(json.dumps({**listed, "processes": []}))
+    resume_settings(tmp_path)  # whole, it resumes
+    change, message = DAMAGED[damage]
+    change(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def started(*args, **kwargs):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(fedlb.cli.federation, "run_server", started)
+    result = CliRunner().invoke(app, ["server", "--resume", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    flat = "".join(result.output.replace("│", "").split())
+    assert "".join(message.split()) in flat, result.output
+    with pytest.raises(ConfigError) as caught:
+        resume_settings(tmp_path)
+    assert "\n" not in str(caught.value)
+    named = next(name for name in ("rounds.jsonl", "run.json", "server.json") if name in message)
+    assert str(tmp_path / named) in str(caught.value)  # the file, in full
+    assert "restore it from a copy" in str(caught.value) or "delete server.json" in str(
+        caught.value
+    )
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -3,6 +3,7 @@ silos: `fedlb silo`, in silo.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import signal
 import sys
@@ -13,7 +14,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
+from rich.table import Table
 
 from fedlb.deploy import (
     ConfigError,
@@ -30,10 +33,10 @@ from fedlb.deploy import (
     run_server,
     server_settings,
 )
-from fedlb.flower import RoundRecord, compare_runs, load_checkpoint
+from fedlb.flower import CheckpointError, RoundRecord, compare_runs, load_checkpoint
 from fedlb.training import BASE_SPEED
 
-from .common import UsageError, app, console
+from .common import UsageError, app, console, holding
 
 RUN_TYPES = {"int": int, "float": float, "str": str}
 CLI_OWNED = {"out_dir", "resume"}  # run settings the commands set themselves
@@ -108,7 +111,7 @@ def serve(
             run,
             local_silos=silos or [],
             on_ready=announced,
-            on_round=console.print,
+            on_round=lambda record: console.print(RoundView(record)),
             overwrite=overwrite,
         )
     except KeyboardInterrupt:
@@ -127,6 +130,27 @@ def serve(
         signal.signal(signal.SIGTERM, previous)
     finish(outcome)
     return outcome
+
+
+class RoundView:
+    """A round as the console shows it: the record's table with each silo that sent no
+    usable update named by its label alone, one line (the table would wrap its reason one
+    word per row), then the record's lines, every reason whole."""
+
+    def __init__(self, record: RoundRecord) -> None:
+        self.record = record
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        labels = [reason.split(": ", 1)[0] for reason in self.record.failed]
+        shown = dataclasses.replace(self.record, failed=labels)
+        table, *_ = shown.__rich_console__(console, options)  # its first part is the table
+        if isinstance(table, Table) and table.columns:  # a label that is a whole sentence
+            table.columns[0].no_wrap, table.columns[0].overflow = True, "ellipsis"
+            table.columns[0].max_width = max(map(len, (*labels, "silo-0")))
+        parts = iter(self.record.__rich_console__(console, options))
+        next(parts)  # the table with the reasons in it
+        yield table
+        yield from parts
 
 
 def announce(ready: ServerReady) -> None:
@@ -255,11 +279,12 @@ def server(
             if overwrite:
                 raise UsageError("--overwrite starts a fresh run; --resume goes on with one")
             settings, run = resume_settings(resume, run_flags.get("num-rounds"), flags, config)
-            story = load_checkpoint(Path(settings.out_dir)).story(run.num_rounds)
+            out = Path(settings.out_dir)
+            story = load_checkpoint(out).story(run.num_rounds, out)  # what its files hold
             console.print(f"resuming {settings.out_dir}: {story}")
         else:
             settings, run = server_settings(config, flags, run_flags)
-    except ConfigError as error:
+    except (ConfigError, CheckpointError) as error:
         raise UsageError(str(error)) from error
     serve(settings, run, overwrite=overwrite)
 
@@ -320,6 +345,21 @@ def demo(
     if not factors:
         raise UsageError(f"--slowdowns must be numbers >= 1, got {slowdowns!r}")
     folder = (out_dir or ServerSettings().results_dir()).resolve()
+    with holding(folder, "--out-dir"):  # the whole demo: its reuse check, keys and runs
+        _demo_in(folder, factors, base_speed, he, overwrite, warm, compare, run_flags)
+
+
+def _demo_in(
+    folder: Path,
+    factors: list[float],
+    base_speed: float,
+    he: bool,
+    overwrite: bool,
+    warm: bool,
+    compare: bool,
+    run_flags: dict[str, Any],
+) -> None:
+    """`fedlb demo` in `folder`, which it holds."""
     try:  # before fresh keys would replace those an earlier run's model needs
         settings = ServerSettings.from_mapping({"port": 0, "out-dir": str(folder), "warm": warm})
         check_run_folder(folder, overwrite)

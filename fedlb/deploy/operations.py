@@ -137,12 +137,20 @@ def _run_claimed(
     if run.resume:
         stop_left_behind(out_dir)
         try:
-            first_round = load_checkpoint(Path(run.resume)).first_unpublished_round
-        except CheckpointError as error:
+            checkpoint = load_checkpoint(Path(run.resume))
+            first_round = checkpoint.first_unpublished_round
+            # Rounds the stopped server wrote after its checkpoint go now (the ServerApp
+            # would drop them too, but the console must not show them first), and what
+            # that drops and runs again is said here, once.
+            RoundReporter(
+                out_dir,
+                None,
+                keep_before=first_round,
+                done=checkpoint.round,
+                num_rounds=run.num_rounds,
+            )
+        except ValueError as error:  # CheckpointError, or a rounds.jsonl line (named) damaged
             raise ConfigError(str(error)) from error
-        # Rounds the stopped server wrote after its checkpoint go now (the ServerApp
-        # would drop them too, but the console must not show them first).
-        RoundReporter(out_dir, None, keep_before=first_round)
     else:
         check_run_folder(out_dir, overwrite)
         clear_run_folder(out_dir)  # a fresh run: no results, no silos of an older one
@@ -238,10 +246,7 @@ def clear_run_folder(out_dir: Path) -> None:
 def stop_left_behind(out_dir: Path) -> None:
     """Before a resume: ConfigError if the server that ran `out_dir` still runs; stop the
     SuperLink and silos it started if they outlived it (their PIDs are in server.json)."""
-    try:
-        listed = json.loads((out_dir / SERVER_FILE).read_text())
-    except (OSError, ValueError):
-        return
+    listed = read_server_file(out_dir)
     owner = listed.get("server") or {}
     if owner.get("pid") not in (None, os.getpid()) and process_start_time(
         int(owner["pid"])
@@ -257,6 +262,54 @@ def stop_left_behind(out_dir: Path) -> None:
                 identity.get("name"),
                 identity.get("pid"),
             )
+
+
+def read_server_file(out_dir: Path) -> dict[str, Any]:
+    """out_dir/server.json: where the stopped server listened and the processes it
+    started ({}: no such file). ConfigError, naming it and what to do, where it is
+    damaged: resuming without it would leave those processes running and the silos
+    reconnecting to a port nothing listens on."""
+    path = out_dir / SERVER_FILE
+    try:
+        listed = json.loads(path.read_bytes())
+        why = _server_file_problem(listed)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:  # unreadable, not UTF-8, not JSON
+        why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    if why:
+        raise ConfigError(
+            f"{path} is damaged ({why}): it lists the port the stopped server listened on "
+            "and the processes it started; stop those still running (its SuperLink and "
+            f"local silos), delete {SERVER_FILE}, and resume with the run's --port"
+        )
+    return dict(listed)
+
+
+def _server_file_problem(listed: Any) -> str | None:
+    """What is wrong with server.json's content (None: nothing)."""
+    if not isinstance(listed, dict):
+        return "not a JSON object"
+    if "host" in listed and not isinstance(listed["host"], str):
+        return "its host is not text"
+    if "port" in listed and not (_whole(listed["port"]) and 0 < listed["port"] < 65536):
+        return f"its port is {listed['port']!r:.40}"
+    processes = listed.get("processes", [])
+    if not isinstance(processes, list):
+        return "its processes are not a list"
+    for owner in [listed.get("server") or {}, *processes]:
+        if not isinstance(owner, dict):
+            return f"a process is listed as {owner!r:.40}"
+        if "pid" in owner and not (_whole(owner["pid"]) and owner["pid"] > 0):
+            return f"a process's pid is {owner['pid']!r:.40}"
+        started = owner.get("started")
+        if started is not None and not isinstance(started, (int, float)):
+            return f"a process's start time is {started!r:.40}"
+    return None
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def resume_settings(
@@ -288,9 +341,7 @@ def resume_settings(
         check_resume(checkpoint, run.to_mapping(), run.num_rounds, run_dir)
     except CheckpointError as error:
         raise ConfigError(str(error)) from error
-    listened: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        listened = dict(json.loads((run_dir / SERVER_FILE).read_text()))
+    listened = read_server_file(run_dir)
     settings = ServerSettings.from_mapping(
         {
             **{k: listened[k] for k in ("host", "port") if k in listened},
@@ -310,14 +361,16 @@ def start_silo(
     (its `.stop()` ends it, `.alive()` says whether it still runs, `.log_path` is its log).
     The silo trains whenever the server's run sends it work; it stays up between runs.
 
-    Raises JoinError, with the reason, when the server refuses it (a certificate its CA
-    did not sign, no or an unknown key), its SuperNode exits, or it has not connected in
-    `connect_timeout` seconds (None: wait for ever). A key the server does not know yet is
-    tried again, the SuperNode restarted with backoff until `connect_timeout`: a server
-    registers its silos' keys only once its SuperLink is up, and Flower gives up for good
-    on the first refusal. `on_wait` is told how it stands while it waits."""
+    Raises ConfigError, before anything starts, for settings it cannot run with (its own
+    data file is read and checked), and JoinError, with the reason, when the server
+    refuses it (a certificate its CA did not sign, no or an unknown key), its SuperNode
+    exits, or it has not connected in `connect_timeout` seconds (None: wait for ever). A
+    key the server does not know yet is tried again, the SuperNode restarted with backoff
+    until `connect_timeout`: a server registers its silos' keys only once its SuperLink is
+    up, and Flower gives up for good on the first refusal. `on_wait` is told how it stands
+    while it waits."""
     settings.check()
-    work = Path(settings.workdir or Path("runs") / settings.name).resolve()
+    work = settings.work_dir
     ca = Path(settings.root_certificates).resolve() if settings.root_certificates else None
     key = Path(settings.auth_key).resolve() if settings.auth_key else None
     began = time.monotonic()

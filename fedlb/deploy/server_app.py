@@ -130,7 +130,11 @@ def run_app(
     checkpoint = checkpoint_to_resume(config) if config.resume else None
     out_dir = Path(config.out_dir) if config.out_dir else None
     reporter = RoundReporter(
-        out_dir, Console(), keep_before=checkpoint.first_unpublished_round if checkpoint else None
+        out_dir,
+        Console(),
+        keep_before=checkpoint.first_unpublished_round if checkpoint else None,
+        done=checkpoint.round if checkpoint else None,
+        num_rounds=config.num_rounds,
     )
     pool, server_test = federation_data(config)
     model = model_for(config, pool)
@@ -153,7 +157,8 @@ def run_app(
     initial = ArrayRecord(model.state_dict())
     if checkpoint is not None:
         initial = strategy.restore(checkpoint)
-        log.info("resuming %s: %s", config.resume, checkpoint.story(config.num_rounds))
+        story = checkpoint.story(config.num_rounds, Path(config.resume))
+        log.info("resuming %s: %s", config.resume, story)
     started = time.monotonic()
     result = strategy.start(
         grid=grid,

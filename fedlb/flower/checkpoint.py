@@ -11,7 +11,10 @@ A checkpoint belongs to one run: fedlb's server writes the run's id and its sett
 digest to run.json in the run folder when the run starts, every checkpoint carries both,
 and a checkpoint whose id or settings are not its folder's run's is refused (one copied
 in from another run would otherwise write that run's rounds into this one's results).
-A digest of the whole content is stored inside it and checked on load (a damaged file).
+Every byte of it is checked on load before anything in it is read: the file is sealed
+with its own digest at its end (`fedlb.security.seal_zip`: zip headers and central
+directory as much as the arrays). A digest of its content is stored inside it too, which
+is all a checkpoint written before fedlb sealed its files has, and all an older fedlb checks.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from fedlb.balance import BatchSizeManager
+from fedlb.security import DigestError, check_seal, seal_zip
 
 from .membership import Membership
-from .records import record_from_dict, record_to_dict
+from .records import RecordsError, record_from_dict, record_to_dict, resume_round_lines
 from .round_log import RoundLog
-from .run_files import RUN_FILES
+from .run_files import RUN_FILES, read_json_object
 
 CHECKPOINT_VERSION = 2  # 2: run id, settings digest, content digest
 
@@ -62,9 +66,11 @@ class Checkpoint:
         pending = self.strategy.get("pending")
         return int(pending["round"]) if pending else self.round + 1
 
-    def story(self, num_rounds: int) -> str:
+    def story(self, num_rounds: int, run_dir: Path | None = None) -> str:
         """Where a resumed run stands, in the words the operator checks it against: which
-        rounds rounds.jsonl holds, which record this checkpoint carries, which are left."""
+        rounds rounds.jsonl holds, which record this checkpoint carries, which are left.
+        With the run's folder, what its rounds.jsonl holds is read, not assumed (a
+        CheckpointError naming a damaged line)."""
         done, first_unpublished = self.round, self.first_unpublished_round
         on_file = (
             "none of them in rounds.jsonl yet"
@@ -72,6 +78,12 @@ class Checkpoint:
             else f"rounds.jsonl holds round{'s 1-' if first_unpublished > 2 else ' '}"
             f"{first_unpublished - 1}"
         )
+        if run_dir is not None and first_unpublished > 1:
+            try:
+                path = run_dir / RUN_FILES.rounds
+                on_file = resume_round_lines(path, first_unpublished, done).holds()
+            except RecordsError as error:
+                raise CheckpointError(str(error)) from error
         if first_unpublished <= done:
             on_file += (
                 f"; round {done}'s record is in the checkpoint and is written when round "
@@ -108,9 +120,9 @@ def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> Path:
     entries["digest"] = np.frombuffer(_content_digest(entries).encode(), dtype=np.uint8)
     temporary = path.with_name(f".{RUN_FILES.checkpoint}.{os.getpid()}.tmp")
     try:
-        with temporary.open("wb") as handle:
+        with temporary.open("w+b") as handle:
             np.savez(handle, **entries)  # type: ignore[arg-type]
-            handle.flush()
+            seal_zip(handle)
             os.fsync(handle.fileno())
         os.replace(temporary, path)
     finally:
@@ -132,6 +144,7 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
             "after every completed round when it has an out-dir; give the run's out-dir"
         )
     try:
+        check_seal(path)  # True, or False for one written before fedlb sealed its files
         with np.load(path, allow_pickle=False) as data:
             stored = {name: np.array(data[name]) for name in data.files}
             digest = stored.pop("digest", None)
@@ -165,6 +178,8 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
             run_id = meta.get("run-id")
     except CheckpointError:
         raise
+    except DigestError as error:
+        raise CheckpointError(f"{error}; resume from a copy, or start a new run") from error
     except Exception as error:  # zip, JSON, key and type errors alike: a damaged file
         raise CheckpointError(
             f"{path} is damaged or not a fedlb checkpoint ({type(error).__name__}: {error})"
@@ -175,6 +190,14 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
             "completed round"
         )
     _check_belongs(path, run_id, checkpoint.settings, run_identity(run_dir))
+    try:
+        first_unpublished = checkpoint.first_unpublished_round
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{path}: its round record is unreadable ({error!r})") from error
+    try:  # the rounds on file must be readable to go on from it (nothing is changed here)
+        resume_round_lines(run_dir / RUN_FILES.rounds, first_unpublished)
+    except RecordsError as error:
+        raise CheckpointError(str(error)) from error
     return checkpoint
 
 
@@ -213,15 +236,23 @@ def start_run_identity(run_dir: Path, settings: Mapping[str, Any]) -> str:
 
 
 def run_identity(run_dir: Path) -> dict[str, Any] | None:
-    """The folder's run.json (None: none, a run started outside fedlb's server)."""
+    """The folder's run.json (None: none, a run started outside fedlb's server); a
+    CheckpointError that names it and says what to do where it is damaged."""
+    path = run_dir / RUN_FILES.run
     try:
-        identity = json.loads((run_dir / RUN_FILES.run).read_text())
+        identity = read_json_object(path)
+        for key in ("run-id", "settings-digest"):
+            if not isinstance(identity.get(key), str):
+                raise ValueError(f"its {key} is {identity.get(key)!r:.40}, not text")
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"{run_dir / RUN_FILES.run} is unreadable: {error}") from error
-    if not isinstance(identity, dict):
-        raise CheckpointError(f"{run_dir / RUN_FILES.run} is not a fedlb run file")
+        why = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise CheckpointError(
+            f"{path} is damaged ({why}): it names the run this folder holds, which the "
+            "checkpoint must belong to; restore it from a copy, or start a new run "
+            "(--overwrite)"
+        ) from error
     return identity
 
 

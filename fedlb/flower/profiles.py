@@ -24,6 +24,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import tempfile
@@ -38,6 +39,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from fedlb.data import user_cache_dir
 
 from .protocol import PARTITION_ID, SERVER_ROUND, SiloReport, numbers
+from .run_files import read_json_object
 
 if TYPE_CHECKING:  # a silo answering a query never needs the server side
     from flwr.serverapp import Grid
@@ -61,6 +63,11 @@ PROFILE_STEPS = "fedlb.profile-steps"  # τ it ran
 PROFILE_AGE = "fedlb.profile-age-s"
 PROFILE_ROUNDS = "fedlb.profile-rounds"
 MOST_ROUNDS = 5  # a profile counts as at most this many rounds' reports
+# What a measurement can be: a figure outside these is a damaged profile, ignored (a
+# speed of 1e300 samples/s would otherwise be "balanced from", then found stale)
+MAX_SPEED = 1e9  # samples/s: no silo trains faster
+MAX_OVERHEAD_S = 1e6
+MAX_SIZE = 2**24  # batch size, local steps
 PROFILE_PARTITION = PARTITION_ID  # the same key as a train report's
 
 
@@ -79,6 +86,52 @@ class SiloProfile:
     @property
     def age_s(self) -> float:
         return max(0.0, time.time() - self.measured_at)
+
+    @classmethod
+    def checked(
+        cls,
+        speed: Any,
+        overhead_s: Any,
+        batch_size: Any,
+        local_steps: Any,
+        measured_at: Any,
+        rounds: Any = 1,
+        run_id: Any = 0,
+    ) -> SiloProfile:
+        """A profile from stored or sent figures; ValueError, saying which figure, where
+        one is not a number or not what a measurement can be (not finite, not above
+        zero, beyond MAX_SPEED...): a damaged profile."""
+        figures = {  # name: (value, least, most, unit); a speed must be above zero
+            "speed": (speed, 0.0, MAX_SPEED, " samples/s"),
+            "fixed cost": (overhead_s, 0.0, MAX_OVERHEAD_S, " s"),
+            "batch size": (batch_size, 1, MAX_SIZE, ""),
+            "local steps": (local_steps, 1, MAX_SIZE, ""),
+            "rounds": (rounds, 1, 2**31, ""),
+            "run id": (run_id, -(2**63), 2**63, ""),
+        }
+        for name, (value, least, most, unit) in figures.items():
+            if not _is_number(value):
+                shown = f"{value}{unit}" if isinstance(value, float) else f"{value!r:.20}"
+                raise ValueError(f"{name} {shown}, not a finite number")
+            if not least <= value <= most or (name == "speed" and value == 0):
+                opening = "(" if name == "speed" else "["
+                raise ValueError(f"{name} {value:.3g}{unit}, not in {opening}{least:g}, {most:g}]")
+        if not _is_number(measured_at):
+            raise ValueError(f"measured at {measured_at!r:.20}, not a time")
+        return cls(
+            speed=float(speed),
+            overhead_s=float(overhead_s),
+            batch_size=int(batch_size),
+            local_steps=int(local_steps),
+            measured_at=float(measured_at),
+            rounds=int(rounds),
+            run_id=int(run_id),
+        )
+
+
+def _is_number(value: Any) -> bool:
+    """A real number, finite (JSON has NaN and Infinity; a bool is no figure)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def profile_dir() -> Path | None:
@@ -178,24 +231,38 @@ def load_profile(label: str, model: str, machine: Mapping[str, Any]) -> SiloProf
         return None
     path = _entry(folder, label, model, machine)
     try:
-        stored = json.loads(path.read_text())
-        profile = SiloProfile(
-            speed=float(stored["speed"]),
-            overhead_s=float(stored["overhead_s"]),
-            batch_size=int(stored["batch_size"]),
-            local_steps=int(stored["local_steps"]),
-            measured_at=float(stored["measured_at"]),
-            rounds=max(1, int(stored.get("rounds", 1))),
-            run_id=int(stored.get("run_id", 0)),
+        stored = read_json_object(path)
+        missing = [key for key in _STORED if key not in stored]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)}")
+        profile = SiloProfile.checked(
+            stored["speed"],
+            stored["overhead_s"],
+            stored["batch_size"],
+            stored["local_steps"],
+            stored["measured_at"],
+            rounds=stored.get("rounds", 1),
+            run_id=stored.get("run_id", 0),
         )
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        log.warning("ignoring an unreadable speed profile %s: %s", path, error)
+    except (OSError, ValueError) as error:
+        if path not in _SAID_DAMAGED:  # once per process: a silo reads it every round
+            _SAID_DAMAGED.add(path)
+            log.warning(
+                "ignoring the damaged speed profile %s (%s): this silo's next train round "
+                "measures it afresh and replaces it",
+                path,
+                error.strerror if isinstance(error, OSError) and error.strerror else error,
+            )
         return None
-    if not (profile.speed > 0 and profile.overhead_s >= 0 and profile.age_s <= MAX_AGE_S):
-        return None
-    return profile
+    return profile if profile.age_s <= MAX_AGE_S else None
+
+
+_SAID_DAMAGED: set[Path] = set()
+
+
+_STORED = ("speed", "overhead_s", "batch_size", "local_steps", "measured_at")
 
 
 def profile_reply(msg: Message, profile: SiloProfile | None, partition: int | None) -> Message:
@@ -222,26 +289,33 @@ def read_profile(reply: Message) -> tuple[SiloProfile, int | None] | None:
     """A query reply's profile and partition id; None where it has none or is malformed."""
     if reply.has_error() or not reply.content.metric_records:
         return None
-    values = numbers(next(iter(reply.content.metric_records.values())))
+    values: dict[str, Any] = dict(next(iter(reply.content.metric_records.values())))
+    if not values:
+        return None  # the silo has no profile
+    sent = (PROFILE_SPEED, PROFILE_OVERHEAD, PROFILE_BATCH, PROFILE_STEPS, PROFILE_AGE)
     try:
-        profile = SiloProfile(
-            speed=values[PROFILE_SPEED],
-            overhead_s=values[PROFILE_OVERHEAD],
-            batch_size=int(values[PROFILE_BATCH]),
-            local_steps=int(values[PROFILE_STEPS]),
-            measured_at=time.time() - values[PROFILE_AGE],
-            rounds=max(1, min(MOST_ROUNDS, int(values.get(PROFILE_ROUNDS, 1)))),
+        if missing := [key for key in sent if key not in values]:
+            raise ValueError(f"no {', '.join(missing)}")
+        age = values[PROFILE_AGE]
+        if not _is_number(age) or not 0 <= age <= MAX_AGE_S:  # no silo sends one older
+            raise ValueError(f"age {age!r:.20} s, not in [0, {MAX_AGE_S:g}]")
+        profile = SiloProfile.checked(
+            values[PROFILE_SPEED],
+            values[PROFILE_OVERHEAD],
+            values[PROFILE_BATCH],
+            values[PROFILE_STEPS],
+            measured_at=time.time() - age,
+            rounds=values.get(PROFILE_ROUNDS, 1),
         )
-    except KeyError:
+    except ValueError as error:
+        log.warning(
+            "node %d sent a damaged speed profile (%s): ignored",
+            reply.metadata.src_node_id,
+            error,
+        )
         return None
-    if not (
-        profile.speed > 0
-        and 0 <= profile.overhead_s < 1e6
-        and 1 <= profile.batch_size <= 2**24
-        and 1 <= profile.local_steps <= 2**24
-    ):
-        return None
-    partition = values.get(PROFILE_PARTITION)
+    profile = replace(profile, rounds=min(MOST_ROUNDS, profile.rounds))
+    partition = numbers(values).get(PROFILE_PARTITION)
     return profile, None if partition is None or not partition.is_integer() else int(partition)
 
 
@@ -251,9 +325,18 @@ def seen_before(model: str) -> bool:
     folder = profile_dir()
     if folder is None:
         return False
+    path = folder / SEEN_FILE
     try:
-        return model in json.loads((folder / SEEN_FILE).read_text())
-    except (OSError, ValueError, TypeError):
+        return model in read_json_object(path)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError) as error:
+        log.warning(
+            "ignoring the damaged %s (%s): round 1 runs at every silo's B0, and the file "
+            "is written anew after it",
+            path,
+            error.strerror if isinstance(error, OSError) and error.strerror else error,
+        )
         return False
 
 
@@ -263,10 +346,8 @@ def remember_model(model: str) -> None:
         return
     path = folder / SEEN_FILE
     try:
-        seen = json.loads(path.read_text()) if path.exists() else {}
-        if not isinstance(seen, dict):
-            seen = {}
-    except (OSError, ValueError):
+        seen = read_json_object(path)
+    except (OSError, ValueError):  # none yet, or damaged (seen_before said so)
         seen = {}
     seen[model] = time.time()
     try:

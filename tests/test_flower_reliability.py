@@ -359,17 +359,16 @@ def test_runs_side_by_side_on_the_wall_clock():
 
 def test_a_long_reason_does_not_wrap_the_round_table_one_word_per_row():
     """Issue 35: a silo's reason for sending no update filled the round table's silo
-    column, one word per row. The table names the silo; the reason follows it, whole."""
+    column, one word per row. The table names the silo; the reason follows it, whole
+    (the record as it prints itself: fedlb server's console and the ServerApp's log)."""
     from rich.console import Console
-
-    from fedlb.cli.federation import RoundView
 
     reason = (
         "node-5021877373327894310: ClientApp raised ValueError: /data/hospital-3.npz: x and "
         "y differ in length (100 samples and 99 labels): give one label per sample"
     )
     console = Console(record=True, width=100)
-    console.print(RoundView(record(4, failed=[reason])))
+    console.print(record(4, failed=[reason]))
     lines = console.export_text().splitlines()
     below = next(i for i, line in enumerate(lines) if "no update:" in line)
     table = lines[:below]

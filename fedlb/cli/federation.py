@@ -3,7 +3,6 @@ silos: `fedlb silo`, in silo.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import signal
 import sys
@@ -14,9 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
-from rich.table import Table
 
 from fedlb.deploy import (
     ConfigError,
@@ -111,7 +108,7 @@ def serve(
             run,
             local_silos=silos or [],
             on_ready=announced,
-            on_round=lambda record: console.print(RoundView(record)),
+            on_round=console.print,
             overwrite=overwrite,
         )
     except KeyboardInterrupt:
@@ -130,27 +127,6 @@ def serve(
         signal.signal(signal.SIGTERM, previous)
     finish(outcome)
     return outcome
-
-
-class RoundView:
-    """A round as the console shows it: the record's table with each silo that sent no
-    usable update named by its label alone, one line (the table would wrap its reason one
-    word per row), then the record's lines, every reason whole."""
-
-    def __init__(self, record: RoundRecord) -> None:
-        self.record = record
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        labels = [reason.split(": ", 1)[0] for reason in self.record.failed]
-        shown = dataclasses.replace(self.record, failed=labels)
-        table, *_ = shown.__rich_console__(console, options)  # its first part is the table
-        if isinstance(table, Table) and table.columns:  # a label that is a whole sentence
-            table.columns[0].no_wrap, table.columns[0].overflow = True, "ellipsis"
-            table.columns[0].max_width = max(map(len, (*labels, "silo-0")))
-        parts = iter(self.record.__rich_console__(console, options))
-        next(parts)  # the table with the reasons in it
-        yield table
-        yield from parts
 
 
 def announce(ready: ServerReady) -> None:

@@ -47,13 +47,12 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .options import Balancing, Joining, Keeping
     from .records import (
         RoundRecord,
-        RoundReporter,
         accuracy_of,
         compare_runs,
-        records_from_json_lines,
         round_record,
         summarise_rounds,
     )
+    from .rounds_file import RoundReporter, records_from_json_lines
     from .run_files import RUN_FILES
     from .strategy import LoadBalancedFedAvg
 
@@ -120,13 +119,12 @@ __getattr__ = lazy_face(
         ],
         ".records": [
             "RoundRecord",
-            "RoundReporter",
             "accuracy_of",
             "compare_runs",
-            "records_from_json_lines",
             "round_record",
             "summarise_rounds",
         ],
+        ".rounds_file": ["RoundReporter", "records_from_json_lines"],
         ".options": ["Balancing", "Joining", "Keeping"],
         ".run_files": ["RUN_FILES"],
     },

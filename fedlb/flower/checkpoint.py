@@ -38,8 +38,9 @@ from fedlb.balance import BatchSizeManager
 from fedlb.security import DigestError, check_seal, seal_zip
 
 from .membership import Membership
-from .records import RecordsError, record_from_dict, record_to_dict, resume_round_lines
+from .records import record_from_dict, record_to_dict
 from .round_log import RoundLog
+from .rounds_file import RecordsError, resume_round_lines
 from .run_files import RUN_FILES, read_json_object
 
 CHECKPOINT_VERSION = 2  # 2: run id, settings digest, content digest

@@ -14,8 +14,9 @@ import psutil
 from flwr.app import ArrayRecord, Message, MetricRecord
 
 from .protocol import ACCURACY_NAMES, LOSS_NAMES, first_number, numbers
-from .records import RoundRecord, RoundReporter
+from .records import RoundRecord
 from .replies import only_metrics
+from .rounds_file import RoundReporter
 
 
 class RoundLog:

@@ -43,14 +43,10 @@ from .protocol import (
     numbers,
     user_metrics,
 )
-from .records import (
-    RoundRecord,
-    RoundReporter,
-    balance_line,
-    round_record,
-)
+from .records import RoundRecord, balance_line, round_record
 from .replies import ReportCheck, UpdateCheck, only_metrics, triage_replies
 from .round_log import RoundLog, attach_evaluation, audit_round
+from .rounds_file import RoundReporter
 
 MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
 

@@ -1,18 +1,21 @@
 """Soak on real processes: a federation whose silos and server keep dying, run to the end.
 
 `fedlb server` and three `fedlb silo` processes on 127.0.0.1 (digits, MLP, emulated
-speeds 1x/2x/3x), 30 rounds. Every 5 checkpointed rounds one silo is SIGKILLed (the
-`fedlb silo` process alone: what it started must die with it) a few seconds into the
-next round (mid-training) and started again for the same partition; once, after round
-12, `fedlb server` is SIGKILLed alone and `fedlb server --resume` takes over. At the end
-it checks what an operator needs:
+speeds 1x/2x/3x), 30 rounds. Every 5 checkpointed rounds, a few seconds into the next
+round (mid-training), one silo is hit: in turn, its `fedlb silo` process is SIGKILLed
+alone (what it started must die with it) and started again for the same partition, or
+its warm ClientApp server is SIGKILLed (its launcher must restart it, and the message in
+flight must fail at once). Once, after round 12, `fedlb server` is SIGKILLed alone and
+`fedlb server --resume` takes over. At the end it checks what an operator needs:
 
 - the run completes and the resumed server exits 0;
 - every round is in rounds.jsonl exactly once, and no partition counts twice in a round;
 - no process that fedlb started (or that Flower started under it) is left;
+- no console (the servers', the silos') shows a traceback;
 
-and reports the rounds lost to timeouts (a silo killed mid-round: the round waits for
-its round-timeout, then goes on without it), rounds without a silo, and wall time.
+and reports the rounds lost to timeouts (none expected: a killed silo's node is declared
+gone after ~20 s of missed heartbeats, a lost task fails at once; the round timeout is
+ROUND_TIMEOUT), rounds without a silo, and wall time.
 
     .venv/bin/python benchmarks/soak.py [--rounds 30] [--json soak.json]
 
@@ -37,11 +40,12 @@ from typing import Any
 import psutil
 
 from fedlb.deploy.processes import free_port
+from fedlb.deploy.warm import SERVER_NAME, TASK_NAME
 from fedlb.flower import load_checkpoint
 
 FEDLB = [sys.executable, "-m", "fedlb.cli"]
 SILOS = 3
-ROUND_TIMEOUT = 15.0
+ROUND_TIMEOUT = 120.0  # a round that needs it has lost a silo without Flower noticing
 MID_ROUND_S = 4.0  # a silo is killed this long after a round's checkpoint: mid-round
 
 
@@ -142,6 +146,34 @@ class Soak:
                     left.append(f"{pid} {' '.join(p.cmdline())[:120]}")
         return left
 
+    def warm_server(self, i: int, busy_within: float = 0.0) -> psutil.Process | None:
+        """Silo i's warm ClientApp server (fedlb.deploy.warm), if it runs now; waiting up
+        to `busy_within` s for it to run a task (a forked ClientApp) and 0.5 s into it."""
+        deadline = time.monotonic() + busy_within
+        while True:
+            server = None
+            with contextlib.suppress(psutil.Error):
+                for p in psutil.Process(self.silos[i].pid).children(True):
+                    with contextlib.suppress(psutil.Error):
+                        if p.name() == SERVER_NAME:
+                            server = p
+            with contextlib.suppress(psutil.Error):
+                if server is not None and any(c.name() == TASK_NAME for c in server.children()):
+                    time.sleep(0.5)
+                    return server
+            if time.monotonic() >= deadline:
+                return server
+            time.sleep(0.02)
+
+    def tracebacks(self) -> dict[str, str]:
+        """Each console (the .out files) that shows a traceback, with its last lines."""
+        found = {}
+        for console in sorted(self.work.glob("*.out")):
+            text = console.read_text(errors="replace")
+            if "Traceback" in text:
+                found[console.name] = text[text.index("Traceback") :][:2000]
+        return found
+
     def checkpointed(self) -> int:
         try:
             return load_checkpoint(self.out).round
@@ -165,13 +197,23 @@ class Soak:
                 killed_at.add(due)
                 victim = (due // 5 - 1) % SILOS
                 time.sleep(MID_ROUND_S)  # into the next round's training
-                self.silos[victim].kill()  # `fedlb silo` alone
-                self.silos[victim].wait()
-                self.log(
-                    f"{MID_ROUND_S:.0f} s after round {done}: SIGKILL fedlb silo {victim}; "
-                    "started again"
-                )
-                self.start_silo(victim)
+                if due // 5 % 2:
+                    self.silos[victim].kill()  # `fedlb silo` alone
+                    self.silos[victim].wait()
+                    self.log(
+                        f"{MID_ROUND_S:.0f} s after round {done}: SIGKILL fedlb silo "
+                        f"{victim}; started again"
+                    )
+                    self.start_silo(victim)
+                else:
+                    warm = self.warm_server(victim, busy_within=30.0)
+                    if warm is not None:
+                        warm.kill()  # mid-task; the launcher restarts it
+                    which = f"pid {warm.pid}" if warm is not None else "not found"
+                    self.log(
+                        f"{MID_ROUND_S:.0f} s after round {done}: SIGKILL silo {victim}'s "
+                        f"warm ClientApp server ({which})"
+                    )
             if not server_killed and done >= 12:
                 server_killed = True
                 server.kill()  # `fedlb server` alone
@@ -218,6 +260,7 @@ class Soak:
                 k: v["failed"] for k, v in by_round.items() if 0 < len(v["silos"]) < SILOS
             },
             "processes_left": self.left_over(),
+            "tracebacks_on_consoles": self.tracebacks(),
             "processes_seen": len(self.seen),
             "wall_s": round(wall, 1),
             "clock": "wall (time.monotonic); silo speeds emulated (sleep-padded)",
@@ -228,6 +271,8 @@ class Soak:
             and result["every_round_once"]
             and not result["partition_counted_twice"]
             and not result["processes_left"]
+            and not result["tracebacks_on_consoles"]
+            and not result["rounds_lost_to_timeouts"]
         )
         return result
 

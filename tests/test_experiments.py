@@ -374,6 +374,22 @@ def test_a_small_comparison_end_to_end(tmp_path):
     assert redone.exit_code == 0, redone.output
     assert (tmp_path / "summary-target-0.2.json").exists()
     assert (tmp_path / "accuracy_by_round.png").stat().st_size > 5000
+    # a damaged copy is refused with one line naming the line, not a traceback
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for name in ("summary.json", "rounds.jsonl"):
+        shutil.copy(tmp_path / name, damaged / name)
+    lines = (damaged / "rounds.jsonl").read_text().splitlines()
+    lines[2] = lines[2][: len(lines[2]) // 2]
+    (damaged / "rounds.jsonl").write_text("\n".join(lines) + "\n")
+    refused = CliRunner().invoke(
+        app, ["experiment", "--from-results", str(damaged), "--target-accuracy", "0.2"]
+    )
+    assert refused.exit_code == 2, refused.output
+    assert "rounds.jsonl line 3 is not an experiment's round record" in refused.output
+    assert "Traceback" not in refused.output
     rows = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert {r["seed"] for r in rows} == {0, 1}
     rows = [r for r in rows if r["seed"] == 0]

@@ -137,23 +137,46 @@ def load_results(out: Path, target: float) -> tuple[Scenario, dict[int, dict[str
         lines = (out / RUN_FILES.rounds).read_text().splitlines()
     except (OSError, ValueError) as error:
         raise ScenarioError(f"{out}: no finished experiment there ({error})") from error
-    values = {k.replace("_", "-"): v for k, v in saved["scenario"].items()}
+    scenario_values = saved.get("scenario") if isinstance(saved, dict) else None
+    if not isinstance(scenario_values, dict):
+        raise ScenarioError(
+            f"{out / RUN_FILES.summary} holds no experiment's scenario: it is damaged, or not "
+            "an experiment's summary; restore it from a copy, or run the experiment again"
+        )
+    values = {k.replace("_", "-"): v for k, v in scenario_values.items()}
     scenario = Scenario.from_mapping({**values, "target-accuracy": target})
+    rounds_path = out / RUN_FILES.rounds
     grouped: dict[tuple[int, str], list[str]] = {}
     clock: dict[tuple[int, str, int], float] = {}  # (seed, policy, round) -> clock time
-    for line in lines:
-        row = json.loads(line)
-        seed, policy = row.get("seed", scenario.seed), row["policy"]
-        grouped.setdefault((seed, policy), []).append(line)
-        clock[(seed, policy, row["round"])] = row["clock_time_s"]
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line)
+            seed, policy = row.get("seed", scenario.seed), row["policy"]
+            grouped.setdefault((seed, policy), []).append(line)
+            clock[(seed, policy, row["round"])] = float(row["clock_time_s"])
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ScenarioError(_damaged(rounds_path, f"line {number}", error)) from None
     runs: dict[int, dict[str, PolicyResult]] = {}
     for seed in scenario.seeds():
         runs[seed] = {}
         for name in scenario.policy_names():
-            result = PolicyResult(name, records_from_json_lines(grouped.get((seed, name), [])))
+            try:
+                records = records_from_json_lines(grouped.get((seed, name), []))
+            except ValueError as error:
+                raise ScenarioError(_damaged(rounds_path, f"{name}'s lines", error)) from None
+            result = PolicyResult(name, records)
             result.clock_s = [clock[(seed, name, record.round)] for record in result.records]
             runs[seed][name] = result
     return scenario, runs
+
+
+def _damaged(path: Path, where: str, error: BaseException) -> str:
+    """One line for a damaged record of a finished experiment: which, why, what to do."""
+    why = f"no {error}" if isinstance(error, KeyError) else str(error)
+    return (
+        f"{path} {where} is not an experiment's round record ({why}): the file is damaged; "
+        "restore it from a copy, or run the experiment again"
+    )
 
 
 def summarise_results(out: Path, target: float) -> tuple[Scenario, dict[str, Any]]:

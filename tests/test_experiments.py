@@ -387,8 +387,9 @@ def test_a_small_comparison_end_to_end(tmp_path):
     refused = CliRunner().invoke(
         app, ["experiment", "--from-results", str(damaged), "--target-accuracy", "0.2"]
     )
+    said = " ".join(refused.output.replace("│", " ").split())  # the error box, unwrapped
     assert refused.exit_code == 2, refused.output
-    assert "rounds.jsonl line 3 is not an experiment's round record" in refused.output
+    assert "rounds.jsonl line 3 is not an experiment's round record" in said, said
     assert "Traceback" not in refused.output
     rows = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert {r["seed"] for r in rows} == {0, 1}

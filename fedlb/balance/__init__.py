@@ -7,6 +7,7 @@ torch.distributed: both the federated strategy and the cluster coordinator drive
 """
 
 from . import defaults
+from .curved import CurvePooled
 from .estimators import EMA, ChangePointMean, Memoryless, SpeedEstimator
 from .guard import StabilityGuard
 from .ideal import (
@@ -46,6 +47,7 @@ __all__ = [
     "TUNERS",
     "BatchSizeManager",
     "ChangePointMean",
+    "CurvePooled",
     "Deadband",
     "LeaderStraggler",
     "Memoryless",

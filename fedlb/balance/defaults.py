@@ -11,17 +11,20 @@ user comparing modes compares one controller.
   sample's weight, as in LB-BSP.
 - `fedlb tune` (what-if): `TUNER`, shown beside `TUNE_ALSO`, with `ESTIMATOR`.
 
-Why these: the pooled tuner is LB-BSP's Algorithm 1 on speeds pooled across workers whose
-reports cannot be told apart, so measurement noise does not move sizes (docs/balance.md);
+Why these: the curve tuner is the pooled tuner (LB-BSP's Algorithm 1 on speeds pooled
+across workers whose reports cannot be told apart, so measurement noise does not move
+sizes) until a worker's measured step times show that one speed cannot describe it (a
+GPU, a CPU at its per-step floor); then it splits X on the measured curves
+(docs/balance.md, "Curves");
 the change-point estimator keeps the mean since a worker's last significant change, so it
 averages noise away yet follows a real change within a few reports.
 """
 
 from __future__ import annotations
 
-TUNER = "pooled"
+TUNER = "curve"
 ESTIMATOR = "change-point"
-TUNE_ALSO = ("proportional", "deadband")  # what `fedlb tune` compares the default with
+TUNE_ALSO = ("pooled", "proportional", "deadband")  # what `fedlb tune` compares the default with
 
 
 def controller() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .curved import CurvePooled
 from .defaults import ESTIMATOR, TUNER
 from .estimators import EMA, ChangePointMean, Memoryless, SpeedEstimator
 from .leader import LeaderStraggler
@@ -15,6 +16,7 @@ from .tuners import Deadband, Proportional, Static, Tuner
 # name -> what it is (for help texts and errors)
 TUNERS = {
     "pooled": "LB-BSP Algorithm 1 on speeds pooled across workers the reports cannot tell apart",
+    "curve": "pooled, on measured step-time curves once one speed is shown wrong (GPUs)",
     "proportional": "LB-BSP Algorithm 1 as is: B_i ∝ v_i in one step",
     "deadband": "the dynamic-batching controller: B_i ← B_i·t̄/t_i beyond a 5% dead-band",
     "leader-straggler": "LB-BSP Algorithm 2 (GPUs): move Δ samples from straggler to leader",
@@ -44,6 +46,8 @@ def make_tuner(
     """A fresh tuner by name; the bounds apply to the tuners that take them."""
     if name == "pooled":
         return PooledProportional(min_batch=min_batch, max_batch=max_batch, min_share=min_share)
+    if name == "curve":
+        return CurvePooled(min_batch=min_batch, max_batch=max_batch, min_share=min_share)
     if name == "proportional":
         return Proportional(min_batch=min_batch, max_batch=max_batch)
     if name == "deadband":

@@ -39,6 +39,12 @@ CLUSTER_POLICIES = {
         defaults.TUNER,
         defaults.ESTIMATOR,
     ),
+    "lb-curve": ClusterPolicy(
+        "LB-BSP on measured step-time curves where one speed is wrong (GPUs, CPU floors), "
+        "blocking exchange",
+        "curve",
+        defaults.ESTIMATOR,
+    ),
     "lb-ema": ClusterPolicy("LB-BSP on CPUs with EMA speeds, blocking exchange", "proportional"),
     "lb-narx": ClusterPolicy(
         "LB-BSP on CPUs with NARX speeds (EMA until its warm-up ends)", "proportional", "narx"

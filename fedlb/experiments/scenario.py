@@ -52,6 +52,10 @@ POLICIES: dict[str, Policy] = {
         "fedlb without its stability guard: full balance from round 2 (LB-BSP as published)",
         guard=False,
     ),
+    "lb-curve": Policy(
+        "fedlb with the curve tuner: measured step-time curves where one speed is wrong",
+        tuner="curve",
+    ),
     "lb-tau": Policy(
         "τ tuned per silo, B fixed (Orchestra/FedCompass family)",
         StepsTunedFedAvg,

@@ -1,0 +1,148 @@
+"""The tuners on measured step-time curves, side by side with the best split.
+
+A GPU silo (one NVIDIA H200) beside CPU silos of 4 and 1 threads, X = 96, τ = 300 (the
+field test's federation, ../shared/notes/gpu-h200-federation.md), on the model clock:
+each round's step time is the measured curve at the size the tuner gave (monotone
+envelope of the measured medians, interpolated), reported back as the silo's compute. It
+prints, per model and tuner, the slowest step by round against the exhaustive best split
+of X, and the balance efficiency E = T*/T_round of one-speed silos (t = B / v) under 20%
+lognormal timing noise (20 seeds), where the curve tuner must not lose to the pooled one.
+
+    .venv/bin/python benchmarks/curves.py [--curves fedlb-or-path.json] [--json out.json]
+
+Clock: model (virtual time from the measured curves; deterministic, no sleeping).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from fedlb.balance import BatchSizeManager, Tuner, WorkerReport, make_tuner
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "step-curves-h200-cpu.json"
+TUNERS = ("static", "pooled", "curve")
+ROUNDS, TOTAL, STEPS = 10, 96, 300
+
+
+def load(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """name ("h200/lenet5", "cpu1/cnn", ...) -> [(B, seconds per step)], monotone."""
+    raw: dict[str, list[tuple[int, float]]] = {}
+    for row in json.loads(path.read_text())["rows"]:
+        device = "h200" if row["device"] == "cuda" else f"cpu{row['threads']}"
+        raw.setdefault(f"{device}/{row['model']}", []).append((row["batch"], row["step_s"]))
+    curves = {}
+    for name, points in raw.items():
+        highest, monotone = 0.0, []
+        for b, s in sorted(points):
+            highest = max(highest, s)
+            monotone.append((b, highest))
+        curves[name] = monotone
+    return curves
+
+
+def step_s(curve: list[tuple[int, float]], batch: int) -> float:
+    for (b1, t1), (b2, t2) in itertools.pairwise(curve):
+        if b1 <= batch <= b2:
+            return t1 + (t2 - t1) * (batch - b1) / (b2 - b1)
+    if batch < curve[0][0]:
+        return curve[0][1]
+    b, t = curve[-1]
+    return t * batch / b
+
+
+def best(curves: list[list[tuple[int, float]]], total: int) -> tuple[float, tuple[int, ...]]:
+    found: tuple[float, tuple[int, ...]] = (math.inf, ())
+    for a in range(1, total - 1):
+        for b in range(1, total - a):
+            sizes = (a, b, total - a - b)
+            slowest = max(step_s(c, s) for c, s in zip(curves, sizes, strict=True))
+            found = min(found, (slowest, sizes))
+    return found
+
+
+def rounds_on_curves(tuner: Tuner, curves: dict[str, list[tuple[int, float]]]) -> list[float]:
+    manager = BatchSizeManager({n: TOTAL // len(curves) for n in curves}, tuner)
+    slowest = []
+    for _ in range(ROUNDS):
+        sizes = manager.sizes
+        times = {n: step_s(c, sizes[n]) for n, c in curves.items()}
+        slowest.append(max(times.values()))
+        manager.step([WorkerReport(n, sizes[n], STEPS, STEPS * times[n]) for n in curves])
+    return slowest
+
+
+def efficiency_under_noise(name: str, speeds: list[float], seeds: int = 20) -> dict[str, float]:
+    means = []
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        workers = {f"w{i}": v for i, v in enumerate(speeds)}
+        manager = BatchSizeManager({w: TOTAL // len(workers) for w in workers}, make_tuner(name))
+        ideal = 10 * TOTAL / sum(speeds)
+        seen = []
+        for _ in range(20):
+            sizes = manager.sizes
+            seen.append(ideal / max(10 * sizes[w] / v for w, v in workers.items()))
+            noisy = [
+                WorkerReport(w, sizes[w], 10, 10 * sizes[w] / v * math.exp(rng.gauss(0, 0.2)))
+                for w, v in workers.items()
+            ]
+            manager.step(noisy)
+        means.append(statistics.fmean(seen[2:]))
+    return {"mean_E": statistics.fmean(means), "worst_seed_E": min(means)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--curves", type=Path, default=DATA)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    curves = load(args.curves)
+    result: dict[str, Any] = {"clock": "model (measured step-time curves)", "curves": {}}
+    print(f"clock: model, step times from {args.curves.name}; X = {TOTAL}, τ = {STEPS}")
+    for model in ("cnn", "lenet5", "mlp"):
+        names = [f"h200/{model}", f"cpu4/{model}", f"cpu1/{model}"]
+        chosen = {n: curves[n] for n in names}
+        optimum, split = best(list(chosen.values()), TOTAL)
+        print(f"\n{model}: best split {split} -> {optimum * 1e3:.2f} ms a step")
+        rows: dict[str, Any] = {"best_ms": optimum * 1e3, "best_split": split}
+        for label, tuner in [
+            *((t, make_tuner(t)) for t in TUNERS),
+            ("curve, FL floor 0.5", make_tuner("curve", min_share=0.5)),
+            ("pooled, FL floor 0.5", make_tuner("pooled", min_share=0.5)),
+        ]:
+            slowest = rounds_on_curves(tuner, chosen)
+            ratio = slowest[7] / optimum
+            rows[label] = {"ms_by_round": [s * 1e3 for s in slowest], "round8_over_best": ratio}
+            shown = " ".join(f"{s * 1e3:5.2f}" for s in slowest)
+            print(f"  {label:22s} {shown}   round 8 / best {ratio:.2f}x")
+        result["curves"][model] = rows
+    print("\none speed per silo (t = B / v), 20% lognormal timing noise, 20 seeds, rounds 3-20:")
+    result["noise"] = {}
+    for label, speeds in [
+        ("equal", [100.0] * 3),
+        ("1:2:4", [100.0, 200.0, 400.0]),
+        ("1..8, 5 silos", [100.0, 150.0, 200.0, 400.0, 800.0]),
+    ]:
+        figures = {t: efficiency_under_noise(t, speeds) for t in ("pooled", "curve")}
+        result["noise"][label] = figures
+        shown = ", ".join(
+            f"{t} E {f['mean_E']:.3f} (worst seed {f['worst_seed_E']:.3f})"
+            for t, f in figures.items()
+        )
+        print(f"  {label:14s} {shown}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2))
+        print(f"results: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

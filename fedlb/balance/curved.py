@@ -1,0 +1,147 @@
+"""`CurvePooled`: the pooled tuner on measured step-time curves where one speed is wrong.
+
+`PooledProportional` splits X by one speed per worker (t = o + τ·B/v). That is right for a
+CPU in its linear range and for emulated silos, and wrong for a GPU (flat from B = 1 to
+B ≈ 1000) or a CPU at small B (a per-step floor): a speed read at one size is a guess at
+another. This tuner keeps every worker's seconds per step by the sizes it has run
+(`ObservedSteps`), and as long as those measurements agree with one speed per worker it is
+exactly `PooledProportional` (its pooling, its dead-band, its floor). Once a worker's
+measurements show that one speed cannot describe it (a time ratio short of the size ratio
+by more than timing noise explains), it splits X on the curves: the integer sizes that
+minimise the slowest worker's predicted o_i + τ_i·t_i(B_i).
+
+Where a curve is flat the split explores by itself: above the largest size a worker has
+run, the curve is extrapolated proportionally (a cautious guess), so a GPU whose time did
+not grow with its last move is given more, one measured move at a time, until its time
+rises or the others reach their floors; below the smallest size, also proportionally (an
+optimistic guess: a CPU's per-step floor shows itself at the next measurement). It settles
+when the prediction no longer promises a round shorter by more than the dead-band.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .observed import ObservedSteps
+from .pooled import PooledProportional
+from .tuners import TuningInput
+
+
+class CurvePooled(PooledProportional):
+    """`PooledProportional`, on measured step-time curves once one speed is shown wrong.
+
+    Takes `PooledProportional`'s arguments (min_batch, max_batch, min_share, significance,
+    deadband, speed_noise, overhead_noise, prior_weight); `speed_noise` also sets how far
+    a curve must depart from one speed before the curves decide.
+    """
+
+    kind = "curve-pooled"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.observed: dict[str, ObservedSteps] = {}
+        self.on_curves = False  # whether the last step split on the curves
+
+    def propose(self, given: TuningInput) -> dict[str, int]:
+        for name, report in given.reports.items():
+            if report.iterations > 0 and report.compute_s > 0:
+                steps = self.observed.setdefault(name, ObservedSteps())
+                steps.observe(report.batch_size, report.compute_s / report.iterations)
+        models = {n: self.observed[n].predictor() for n in given.names if n in self.observed}
+        noise = self.timing_noise()
+        curved = {n for n, m in models.items() if m.nonlinear(noise)}
+        self.on_curves = bool(curved)
+        if not self.on_curves:
+            return super().propose(given)
+        # A worker whose own measurements agree with one speed keeps its pooled speed
+        # (averaged over every size it ran, and pooled with its peers'); only the others
+        # are described by their curves.
+        speeds, overheads = self.pooled(given)
+
+        def step_s(name: str, size: float) -> float:
+            return models[name].seconds(size) if name in curved else size / speeds[name]
+
+        def round_s(name: str, size: float) -> float:
+            return overheads[name] + given.iterations[name] * step_s(name, size)
+
+        proposal = self._split_on_curves(given, round_s)
+        now = max(round_s(n, b) for n, b in given.sizes.items())
+        then = max(round_s(n, b) for n, b in proposal.items())
+        if now <= then * (1.0 + self.deadband) and self._within_bounds(given.sizes):
+            return dict(given.sizes)
+        return proposal
+
+    def timing_noise(self) -> float:
+        """The log-sd of one step-time measurement: what repeated sizes showed, pooled over
+        workers, with the prior (`speed_noise`, worth `prior_weight` repeats) where they
+        showed little. Clean timings (a GPU's, the model clock's) let curves decide soon;
+        noisy ones make them wait for departures that noise cannot explain."""
+        ss = math.fsum(o.noise_ss for o in self.observed.values())
+        dof = sum(o.noise_dof for o in self.observed.values())
+        prior = self.prior_weight
+        return math.sqrt((ss + prior * self.speed_noise**2) / (dof + prior)) if dof + prior else 0.0
+
+    def _within_bounds(self, sizes: Mapping[str, int]) -> bool:
+        return all(self.bounds(n)[0] <= b <= self.bounds(n)[1] for n, b in sizes.items())
+
+    def _split_on_curves(
+        self, given: TuningInput, round_s: Callable[[str, float], float]
+    ) -> dict[str, int]:
+        """The integer split of X that minimises the slowest predicted round: bisection on
+        the round time T (each worker's largest size that finishes within T is monotone in
+        T), then the surplus taken, one sample at a time, from the slowest."""
+        names, total = given.names, given.total
+        low = {n: int(self.bounds(n)[0]) for n in names}
+        high = {n: int(min(self.bounds(n)[1], total - sum(low.values()) + low[n])) for n in names}
+
+        def most(name: str, level: float) -> int:
+            lo, hi = low[name], high[name]
+            if round_s(name, lo) > level:
+                return lo
+            while lo < hi:  # the largest size within `level`
+                middle = (lo + hi + 1) // 2
+                if round_s(name, middle) <= level:
+                    lo = middle
+                else:
+                    hi = middle - 1
+            return lo
+
+        floor = max(round_s(n, low[n]) for n in names)
+        ceiling = max(round_s(n, high[n]) for n in names)
+        for _ in range(60):
+            if ceiling - floor <= 1e-9 * max(ceiling, 1e-12):
+                break
+            level = (floor + ceiling) / 2
+            if sum(most(n, level) for n in names) >= total:
+                ceiling = level
+            else:
+                floor = level
+        sizes = {n: most(n, ceiling) for n in names}
+        for _ in range(sum(sizes.values()) - total):  # the surplus, from the slowest
+            movable = [n for n in names if sizes[n] > low[n]]
+            slowest = max(
+                movable,
+                key=lambda n: (round_s(n, sizes[n]), sizes[n] - given.sizes[n], -names.index(n)),
+            )
+            sizes[slowest] -= 1
+        return sizes
+
+    def forget(self, worker: str) -> None:
+        super().forget(worker)
+        self.observed.pop(worker, None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "observed": {n: steps.state_dict() for n, steps in self.observed.items()},
+            "on_curves": self.on_curves,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.observed = {
+            n: ObservedSteps.from_state(points) for n, points in state.get("observed", {}).items()
+        }
+        self.on_curves = bool(state.get("on_curves", False))

@@ -314,3 +314,31 @@ def test_silo_settings_name_a_curve_and_refuse_one_beside_a_speed():
     assert [s.num_partitions for s in demo] == [2, 2]
     with pytest.raises(ConfigError, match="not both"):
         local_silos([1.0], curves=["h200/cnn"])
+
+
+def test_cluster_ranks_on_curves_are_paced_named_and_judged_over_their_curves():
+    from fedlb.experiments import ClusterScenario, ClusterScenarioError
+    from fedlb.experiments.cluster_run import _pace
+
+    job = ClusterScenario.from_mapping(
+        {"nproc": 3, "speeds": "curve:h200/mlp*50,curve:cpu1/mlp*50,1", "iterations": 5}
+    )
+    assert job.clock_label() == "measured (curves: rank-0 h200/mlp*50, rank-1 cpu1/mlp*50)"
+    assert ClusterScenario().clock_label() == "measured (emulated speeds)"
+    gpu, cpu = step_curve("h200/mlp*50"), step_curve("cpu1/mlp*50")
+    pace = _pace(job, 1, lambda: 1.0)
+    assert pace(0.0, 300) == pytest.approx(cpu.seconds(300))
+    assert pace(1.0, 300) == 1.0  # a step slower than the curve is not padded
+    assert _pace(job, 1, lambda: 0.5)(0.0, 300) == pytest.approx(2 * cpu.seconds(300))
+    assert _pace(job, 2, lambda: 1.0)(0.0, 100) == pytest.approx(100 / 200)  # the linear rank
+    best = min(
+        max(gpu.seconds(a), cpu.seconds(b), (96 - a - b) / 200)
+        for a, b in itertools.product(range(1, 95), repeat=2)
+        if a + b < 96
+    )
+    # T*: over the curves; the linear rank at the speed measured for it
+    assert job.ideal_s(3, 96, {"0": 1.0, "1": 1.0, "2": 200.0}) == pytest.approx(best)
+    uniform = max(gpu.seconds(32), cpu.seconds(32), 32 / 200)
+    assert job.ceiling() == pytest.approx(uniform / best)
+    with pytest.raises(ClusterScenarioError, match="measured on model cnn, but the job trains"):
+        ClusterScenario.from_mapping({"nproc": 2, "speeds": "curve:h200/cnn,1"})

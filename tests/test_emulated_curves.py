@@ -342,3 +342,37 @@ def test_cluster_ranks_on_curves_are_paced_named_and_judged_over_their_curves():
     assert job.ceiling() == pytest.approx(uniform / best)
     with pytest.raises(ClusterScenarioError, match="measured on model cnn, but the job trains"):
         ClusterScenario.from_mapping({"nproc": 2, "speeds": "curve:h200/cnn,1"})
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_drop_in_silo_takes_its_curve_from_the_run_config_by_partition_id():
+    """Flower's simulation gives a node no config of its own: the run config's
+    fedlb-emulated-curves names each partition's curve, fedlb-emulated-clock the clock."""
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+
+    def handler(msg: Message, context: Context) -> Message:
+        for _ in balanced_loader(msg, DataLoader(data, batch_size=8)):
+            pass
+        return Message(RecordDict({"metrics": MetricRecord({"own": 1})}), reply_to=msg)
+
+    message = Message(
+        RecordDict({"config": ConfigRecord({BATCH_SIZE: 40, LOCAL_STEPS: 5, "server-round": 2})}),
+        dst_node_id=1,
+        message_type="train",
+    )
+    run = {"fedlb-emulated-curves": "h200/lenet5,,cpu1/lenet5*3", "fedlb-emulated-clock": "model"}
+    replies = {
+        partition: read_report(
+            balance_mod()(
+                message, Context(1, 1, {"partition-id": partition}, RecordDict(), run), handler
+            ).content["metrics"]
+        )
+        for partition in (0, 1, 2)
+    }
+    assert replies[0].emulated_curve == "h200/lenet5"
+    assert replies[0].compute_s == pytest.approx(5 * STEP_CURVES["h200/lenet5"].seconds(40))
+    assert replies[2].compute_s == pytest.approx(15 * STEP_CURVES["cpu1/lenet5"].seconds(40))
+    assert replies[0].model_clock
+    assert replies[2].model_clock
+    assert replies[1].emulated_curve == ""  # an empty entry: its real speed, measured
+    assert not replies[1].model_clock

@@ -183,7 +183,17 @@ def test_a_scenario_refuses_a_curve_of_another_model_and_unknown_curves():
     assert Scenario().clock_label() == "model"  # no curve: the clock's name alone
 
 
-@pytest.mark.usefixtures("task_identity")
+@pytest.fixture
+def one_thread():
+    """One torch thread, as silos sharing a machine run (node config threads=1): with
+    two, a tiny step on a loaded machine can spin for 50 ms, longer than any pad."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("task_identity", "one_thread")
 def test_the_measured_clock_pads_a_real_step_to_the_curve():
     """balance_mod and balanced_loader on the measured clock with a node config's
     emulated-curve: each real SGD step, as the app's loop lives it (from one batch to the
@@ -198,19 +208,20 @@ def test_the_measured_clock_pads_a_real_step_to_the_curve():
 
     def handler(msg: Message, context: Context) -> Message:
         loader = balanced_loader(msg, DataLoader(data, batch_size=16))
-        marks = [time.perf_counter()]
-        for x, y in loader:
+        starts = []
+        for x, y in loader:  # asking for the next batch pads the step before it
+            starts.append(time.perf_counter())
             optimiser.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             optimiser.step()
-            marks.append(time.perf_counter())  # the next batch's draw pads the step
-        lived[loader.batch_size] = [b - a for a, b in itertools.pairwise(marks[1:])]
+        # from one step's start to the next's: the step as the app's loop lives it
+        lived[loader.batch_size] = [b - a for a, b in itertools.pairwise(starts)]
         return Message(RecordDict({"metrics": MetricRecord({"own": 1})}), reply_to=msg)
 
     for batch in (16, 300):
         message = Message(
             RecordDict(
-                {"config": ConfigRecord({BATCH_SIZE: batch, LOCAL_STEPS: 6, "server-round": 1})}
+                {"config": ConfigRecord({BATCH_SIZE: batch, LOCAL_STEPS: 9, "server-round": 1})}
             ),
             dst_node_id=1,
             message_type="train",
@@ -220,13 +231,14 @@ def test_the_measured_clock_pads_a_real_step_to_the_curve():
         reports[batch] = read_report(reply.content["metrics"])
     for batch, walls in lived.items():
         target = curve.seconds(batch)
+        # the median: a step stalled by another process on a shared machine is longer
         assert statistics.median(walls) >= target * 0.99
-        assert statistics.median(walls) <= target * 1.2 + 0.003
+        assert statistics.median(walls) <= target * 1.25 + 0.003
         report = reports[batch]
         assert report.emulated_curve == spec
         assert report.emulated_speed == 0.0
         assert not report.model_clock
-        assert report.compute_s >= 6 * target * 0.999
+        assert report.compute_s >= 9 * target * 0.999
     assert statistics.median(lived[300]) > 1.5 * statistics.median(lived[16])
 
 

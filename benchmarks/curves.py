@@ -2,13 +2,14 @@
 
 A GPU silo (one NVIDIA H200) beside CPU silos of 4 and 1 threads, X = 96, τ = 300 (the
 field test's federation, ../shared/notes/gpu-h200-federation.md), on the model clock:
-each round's step time is the measured curve at the size the tuner gave (monotone
-envelope of the measured medians, interpolated), reported back as the silo's compute. It
+each round's step time is the measured curve at the size the tuner gave (fedlb's shipped
+curves, fedlb.training.STEP_CURVES: medians made non-decreasing, interpolated), reported
+back as the silo's compute. It
 prints, per model and tuner, the slowest step by round against the exhaustive best split
 of X, and the balance efficiency E = T*/T_round of one-speed silos (t = B / v) under 20%
 lognormal timing noise (20 seeds), where the curve tuner must not lose to the pooled one.
 
-    .venv/bin/python benchmarks/curves.py [--curves fedlb-or-path.json] [--json out.json]
+    .venv/bin/python benchmarks/curves.py [--curves measured.json] [--json out.json]
 
 Clock: model (virtual time from the measured curves; deterministic, no sleeping).
 """
@@ -16,7 +17,6 @@ Clock: model (virtual time from the measured curves; deterministic, no sleeping)
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import random
@@ -25,40 +25,30 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedlb.balance import BatchSizeManager, Tuner, WorkerReport, make_tuner
+from fedlb.balance import BatchSizeManager, StepCurve, Tuner, WorkerReport, make_tuner
+from fedlb.training import STEP_CURVES
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "step-curves-h200-cpu.json"
 TUNERS = ("static", "pooled", "curve")
 ROUNDS, TOTAL, STEPS = 10, 96, 300
 
 
-def load(path: Path) -> dict[str, list[tuple[int, float]]]:
-    """name ("h200/lenet5", "cpu1/cnn", ...) -> [(B, seconds per step)], monotone."""
-    raw: dict[str, list[tuple[int, float]]] = {}
+def load(path: Path | None) -> dict[str, StepCurve]:
+    """name ("h200/lenet5", "cpu1/cnn", ...) -> its curve: fedlb's shipped ones, or those
+    of a file in the same format (made non-decreasing as fedlb makes them)."""
+    if path is None:
+        return dict(STEP_CURVES)
+    measured: dict[str, list[tuple[int, float]]] = {}
     for row in json.loads(path.read_text())["rows"]:
         device = "h200" if row["device"] == "cuda" else f"cpu{row['threads']}"
-        raw.setdefault(f"{device}/{row['model']}", []).append((row["batch"], row["step_s"]))
-    curves = {}
-    for name, points in raw.items():
-        highest, monotone = 0.0, []
-        for b, s in sorted(points):
-            highest = max(highest, s)
-            monotone.append((b, highest))
-        curves[name] = monotone
-    return curves
+        measured.setdefault(f"{device}/{row['model']}", []).append((row["batch"], row["step_s"]))
+    return {name: StepCurve.fit(points, name) for name, points in measured.items()}
 
 
-def step_s(curve: list[tuple[int, float]], batch: int) -> float:
-    for (b1, t1), (b2, t2) in itertools.pairwise(curve):
-        if b1 <= batch <= b2:
-            return t1 + (t2 - t1) * (batch - b1) / (b2 - b1)
-    if batch < curve[0][0]:
-        return curve[0][1]
-    b, t = curve[-1]
-    return t * batch / b
+def step_s(curve: StepCurve, batch: int) -> float:
+    return curve.seconds(batch)
 
 
-def best(curves: list[list[tuple[int, float]]], total: int) -> tuple[float, tuple[int, ...]]:
+def best(curves: list[StepCurve], total: int) -> tuple[float, tuple[int, ...]]:
     found: tuple[float, tuple[int, ...]] = (math.inf, ())
     for a in range(1, total - 1):
         for b in range(1, total - a):
@@ -68,7 +58,7 @@ def best(curves: list[list[tuple[int, float]]], total: int) -> tuple[float, tupl
     return found
 
 
-def rounds_on_curves(tuner: Tuner, curves: dict[str, list[tuple[int, float]]]) -> list[float]:
+def rounds_on_curves(tuner: Tuner, curves: dict[str, StepCurve]) -> list[float]:
     manager = BatchSizeManager({n: TOTAL // len(curves) for n in curves}, tuner)
     slowest = []
     for _ in range(ROUNDS):
@@ -101,12 +91,15 @@ def efficiency_under_noise(name: str, speeds: list[float], seeds: int = 20) -> d
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--curves", type=Path, default=DATA)
+    parser.add_argument(
+        "--curves", type=Path, default=None, help="a curves JSON (default: fedlb's shipped ones)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     curves = load(args.curves)
     result: dict[str, Any] = {"clock": "model (measured step-time curves)", "curves": {}}
-    print(f"clock: model, step times from {args.curves.name}; X = {TOTAL}, τ = {STEPS}")
+    source = args.curves.name if args.curves else "fedlb.training.STEP_CURVES"
+    print(f"clock: model, step times from {source}; X = {TOTAL}, τ = {STEPS}")
     for model in ("cnn", "lenet5", "mlp"):
         names = [f"h200/{model}", f"cpu4/{model}", f"cpu1/{model}"]
         chosen = {n: curves[n] for n in names}

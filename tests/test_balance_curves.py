@@ -1,172 +1,206 @@
-"""The curve tuner (fedlb.balance.CurvePooled, "curve"): seconds per step learned over the
-batch sizes a worker ran, the split on those curves once one speed is shown wrong, and
-exactly the pooled tuner while it is not."""
+"""StepCurve (a measured step-time curve) and T* / E over curves (fedlb.balance)."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
-import math
-import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedlb.balance import BatchSizeManager, CurvePooled, PooledProportional, WorkerReport
-from fedlb.balance.names import make_tuner
-from fedlb.balance.observed import ObservedSteps
+from fedlb.balance import StepCurve, balance_efficiency, ideal_round_time, ideal_sizes
 
-# Measured on one NVIDIA H200 and the same machine's CPU (../shared/data/
-# step-curves-h200-cpu.json, 2026-11-26): ms per SGD step by batch size, median of 15.
-MEASURED_MS = {
-    "h200/cnn": {1: 1.27, 2: 1.13, 4: 1.26, 8: 1.07, 16: 1.38, 32: 1.37, 64: 1.16, 128: 1.42},
-    "cpu4/cnn": {1: 0.67, 2: 1.22, 4: 1.44, 8: 1.77, 16: 2.52, 32: 4.04, 64: 6.6, 128: 13.06},
-    "cpu1/cnn": {1: 0.82, 2: 1.37, 4: 1.87, 8: 2.93, 16: 5.06, 32: 9.38, 64: 17.49, 128: 36.9},
-    "h200/lenet5": {1: 1.43, 2: 1.84, 4: 1.57, 8: 1.36, 16: 1.43, 32: 1.4, 64: 1.65, 128: 1.96},
-    "cpu4/lenet5": {1: 1.35, 2: 1.27, 4: 1.31, 8: 1.47, 16: 1.97, 32: 2.46, 64: 3.47, 128: 6.08},
-    "cpu1/lenet5": {1: 1.58, 2: 1.67, 4: 1.37, 8: 2.45, 16: 2.46, 32: 3.85, 64: 6.85, 128: 15.34},
-}
+GPU_LIKE = StepCurve(((1, 0.0014), (32, 0.0015), (1024, 0.002), (4096, 0.0029)), "gpu", "m")
+CPU_LIKE = StepCurve(((1, 0.0016), (32, 0.0039), (1024, 0.155)), "cpu", "m")
 
 
-def step_ms(curve: str, batch: int) -> float:
-    """The measured curve made monotone (a larger batch never faster), interpolated."""
-    points, highest = [], 0.0
-    for b, ms in sorted(MEASURED_MS[curve].items()):
-        highest = max(highest, ms)
-        points.append((b, highest))
-    for (b1, t1), (b2, t2) in itertools.pairwise(points):
-        if b1 <= batch <= b2:
-            return t1 + (t2 - t1) * (batch - b1) / (b2 - b1)
-    b, t = points[-1]
-    return t * batch / b
+def test_seconds_interpolate_linearly_between_points_and_hold_the_ends():
+    curve = StepCurve(((4, 1.0), (8, 2.0), (16, 2.0)))
+    assert curve.seconds(4) == 1.0
+    assert curve.seconds(8) == 2.0
+    assert curve.seconds(6) == pytest.approx(1.5)  # linear in B between points
+    assert curve.seconds(12) == 2.0  # a flat stretch stays flat
+    assert curve.seconds(1) == curve.seconds(0.5) == 1.0  # below the first: its seconds
+    # beyond the last: linear in B through the origin (the last throughput held)
+    assert curve.seconds(32) == pytest.approx(4.0)
+    assert curve.seconds(160) == pytest.approx(20.0)
+    assert curve.samples_per_s(16) == pytest.approx(8.0)
+    assert curve.samples_per_s(64) == pytest.approx(8.0)
 
 
-def best_ms(curves: list[str], total: int) -> float:
-    return min(
-        max(step_ms(curves[0], a), step_ms(curves[1], b), step_ms(curves[2], total - a - b))
-        for a in range(1, total - 1)
-        for b in range(1, total - a)
+def test_scaled_multiplies_every_time_and_names_it():
+    slow = CPU_LIKE.scaled(20)
+    assert slow.name == "cpu*20"
+    assert slow.model == "m"
+    for batch in (1, 7, 32, 500, 5000):
+        assert slow.seconds(batch) == pytest.approx(20 * CPU_LIKE.seconds(batch))
+    assert CPU_LIKE.scaled(0.5, name="fast").name == "fast"
+    with pytest.raises(ValueError, match="finite and > 0"):
+        CPU_LIKE.scaled(0)
+
+
+@pytest.mark.parametrize(
+    ("points", "message"),
+    [
+        ((), "at least one"),
+        (((2, 1.0), (1, 2.0)), "must increase"),
+        (((1, 1.0), (1, 2.0)), "must increase"),
+        (((1, 2.0), (2, 1.0)), "must not fall"),
+        (((0, 1.0),), "whole numbers >= 1"),
+        (((1.5, 1.0),), "whole numbers >= 1"),
+        (((1, 0.0),), "finite and > 0"),
+        (((1, float("nan")),), "finite and > 0"),
+    ],
+)
+def test_bad_points_are_refused(points, message):
+    with pytest.raises(ValueError, match=message):
+        StepCurve(points)
+
+
+def test_a_batch_size_must_be_positive():
+    with pytest.raises(ValueError, match="finite and > 0"):
+        GPU_LIKE.seconds(0)
+
+
+measurements = st.lists(
+    st.tuples(st.integers(1, 64), st.floats(1e-4, 1.0, allow_nan=False)), min_size=1, max_size=12
+)
+
+
+@given(measurements)
+def test_fit_is_non_decreasing_and_keeps_the_mean(measured):
+    curve = StepCurve.fit(measured)
+    seconds = [s for _, s in curve.points]
+    assert seconds == sorted(seconds)
+    assert [b for b, _ in curve.points] == sorted({b for b, _ in measured})
+    # isotonic regression keeps each pooled block's mean, so the weighted total is kept:
+    # every measurement counts once, at its batch size's fitted value
+    fitted = dict(curve.points)
+    assert sum(fitted[b] for b, _ in measured) == pytest.approx(sum(s for _, s in measured))
+
+
+def test_fit_leaves_non_decreasing_points_alone_and_pools_a_dip():
+    assert StepCurve.fit([(1, 1.0), (2, 2.0), (4, 3.0)]).points == ((1, 1.0), (2, 2.0), (4, 3.0))
+    # the H200's lenet5 noise: 1.84 ms at B=2 above 1.57 at 4 and 1.36 at 8, pooled
+    pooled = StepCurve.fit([(1, 1.43), (2, 1.84), (4, 1.57), (8, 1.36), (16, 3.0)])
+    assert [s for _, s in pooled.points] == pytest.approx([1.43, 1.59, 1.59, 1.59, 3.0])
+
+
+@given(measurements, st.floats(0.01, 10_000), st.floats(0.01, 10_000))
+def test_seconds_never_fall_as_the_batch_grows(measured, a, b):
+    curve = StepCurve.fit(measured)
+    small, large = sorted((a, b))
+    assert curve.seconds(small) <= curve.seconds(large)
+
+
+def brute_force(curves, total, taus, overheads, min_batch):
+    """T* by trying every integer split."""
+    names = list(curves)
+    best = float("inf")
+    for split in itertools.product(range(min_batch, total + 1), repeat=len(names)):
+        if sum(split) != total:
+            continue
+        best = min(
+            best,
+            max(
+                overheads[n] + taus[n] * curves[n].seconds(b)
+                for n, b in zip(names, split, strict=True)
+            ),
+        )
+    return best
+
+
+# curves with plateaus (a GPU's flat stretch) and steps: points at 1, 2, 4, ... non-decreasing
+def curves_strategy(draw_count):
+    steps = st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.01, 0.1, 1.0]), min_size=1, max_size=5)
+
+    def build(first_and_steps):
+        first, increases = first_and_steps
+        seconds, points = first, []
+        for k, increase in enumerate(increases):
+            seconds += increase
+            points.append((2**k, seconds))
+        return StepCurve(tuple(points))
+
+    return st.lists(
+        st.tuples(st.floats(0.001, 1.0), steps).map(build), min_size=2, max_size=draw_count
     )
 
 
-def run(tuner, curves: list[str], total: int = 96, rounds: int = 8, steps: int = 300):
-    """Model clock: each round's slowest step (ms) under the sizes the manager gives."""
-    manager = BatchSizeManager({c: total // len(curves) for c in curves}, tuner)
-    slowest = []
-    for _ in range(rounds):
-        sizes = manager.sizes
-        ms = {c: step_ms(c, sizes[c]) for c in curves}
-        slowest.append(max(ms.values()))
-        manager.step([WorkerReport(c, sizes[c], steps, steps * ms[c] / 1000) for c in curves])
-    return slowest, manager
-
-
-@pytest.mark.parametrize("model", ["cnn", "lenet5"])
-def test_on_measured_gpu_and_cpu_curves_it_is_within_10_percent_of_the_best_split_by_round_8(
-    model,
-):
-    """One H200 silo beside CPU silos of 4 and 1 threads, X = 96 (the field test's
-    federation): FedAvg's 32/32/32 waits for the one-thread CPU; the best split gives the
-    GPU almost everything. The pooled tuner (one speed per worker) stops short; the curve
-    tuner gets within 1.10x of the exhaustive best by round 8."""
-    curves = [f"h200/{model}", f"cpu4/{model}", f"cpu1/{model}"]
-    best = best_ms(curves, 96)
-    curve, manager = run(CurvePooled(), curves)
-    pooled, _ = run(PooledProportional(), curves)
-    assert curve[0] == pytest.approx(max(step_ms(c, 32) for c in curves))  # round 1 at B0
-    assert curve[7] <= 1.10 * best, (curve, best)
-    assert curve[7] < pooled[7]
-    assert manager.tuner.on_curves
-    assert max(manager.sizes, key=manager.sizes.get) == f"h200/{model}"
-
-
-def test_with_a_floor_the_gpu_gets_what_the_floor_leaves():
-    """The FL stability guard's floor (no silo below half the mean batch, 16 of 96) holds
-    the one-thread CPU at 16: the round waits for it (5.06 ms a step on cnn, against 1.4
-    ms at the best split and 9.38 ms at FedAvg's 32/32/32), and the GPU takes most of the
-    rest (any split that leaves that CPU at 16 is as fast)."""
-    curves = ["h200/cnn", "cpu4/cnn", "cpu1/cnn"]
-    slowest, manager = run(CurvePooled(min_share=0.5), curves)
-    sizes = manager.sizes
-    assert sizes["cpu1/cnn"] == 16  # held at the floor: it sets the round
-    assert sizes["cpu4/cnn"] >= 16
-    assert sizes["h200/cnn"] >= 60
-    assert slowest[-1] == pytest.approx(step_ms("cpu1/cnn", 16))
-
-
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
-    speeds=st.lists(st.floats(20.0, 2000.0), min_size=2, max_size=6),
-    overhead=st.floats(0.0, 2.0),
+    curves_strategy(3),
+    st.integers(0, 9),
+    st.integers(1, 2),
+    st.lists(st.sampled_from([0.0, 0.005, 0.5]), min_size=3, max_size=3),
+    st.lists(st.integers(1, 3), min_size=3, max_size=3),
 )
-def test_while_one_speed_describes_every_worker_it_is_the_pooled_tuner(speeds, overhead):
-    """Workers whose step time is B / v (emulated silos, the model clock): the same sizes
-    as the pooled tuner, round after round."""
-    names = [f"w{i}" for i in range(len(speeds))]
-    managers = [
-        BatchSizeManager({n: 32 for n in names}, tuner)
-        for tuner in (CurvePooled(), PooledProportional())
-    ]
-    for _ in range(6):
-        sizes = [m.sizes for m in managers]
-        assert sizes[0] == sizes[1]
-        for manager in managers:
-            manager.step(
-                [
-                    WorkerReport(n, manager.sizes[n], 10, 10 * manager.sizes[n] / v, overhead)
-                    for n, v in zip(names, speeds, strict=True)
-                ]
-            )
-    assert not managers[0].tuner.on_curves
+def test_t_star_over_curves_is_the_brute_force_optimum(curves, extra, min_batch, fixed, steps):
+    named = {f"w{i}": c for i, c in enumerate(curves)}
+    total = min_batch * len(named) + extra
+    taus = {n: steps[i] for i, n in enumerate(named)}
+    overheads = {n: fixed[i] for i, n in enumerate(named)}
+    sizes = ideal_sizes({}, total, taus, overheads, min_batch, curves=named)
+    assert sum(sizes.values()) == total
+    assert min(sizes.values()) >= min_batch
+    ideal = ideal_round_time({}, total, taus, overheads, min_batch, curves=named)
+    assert ideal == pytest.approx(brute_force(named, total, taus, overheads, min_batch))
+    assert balance_efficiency({}, sizes, taus, overheads, min_batch=min_batch, curves=named) == (
+        pytest.approx(1.0)
+    )
 
 
-def test_equal_workers_under_timing_noise_keep_equal_sizes():
-    """Equal silos timed with 20% lognormal noise: sizes stay equal (the pooled tuner's
-    guarantee is kept; one size measured per worker says nothing of curves)."""
-    rng = random.Random(7)
-    manager = BatchSizeManager({n: 32 for n in "abc"}, CurvePooled())
-    for _ in range(15):
-        manager.step(
-            [WorkerReport(n, 32, 10, 10 * 32 / 100 * math.exp(rng.gauss(0, 0.2))) for n in "abc"]
+def test_a_one_point_curve_is_a_linear_worker_and_mixes_with_speeds():
+    speeds = {"a": 400.0, "b": 200.0, "c": 100.0}
+    linear = {n: StepCurve(((1, 1.0 / v),)) for n, v in speeds.items()}
+    for total in (3, 7, 48, 1001):
+        expected = ideal_round_time(speeds, total, 5, {"a": 0.1, "b": 0.0, "c": 0.2})
+        on_curves = ideal_round_time({}, total, 5, {"a": 0.1, "b": 0.0, "c": 0.2}, curves=linear)
+        mixed = ideal_round_time(
+            {"a": 400.0, "c": 100.0}, total, 5, {"a": 0.1, "b": 0.0, "c": 0.2}, curves=linear
         )
-        assert manager.sizes == {"a": 32, "b": 32, "c": 32}
+        assert on_curves == pytest.approx(expected)
+        assert mixed == pytest.approx(expected)
 
 
-@given(st.lists(st.tuples(st.integers(1, 512), st.floats(1e-4, 1.0)), min_size=1, max_size=30))
-def test_the_fitted_curve_never_makes_a_larger_batch_faster(measurements):
-    observed = ObservedSteps()
-    for batch, seconds in measurements:
-        observed.observe(batch, seconds)
-    sizes, fitted = observed.fit()
-    assert fitted == sorted(fitted)
-    model = observed.predictor()
-    grid = [0.5, 1, 2, 3, 7, 50, 100, 511, 512, 600, 4096]
-    predicted = [model.seconds(b) for b in grid]
-    assert all(a <= b * (1 + 1e-12) for a, b in itertools.pairwise(predicted))
-    for size, value in zip(sizes, fitted, strict=True):
-        assert model.seconds(size) == pytest.approx(value)
+def test_a_flat_gpu_takes_the_load_off_a_linear_cpu():
+    """X = 96 on the H200 note's federation shape: the GPU-like curve is flat, so the
+    best split gives it nearly everything, and E of the uniform split says how far off."""
+    curves = {"gpu": GPU_LIKE, "cpu4": CPU_LIKE.scaled(0.6), "cpu1": CPU_LIKE}
+    sizes = ideal_sizes({}, 96, curves=curves)
+    assert sizes["gpu"] > 80
+    assert sizes["cpu1"] <= sizes["cpu4"]
+    uniform = dict.fromkeys(curves, 32)
+    efficiency = balance_efficiency({}, uniform, curves=curves)
+    assert efficiency == pytest.approx(
+        ideal_round_time({}, 96, curves=curves) / CPU_LIKE.seconds(32)
+    )
+    assert efficiency < 0.5
 
 
-def test_one_measured_size_is_one_speed_and_a_flat_curve_grows_cautiously():
-    observed = ObservedSteps()
-    observed.observe(32, 0.004)
-    assert observed.seconds(64) == pytest.approx(0.008)
-    assert observed.seconds(16) == pytest.approx(0.002)
-    observed.observe(64, 0.004)  # flat between 32 and 64: a GPU below saturation
-    assert observed.seconds(1024) == pytest.approx(0.004 * 2.0)  # (1024/64) ** 0.25
-    assert observed.seconds(48) == pytest.approx(0.004)
-    with pytest.raises(ValueError, match="seconds > 0"):
-        observed.observe(8, math.nan)
+def greedy(times, total, min_batch):
+    """The textbook greedy from min_batch: each unit to whoever finishes earliest."""
+    sizes = [min_batch] * len(times)
+    heap = [(t(min_batch + 1), i) for i, t in enumerate(times)]
+    heapq.heapify(heap)
+    for _ in range(total - min_batch * len(times)):
+        _, i = heapq.heappop(heap)
+        sizes[i] += 1
+        heapq.heappush(heap, (times[i](sizes[i] + 1), i))
+    return max(t(b) for t, b in zip(times, sizes, strict=True))
 
 
-def test_its_state_round_trips_and_it_is_in_the_table():
-    curves = ["h200/cnn", "cpu4/cnn", "cpu1/cnn"]
-    _, manager = run(make_tuner("curve"), curves, rounds=4)
-    state = manager.state_dict()
-    again = BatchSizeManager({c: 32 for c in curves}, CurvePooled())
-    again.load_state_dict(state)
-    assert again.tuner.state_dict() == manager.tuner.state_dict()
-    reports = [
-        WorkerReport(c, manager.sizes[c], 300, 0.3 * step_ms(c, manager.sizes[c])) for c in curves
-    ]
-    assert again.step(reports) == manager.step(reports)
+@pytest.mark.parametrize("total", [4, 97, 5_000, 40_000])
+def test_large_totals_take_the_bisection_and_match_the_greedy(total):
+    curves = {
+        "gpu": GPU_LIKE,
+        "cpu": CPU_LIKE,
+        "flat": StepCurve(((1, 0.003), (2048, 0.003))),
+        "slow": CPU_LIKE.scaled(3),
+    }
+    taus = {"gpu": 10, "cpu": 10, "flat": 10, "slow": 10}
+    overheads = {"gpu": 0.5, "cpu": 0.0, "flat": 0.01, "slow": 0.0}
+    times = [(lambda b, c=c, n=n: overheads[n] + taus[n] * c.seconds(b)) for n, c in curves.items()]
+    ideal = ideal_round_time({}, total, taus, overheads, curves=curves)
+    assert ideal == greedy(times, total, 1)

@@ -272,3 +272,53 @@ def test_impossible_run_settings_are_refused(command, args, message, nothing_sta
 
 def test_demo_refuses_an_infinite_slowdown(nothing_starts):
     refused(["demo", "--slowdowns", "1,inf"], "slowdown must be >= 1 and finite")
+
+
+# ---- silos on measured step-time curves: a curve is one model's ------------------------
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["demo", "--curves", "h200/cnn,cpu1/cnn", "--model", "mlp"],
+            "--curves h200/cnn,cpu1/cnn were measured on model cnn, but --model is mlp",
+        ),
+        (["demo", "--curves", "h200/cnn,cpu1/lenet5"], "curves of models cnn, lenet5"),
+        (["demo", "--curves", "h100/cnn"], "unknown step-time curve 'h100/cnn'"),
+        (["demo", "--curves", "h200/cnn*0"], "K of NAME*K must be a number > 0"),
+        (["demo", "--curves", "h200/cnn", "--slowdowns", "1"], "--slowdowns or --curves, not both"),
+        (["demo", "--curves", "h200/cnn,cpu1/cnn", "--num-silos", "3"], "but 2 --curves"),
+        # the curves' model must fit the data: LeNet-5 needs 28x28 images, digits are 8x8
+        (["demo", "--curves", "h200/lenet5"], "model lenet5 needs 28x28 or 32x32 images"),
+        (
+            ["experiment", "--silos", "2", "--speeds", "curve:h200/cnn,curve:cpu1/cnn"],
+            "measured on model cnn, but the scenario trains mlp",
+        ),
+        ([*SILO, "--emulated-curve", "h200"], "unknown step-time curve 'h200'"),
+        ([*SILO, "--emulated-curve", "h200/cnn", "--slowdown", "2"], "not both"),
+    ],
+)
+def test_a_curve_of_another_model_or_of_none_is_refused(args, message, nothing_starts):
+    refused(args, message)
+
+
+def test_demo_on_curves_trains_their_model_on_silos_that_emulate_them(monkeypatch, tmp_path):
+    import fedlb.cli.federation
+
+    started = {}
+
+    def run_server(settings, run, *, local_silos, **kwargs):
+        started.update(run=run, silos=local_silos)
+        raise KeyboardInterrupt  # nothing more: the settings are what is checked
+
+    monkeypatch.setattr(fedlb.cli.federation, "run_server", run_server)
+    result = runner.invoke(
+        app, ["demo", "--curves", "h200/cnn*20,cpu1/cnn*20", "--out-dir", str(tmp_path)]
+    )
+    assert result.exit_code == 130, result.output
+    assert started["run"].model == "cnn"
+    assert started["run"].num_silos == 2
+    assert [s.emulated_curve for s in started["silos"]] == ["h200/cnn*20", "cpu1/cnn*20"]
+    assert [s.emulation for s in started["silos"]] == [
+        "emulated curve h200/cnn*20 (clock: measured, sleep-padded)",
+        "emulated curve cpu1/cnn*20 (clock: measured, sleep-padded)",
+    ]

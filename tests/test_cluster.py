@@ -257,3 +257,32 @@ def test_the_reason_given_for_a_failed_job_is_its_root_cause(tmp_path):
     assert _failure(log) == "rank 3 exited with 2; the job stopped"
     log.unlink()
     assert _failure(log) == "see the log"
+
+
+@pytest.mark.slow
+def test_ranks_on_measured_step_time_curves_under_torchrun(tmp_path):
+    """Two gloo ranks emulating the H200 and one CPU thread on the mlp's curves (× 50, so
+    sleep dominates this machine's compute): each iteration lasts at least its curve's
+    time, T* is over the curves, and every output names them."""
+    import json
+
+    from fedlb.experiments import ClusterScenario, launch
+    from fedlb.training import step_curve
+
+    scenario = ClusterScenario.from_mapping(
+        {"nproc": 2, "iterations": 12, "speeds": "curve:h200/mlp*50,curve:cpu1/mlp*50"}
+    )
+    code = launch(scenario, tmp_path, timeout=240)
+    assert code == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
+    label = "measured (curves: rank-0 h200/mlp*50, rank-1 cpu1/mlp*50)"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["clock"] == label
+    curves = [step_curve("h200/mlp*50"), step_curve("cpu1/mlp*50")]
+    best = min(max(curves[0].seconds(a), curves[1].seconds(64 - a)) for a in range(1, 64))
+    rows = [json.loads(line) for line in (tmp_path / "iterations.jsonl").read_text().splitlines()]
+    assert {row["clock"] for row in rows} == {label}
+    for row in rows:
+        assert row["compute_s"] >= curves[row["rank"]].seconds(row["batch_size"]) * 0.999
+        if "ideal_s" in row:
+            assert row["ideal_s"] == pytest.approx(best)
+            assert row["efficiency"] <= 1.0 + 1e-9

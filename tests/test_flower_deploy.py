@@ -500,3 +500,43 @@ def test_fedlb_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path):
     walls = {r["round"]: r["wall_s"] for r in rows}
     assert summary["wall_s"] >= sum(walls.values())  # every round's, not only this process's
     assert summary["process_wall_s"] < summary["wall_s"] + 60
+
+
+def test_fedlb_demo_on_measured_step_time_curves(tmp_path):
+    """`fedlb demo --curves`: real SuperLink and SuperNode processes, the silos emulating
+    the H200 and the CPU at 4 and 1 threads on the cnn's curves (× 20: this machine is
+    slower than an H200), the run training the curves' model. Every output names the
+    clock and the curves, and each silo's steps lasted at least its curve's time."""
+    import subprocess
+    import sys
+
+    from fedlb.training import step_curve
+
+    specs = ("h200/cnn*20", "cpu4/cnn*20", "cpu1/cnn*20")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "fedlb.cli", "demo", "--curves", ",".join(specs)),
+            *("--num-rounds", "2", "--local-steps", "4", "--evaluate-every", "2"),
+            *("--out-dir", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-4000:]
+    clock = "measured (curves: silo-0 h200/cnn*20, silo-1 cpu4/cnn*20, silo-2 cpu1/cnn*20)"
+    for i, spec in enumerate(specs):
+        assert f"local silo-{i}: emulated curve {spec} (clock: measured, sleep-padded)" in said
+    assert " ".join(said.split()).count(f"clock: {clock}") == 2  # each round's table title
+    rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert len(rows) == 6
+    assert {row["clock"] for row in rows} == {clock}
+    for row in rows:
+        curve = step_curve(row["emulated_curve"])
+        assert row["emulated_curve"] == specs[int(row["silo"].removeprefix("silo-"))]
+        assert row["compute_s"] >= 4 * curve.seconds(row["batch_size"]) * 0.999
+        assert row["efficiency"] <= 1.0 + 1e-9  # T* over the curves bounds every round
+    assert "cnn" in said

@@ -331,18 +331,15 @@ def test_a_carried_stream_goes_on_across_rounds_through_the_contexts_state():
     ],
 )
 def test_emulated_speeds_by_partition_id_from_the_run_config(listed, partition, expected):
-    from fedlb.flower.dropin import _emulated_speed
+    from fedlb.flower.protocol import read_emulation
 
-    context = Context(
-        1, 1, {"partition-id": partition}, RecordDict(), {"fedlb-emulated-speeds": listed}
-    )
+    node, run = {"partition-id": partition}, {"fedlb-emulated-speeds": listed}
     if isinstance(expected, float):
-        assert _emulated_speed(context) == expected
+        assert read_emulation(node, run).speed == expected
     else:
         with pytest.raises(ValueError, match=expected):
-            _emulated_speed(context)
-    node_first = Context(1, 1, {"partition-id": 0, "emulated-speed": 7.0}, RecordDict(), {})
-    assert _emulated_speed(node_first) == 7.0
+            read_emulation(node, run)
+    assert read_emulation({"partition-id": 0, "emulated-speed": 7.0}, {}).speed == 7.0
 
 
 @pytest.mark.usefixtures("task_identity")

@@ -382,6 +382,10 @@ def test_a_random_silo_report_is_read_or_refused(metrics):
         partition_id=st.none() | st.integers(0, 10**4),
         emulated_speed=st.floats(0, 1e6),
         model_clock=st.booleans(),
+        # a curve's name travels as UTF-8 bytes (<= 200 of them: 50 characters of <= 4)
+        emulated_curve=st.text(
+            st.characters(codec="utf-8", categories=("L", "N", "P", "S")), max_size=50
+        ),
     )
 )
 def test_a_report_reads_back_as_it_was_sent(report):

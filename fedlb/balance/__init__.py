@@ -2,12 +2,14 @@
 
 numpy only; torch is imported lazily when a NARX model trains. Knows nothing of Flower or
 torch.distributed: both the federated strategy and the cluster coordinator drive it.
+`StepCurve` is a measured step-time curve (seconds of a step against B); T* and E take
+workers on curves too (`curves=` of ideal_sizes, ideal_round_time, balance_efficiency).
 `defaults` says what "default" means (tuner, estimator) for every entry point; `TUNERS` and
 `ESTIMATORS` are the one table of their names.
 """
 
 from . import defaults
-from .curved import CurvePooled
+from .curves import StepCurve
 from .estimators import EMA, ChangePointMean, Memoryless, SpeedEstimator
 from .guard import StabilityGuard
 from .ideal import (
@@ -47,7 +49,6 @@ __all__ = [
     "TUNERS",
     "BatchSizeManager",
     "ChangePointMean",
-    "CurvePooled",
     "Deadband",
     "LeaderStraggler",
     "Memoryless",
@@ -56,6 +57,7 @@ __all__ = [
     "SpeedEstimator",
     "StabilityGuard",
     "Static",
+    "StepCurve",
     "Tuner",
     "TuningInput",
     "WorkerReport",

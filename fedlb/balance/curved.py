@@ -26,6 +26,7 @@ from typing import Any
 
 from .observed import ObservedSteps
 from .pooled import PooledProportional
+from .split import monotone_split
 from .tuners import TuningInput
 
 
@@ -89,44 +90,16 @@ class CurvePooled(PooledProportional):
     def _split_on_curves(
         self, given: TuningInput, round_s: Callable[[str, float], float]
     ) -> dict[str, int]:
-        """The integer split of X that minimises the slowest predicted round: bisection on
-        the round time T (each worker's largest size that finishes within T is monotone in
-        T), then the surplus taken, one sample at a time, from the slowest."""
-        names, total = given.names, given.total
-        low = {n: int(self.bounds(n)[0]) for n in names}
-        high = {n: int(min(self.bounds(n)[1], total - sum(low.values()) + low[n])) for n in names}
+        """The integer split of X that minimises the slowest predicted round
+        (`split.monotone_split`, exact for non-decreasing times), within the bounds."""
+        names = given.names
 
-        def most(name: str, level: float) -> int:
-            lo, hi = low[name], high[name]
-            if round_s(name, lo) > level:
-                return lo
-            while lo < hi:  # the largest size within `level`
-                middle = (lo + hi + 1) // 2
-                if round_s(name, middle) <= level:
-                    lo = middle
-                else:
-                    hi = middle - 1
-            return lo
+        def bounded(name: str) -> Callable[[int], float]:
+            highest = self.bounds(name)[1]
+            return lambda size: math.inf if size > highest else round_s(name, size)
 
-        floor = max(round_s(n, low[n]) for n in names)
-        ceiling = max(round_s(n, high[n]) for n in names)
-        for _ in range(60):
-            if ceiling - floor <= 1e-9 * max(ceiling, 1e-12):
-                break
-            level = (floor + ceiling) / 2
-            if sum(most(n, level) for n in names) >= total:
-                ceiling = level
-            else:
-                floor = level
-        sizes = {n: most(n, ceiling) for n in names}
-        for _ in range(sum(sizes.values()) - total):  # the surplus, from the slowest
-            movable = [n for n in names if sizes[n] > low[n]]
-            slowest = max(
-                movable,
-                key=lambda n: (round_s(n, sizes[n]), sizes[n] - given.sizes[n], -names.index(n)),
-            )
-            sizes[slowest] -= 1
-        return sizes
+        sizes = monotone_split([bounded(n) for n in names], given.total, int(self.floor))
+        return dict(zip(names, sizes, strict=True))
 
     def forget(self, worker: str) -> None:
         super().forget(worker)

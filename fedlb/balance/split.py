@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -140,4 +140,67 @@ def min_max_split(
         _, i = heapq.heappop(heap)
         sizes[i] += 1
         heapq.heappush(heap, (offsets[i] + (sizes[i] + 1) / rates[i], i))
+    return sizes
+
+
+def monotone_split(
+    times: Sequence[Callable[[int], float]], total: int, min_batch: int = 1
+) -> list[int]:
+    """The integer split with Σ B_i = total that minimises max_i times_i(B_i), for any
+    per-worker times non-decreasing in B (measured step-time curves with τ and fixed
+    costs): T* where t(B) is not o + τ·B/v.
+
+    How many samples a worker can take and still finish by a level T, its cap, grows with
+    T, and T* is the smallest level whose caps reach the total. A bisection on T finds
+    the highest level whose caps stay at or below the total (every worker then finishes
+    by T*, so some optimum contains those sizes); the units still missing go one at a
+    time to whoever would finish earliest with one more: the classic greedy, exact for
+    non-decreasing times, and short after the bisection but where a curve is flat (a
+    GPU's plateau, where many sizes cost the same). Ties go to the earlier worker.
+    """
+    n = len(times)
+    if n == 0:
+        raise ValueError("no workers to divide the total among")
+    if total < min_batch * n:
+        raise ValueError(f"total {total} is smaller than {n} workers x min_batch {min_batch}")
+    most = total - min_batch * (n - 1)  # what one worker can hold at most
+
+    def cap(i: int, level: float) -> int:
+        """The largest B in [min_batch, most] with times_i(B) <= level (min_batch, which
+        every worker holds anyway, where none is)."""
+        low, high = min_batch, most
+        if times[i](low) > level:
+            return min_batch
+        while low < high:
+            middle = (low + high + 1) // 2
+            if times[i](middle) <= level:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    low_level = max(t(min_batch) for t in times)  # T* is at least this
+    high_level = max(t(most) for t in times)  # every cap is `most` here: T* is at most this
+    sizes = [cap(i, low_level) for i in range(n)]
+    if sum(sizes) > total:  # T* = low_level: the greedy from min_batch reaches it
+        sizes = [min_batch] * n
+    else:
+        for _ in range(200):  # float bisection: ~60 halvings reach adjacent floats
+            middle = (low_level + high_level) / 2
+            if not low_level < middle < high_level:
+                break
+            caps = [cap(i, middle) for i in range(n)]
+            if sum(caps) <= total:
+                low_level, sizes = middle, caps
+                if sum(caps) == total:
+                    break
+            else:
+                high_level = middle
+    heap = [(times[i](sizes[i] + 1), i) for i in range(n) if sizes[i] < most]
+    heapq.heapify(heap)
+    for _ in range(total - sum(sizes)):
+        _, i = heapq.heappop(heap)
+        sizes[i] += 1
+        if sizes[i] < most:
+            heapq.heappush(heap, (times[i](sizes[i] + 1), i))
     return sizes

@@ -16,6 +16,7 @@ from fedlb.balance import defaults
 from fedlb.cluster import CLUSTER_POLICIES, DEFAULT_CLUSTER_POLICY
 from fedlb.experiments import ClusterScenario, ClusterScenarioError, launch
 from fedlb.models import MODELS
+from fedlb.training import STEP_CURVES
 
 from .common import UsageError, app, console, holding
 
@@ -62,7 +63,12 @@ def cluster(
     iterations: Annotated[int | None, typer.Option(help="Iterations per policy.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="B0 per rank; X = nproc x B0.")] = None,
     speeds: Annotated[
-        str | None, typer.Option(help="Relative speed per rank (bigger is faster), e.g. 1,1,2,4.")
+        str | None,
+        typer.Option(
+            help="Relative speed per rank (bigger is faster), e.g. 1,1,2,4; an entry "
+            "curve:NAME follows a measured step-time curve of the job's model (NAME*K: its "
+            "times x K): " + ", ".join(STEP_CURVES) + "."
+        ),
     ] = None,
     base_speed: Annotated[float | None, typer.Option(help="Samples/s of speed 1.")] = None,
     traces: Annotated[
@@ -91,8 +97,8 @@ def cluster(
     timeout: Annotated[float, typer.Option(help="Seconds before a job is stopped.")] = 600.0,
 ) -> None:
     """Run one data-parallel job per policy with torchrun (loopback; gloo, or NCCL with a
-    GPU per rank), each rank emulating its own speed (clock: measured, sleep-padded), and
-    compare them with BSP."""
+    GPU per rank), each rank emulating its own speed or measured step-time curve (clock:
+    measured, sleep-padded), and compare them with BSP."""
     from fedlb.deploy import as_settings, read_toml
 
     values: dict[str, Any] = read_toml(scenario, "cluster scenario") if scenario else {}
@@ -121,15 +127,17 @@ def cluster(
         raise UsageError(str(error)) from error
     first = next(iter(jobs.values()))
     with holding(out, "--out"):  # one fedlb cluster at a time per results folder
+        on_curves = all(e.strip().startswith("curve:") for e in first.speeds.split(","))
         console.print(
-            f"[bold]fedlb cluster[/]: {first.nproc} ranks, speeds {first.speeds} x "
-            f"{first.base_speed:g} samples/s, X = {first.nproc * first.batch_size}, "
-            f"{first.iterations} iterations; devices {first.device}, backend "
-            f"{first.placement()[1]}; clock: measured (emulated speeds, sleep-padded)"
+            f"[bold]fedlb cluster[/]: {first.nproc} ranks, speeds {first.speeds}"
+            f"{'' if on_curves else f' x {first.base_speed:g} samples/s'}, "
+            f"X = {first.nproc * first.batch_size}, {first.iterations} iterations; devices "
+            f"{first.device}, backend {first.placement()[1]}; clock: {first.clock_label()}, "
+            "sleep-padded"
         )
         summaries = _run_jobs(jobs, out, timeout)
     table = Table(
-        title="time per update and accuracy, clock: measured (emulated speeds)",
+        title=f"time per update and accuracy, clock: {first.clock_label()}",
         caption=f"ceiling these speeds allow over BSP: {first.ceiling():.2f}x (compute only)",
         title_justify="left",
         caption_justify="left",

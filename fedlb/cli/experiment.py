@@ -26,6 +26,7 @@ from fedlb.experiments import (
 )
 from fedlb.flower import RoundRecord
 from fedlb.models import MODELS
+from fedlb.training import STEP_CURVES
 
 from .common import UsageError, app, console
 
@@ -42,7 +43,7 @@ def print_summary(chosen: Scenario, summary: dict[str, Any]) -> None:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         padding=(0, 1, 0, 0),
-        title=f"{chosen.name} — clock: {chosen.clock}, target accuracy "
+        title=f"{chosen.name} — clock: {chosen.clock_label()}, target accuracy "
         f"{chosen.target_accuracy:g}{seeds}",
         title_justify="left",
         caption="target s: clock time to the target accuracy"
@@ -107,7 +108,12 @@ def experiment(
     data_dir: Annotated[str | None, typer.Option(help="Where the dataset's files are.")] = None,
     silos: Annotated[int | None, typer.Option(help="Number of silos.")] = None,
     speeds: Annotated[
-        str | None, typer.Option(help="Relative speeds 1,2,3,6 or ec2-5 or hetero-K:N.")
+        str | None,
+        typer.Option(
+            help="Relative speeds 1,2,3,6 or ec2-5 or hetero-K:N; an entry curve:NAME "
+            "follows a measured step-time curve (NAME*K: its times x K) of the scenario's "
+            "model: " + ", ".join(STEP_CURVES) + "."
+        ),
     ] = None,
     base_speed: Annotated[float | None, typer.Option(help="Samples/s of speed 1.")] = None,
     overheads: Annotated[str | None, typer.Option(help="Fixed s per round (per silo).")] = None,
@@ -207,10 +213,12 @@ def experiment(
     except ScenarioError as error:
         raise UsageError(str(error)) from error
     folder = Path(chosen.out or Path("runs") / f"experiment-{chosen.name}")
+    on_curves = all(e.strip().startswith("curve:") for e in chosen.speeds.split(","))
     console.print(
         f"[bold]fedlb experiment[/] {chosen.name}: {chosen.silos} silos, speeds "
-        f"{chosen.speeds} x {chosen.base_speed:g} samples/s, {chosen.partition}, "
-        f"{chosen.rounds} rounds, clock: {chosen.clock}; policies {chosen.policies}"
+        f"{chosen.speeds}{'' if on_curves else f' x {chosen.base_speed:g} samples/s'}, "
+        f"{chosen.partition}, "
+        f"{chosen.rounds} rounds, clock: {chosen.clock_label()}; policies {chosen.policies}"
         + (f"; seeds {', '.join(map(str, chosen.seeds()))}" if chosen.repeats > 1 else "")
         + ("; HE: CKKS (measured HE seconds join each silo's fixed cost)" if chosen.he else "")
         + (f"; on the Ray cluster at {chosen.ray_address}" if chosen.ray_address else "")
@@ -237,7 +245,7 @@ def experiment(
             summary = result.summary(chosen.target_accuracy)
             progress.console.print(
                 f"  {name}: {summary['rounds']} rounds in {summary['total_clock_s']:.1f} s "
-                f"(clock: {chosen.clock}), final accuracy "
+                f"(clock: {chosen.clock_label()}), final accuracy "
                 f"{_fmt(summary['final_accuracy'], '.3f')}"
             )
 

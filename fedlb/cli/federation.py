@@ -31,7 +31,7 @@ from fedlb.deploy import (
     server_settings,
 )
 from fedlb.flower import CheckpointError, RoundRecord, compare_runs, load_checkpoint
-from fedlb.training import BASE_SPEED
+from fedlb.training import BASE_SPEED, STEP_CURVES, step_curve
 
 from .common import UsageError, app, console, holding
 
@@ -148,10 +148,8 @@ def announce(ready: ServerReady) -> None:
             f"  HE on: updates averaged as CKKS ciphertexts under {ready.run.he_context}"
             " (no secret key at the server; evaluation federated only)"
         )
-    for name, speed in ready.local_silos:
-        console.print(
-            f"  local {name}: emulated {speed:.0f} samples/s (clock: measured, sleep-padded)"
-        )
+    for name, emulation in ready.local_silos:
+        console.print(f"  local {name}: {emulation}")
 
 
 def finish(outcome: RunOutcome) -> None:
@@ -274,8 +272,20 @@ def given(flags: dict[str, Any]) -> dict[str, Any]:
 @with_run_options
 def demo(
     slowdowns: Annotated[
-        str, typer.Option(help="One emulated silo per value: how many times slower it is.")
-    ] = "1,2,4",
+        str | None,
+        typer.Option(
+            help="One emulated silo per value: how many times slower it is. [default: 1,2,4]"
+        ),
+    ] = None,
+    curves: Annotated[
+        str | None,
+        typer.Option(
+            help="Instead of --slowdowns, one emulated silo per measured step-time curve: "
+            + ", ".join(STEP_CURVES)
+            + ". NAME*K: its times x K (this machine cannot pad a step below its own "
+            "compute). The run trains the curves' model (--model, if given, must be it)."
+        ),
+    ] = None,
     base_speed: Annotated[
         float, typer.Option(help="Samples/s of an emulated silo with slowdown 1.")
     ] = BASE_SPEED,
@@ -313,21 +323,60 @@ def demo(
     run_flags: dict[str, Any],
 ) -> None:
     """The whole heterogeneous federation on this machine: a server and one silo per
-    slowdown (real SuperLink and SuperNode processes, emulated speeds), then the results."""
-    try:
-        factors = [float(x) for x in slowdowns.split(",") if x.strip()]
-    except ValueError as error:
-        raise UsageError(f"--slowdowns must be numbers like 1,2,4, got {slowdowns!r}") from error
-    if not factors:
-        raise UsageError(f"--slowdowns must be numbers >= 1, got {slowdowns!r}")
+    slowdown or step-time curve (real SuperLink and SuperNode processes, emulated
+    hardware), then the results."""
+    factors: list[float] = []
+    names: list[str] = []
+    if curves is not None:
+        if slowdowns is not None:
+            raise UsageError("give --slowdowns or --curves, not both")
+        names, run_flags = _curves_and_model(curves, run_flags)
+    else:
+        slowdowns = slowdowns or "1,2,4"
+        try:
+            factors = [float(x) for x in slowdowns.split(",") if x.strip()]
+        except ValueError as error:
+            raise UsageError(
+                f"--slowdowns must be numbers like 1,2,4, got {slowdowns!r}"
+            ) from error
+        if not factors:
+            raise UsageError(f"--slowdowns must be numbers >= 1, got {slowdowns!r}")
     folder = (out_dir or ServerSettings().results_dir()).resolve()
     with holding(folder, "--out-dir"):  # the whole demo: its reuse check, keys and runs
-        _demo_in(folder, factors, base_speed, he, overwrite, warm, compare, run_flags)
+        _demo_in(folder, factors, names, base_speed, he, overwrite, warm, compare, run_flags)
+
+
+def _curves_and_model(curves: str, run_flags: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """--curves' names, each checked, and the run settings training their model: a curve
+    is one model's, so the run's model is the curves' (a --model of another is refused)."""
+    names = [c.strip() for c in curves.split(",") if c.strip()]
+    if not names:
+        raise UsageError(
+            f"--curves must name step-time curves, e.g. h200/cnn,cpu1/cnn; got {curves!r}"
+        )
+    try:
+        models = {step_curve(name).model for name in names}
+    except ValueError as error:
+        raise UsageError(f"--curves: {error}") from error
+    if len(models) > 1:
+        raise UsageError(
+            f"--curves {curves}: curves of models {', '.join(sorted(models))}; a run trains "
+            "one model, and a curve times only its own"
+        )
+    model = models.pop()
+    given_model = run_flags.get("model")
+    if given_model is not None and given_model != model:
+        raise UsageError(
+            f"--curves {curves} were measured on model {model}, but --model is {given_model}: "
+            f"drop --model (the run then trains {model}) or give curves of {given_model}"
+        )
+    return names, {**run_flags, "model": model}
 
 
 def _demo_in(
     folder: Path,
     factors: list[float],
+    curves: list[str],
     base_speed: float,
     he: bool,
     overwrite: bool,
@@ -350,14 +399,16 @@ def _demo_in(
         keys = write_keys(folder / "keys")
         run_flags = {**run_flags, "he-context": str(keys.public)}
         silo_context = keys.secret
-    defaults = as_settings(num_silos=len(factors), num_rounds=8, local_steps=10, batch_size=16)
+    count = len(curves or factors)
+    defaults = as_settings(num_silos=count, num_rounds=8, local_steps=10, batch_size=16)
     try:
-        silos = local_silos(factors, base_speed, silo_context, warm=warm)
+        silos = local_silos(factors, base_speed, silo_context, warm=warm, curves=curves)
         _, run = server_settings(None, run={**defaults, **run_flags})
     except ConfigError as error:
         raise UsageError(str(error)) from error
-    if run.num_silos != len(factors):
-        raise UsageError(f"--num-silos {run.num_silos} but {len(factors)} --slowdowns")
+    if run.num_silos != count:
+        given = "--curves" if curves else "--slowdowns"
+        raise UsageError(f"--num-silos {run.num_silos} but {count} {given}")
     if not compare:
         serve(settings, run, silos, overwrite)
         return
@@ -372,7 +423,9 @@ def _demo_in(
             )
             check_run_folder(folder / where, overwrite)
             _, each_run = server_settings(None, run={**defaults, **run_flags, **changes})
-            each_silos = local_silos(factors, base_speed, silo_context, warm=warm_silos)
+            each_silos = local_silos(
+                factors, base_speed, silo_context, warm=warm_silos, curves=curves
+            )
         except ConfigError as error:
             raise UsageError(str(error)) from error
         console.rule(

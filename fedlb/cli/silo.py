@@ -22,6 +22,7 @@ from fedlb.deploy import (
     start_silo,
     supernode_join,
 )
+from fedlb.training import STEP_CURVES
 
 from .common import UsageError, app, console, holding
 from .federation import given
@@ -51,10 +52,7 @@ def _join(
     except KeyboardInterrupt:
         console.print(f"{name} stopped before it joined")
         return None
-    speed = settings.speed
-    clock = (
-        f"emulated {speed:.0f} samples/s (clock: measured, sleep-padded)" if speed else "real speed"
-    )
+    clock = settings.emulation
     node_id = supernode_join(node.log_path).node_id
     console.print(
         f"[bold]{name}[/] joined {address} as node {node_id} (pid {node.pid}, {clock}); "
@@ -107,6 +105,14 @@ def silo(
         float | None, typer.Option(help="Emulate this many samples/s (overrides slowdown).")
     ] = None,
     base_speed: Annotated[float | None, typer.Option(help="Samples/s of slowdown 1.")] = None,
+    emulated_curve: Annotated[
+        str | None,
+        typer.Option(
+            help="Emulate a measured step-time curve instead (NAME*K: its times x K), one of "
+            + ", ".join(STEP_CURVES)
+            + "; the run must train its model."
+        ),
+    ] = None,
     threads: Annotated[int | None, typer.Option(help="torch threads (0: torch's default).")] = None,
     device: Annotated[
         str | None,
@@ -152,6 +158,7 @@ def silo(
             "slowdown": slowdown,
             "emulated-speed": emulated_speed,
             "base-speed": base_speed,
+            "emulated-curve": emulated_curve,
             "threads": threads,
             "device": device,
             "port": port,

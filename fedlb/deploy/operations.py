@@ -73,7 +73,7 @@ class ServerReady:
     run: RunConfig
     tls_ca: Path | None
     silo_keys: int | None  # registered keys (None: authentication off)
-    local_silos: list[tuple[str, float]]  # (name, emulated samples/s) of silos started here
+    local_silos: list[tuple[str, str]]  # (name, what it emulates in words) of silos here
     control_address: str = ""  # the SuperLink's Control API (loopback only), for `flwr`
 
 
@@ -199,7 +199,7 @@ def _run_claimed(
                     run,
                     tls.ca if tls is not None else None,
                     len(keys) if keys is not None else None,
-                    [(silo.name, silo.speed) for silo in local_silos],
+                    [(silo.name, silo.emulation) for silo in local_silos],
                     federation.control_address,
                 )
             )

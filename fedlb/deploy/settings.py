@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +24,7 @@ from fedlb.flower.identity import silo_label
 from fedlb.flower.protocol import (
     NODE_DATA_PATH,
     NODE_DEVICE,
+    NODE_EMULATED_CURVE,
     NODE_EMULATED_SPEED,
     NODE_HE_CONTEXT,
     NODE_NUM_PARTITIONS,
@@ -234,6 +235,9 @@ class SiloSettings:
     data_path: its own data (an .npz with x and y) instead.
     emulated_speed: samples/s this silo emulates by padding its steps with sleep (0: its
         real speed); or slowdown: emulate a machine this many times slower than base_speed.
+    emulated_curve: or a measured step-time curve to pad its steps to ('' : none):
+        "h200/cnn" (fedlb.training's STEP_CURVES), "h200/cnn*20" (its times × 20). One
+        model's curve: the run must train that model.
     threads: torch threads (0: torch's default; 1 when silos share a machine).
     device: where it trains: auto (its GPU when it has one), cpu, cuda or cuda:N; HE and
         the upload stay on the CPU.
@@ -252,6 +256,7 @@ class SiloSettings:
     data_path: str = ""
     emulated_speed: float = 0.0
     slowdown: float | None = None
+    emulated_curve: str = ""
     base_speed: float = BASE_SPEED
     threads: int = 0
     device: str = "auto"
@@ -282,10 +287,19 @@ class SiloSettings:
 
     @property
     def speed(self) -> float:
-        """Samples/s it emulates (0: real speed)."""
+        """Samples/s it emulates (0: real speed or a curve)."""
         if self.emulated_speed == 0.0 and self.slowdown is not None:
             return self.base_speed / self.slowdown
         return self.emulated_speed
+
+    @property
+    def emulation(self) -> str:
+        """What it emulates, and on which clock, in words (consoles)."""
+        if self.emulated_curve:
+            return f"emulated curve {self.emulated_curve} (clock: measured, sleep-padded)"
+        if self.speed:
+            return f"emulated {self.speed:.0f} samples/s (clock: measured, sleep-padded)"
+        return "real speed"
 
     def check(self) -> None:
         if self.data_path:
@@ -328,6 +342,11 @@ class SiloSettings:
             raise ConfigError(f"base-speed must be > 0, got {self.base_speed}")
         if not (math.isfinite(self.emulated_speed) and self.emulated_speed >= 0):
             raise ConfigError(f"emulated-speed must be >= 0, got {self.emulated_speed}")
+        if self.emulated_curve and (self.emulated_speed or self.slowdown is not None):
+            raise ConfigError(
+                f"emulated-curve {self.emulated_curve!r} and emulated-speed or slowdown: a "
+                "silo emulates a speed or a step-time curve, not both"
+            )
         if self.threads < 0:
             raise ConfigError(f"threads must be >= 0, got {self.threads}")
         check_out_dir(Path(self.workdir or "runs"), "workdir")  # '' : runs/<silo name>
@@ -364,6 +383,8 @@ class SiloSettings:
             config[NODE_DATA_PATH] = str(Path(self.data_path).resolve())
         if self.he_context:
             config[NODE_HE_CONTEXT] = str(Path(self.he_context).resolve())
+        if self.emulated_curve:
+            config[NODE_EMULATED_CURVE] = self.emulated_curve
         return config
 
 
@@ -382,22 +403,31 @@ def local_silos(
     he_context: Path | None = None,
     server: str = "",
     warm: bool = True,
+    curves: Sequence[str] = (),
 ) -> list[SiloSettings]:
     """One silo per slowdown on this machine (a demo): partition i of len(slowdowns), one
-    torch thread each, emulated speed base_speed / slowdown. `server` '': the default
-    (local silos join the federation that starts them, wherever it listens)."""
+    torch thread each, emulated speed base_speed / slowdown; or, with `curves` (and no
+    slowdowns), one silo per step-time curve ("h200/cnn", "cpu1/cnn*20"), emulating it.
+    `server` '': the default (local silos join the federation that starts them, wherever
+    it listens)."""
+    if curves and slowdowns:
+        raise ConfigError("local silos emulate slowdowns or step-time curves, not both")
+    emulations: list[dict[str, Any]] = (
+        [{"emulated-curve": curve} for curve in curves]
+        if curves
+        else [{"slowdown": float(s), "base-speed": float(base_speed)} for s in slowdowns]
+    )
     return [
         SiloSettings.from_mapping(
             {
                 **({"server": server} if server else {}),
                 "partition-id": i,
-                "num-partitions": len(slowdowns),
-                "slowdown": float(slowdown),
-                "base-speed": float(base_speed),
+                "num-partitions": len(emulations),
+                **emulation,
                 "threads": 1,
                 "warm": warm,
                 **({"he-context": str(he_context)} if he_context is not None else {}),
             }
         )
-        for i, slowdown in enumerate(slowdowns)
+        for i, emulation in enumerate(emulations)
     ]

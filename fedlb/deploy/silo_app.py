@@ -24,15 +24,24 @@ from fedlb.flower.protocol import (
     LEARNING_RATE,
     NODE_DATA_PATH,
     NODE_DEVICE,
+    NODE_EMULATED_CURVE,
     NODE_EMULATED_SPEED,
     NODE_NUM_PARTITIONS,
     NODE_PARTITION_ID,
     NODE_THREADS,
     TRAIN_LOSS,
     Orders,
+    read_emulation,
     sent_config,
 )
-from fedlb.training import DeviceError, choose_device, evaluate, tensor_dataset, train_epoch
+from fedlb.training import (
+    DeviceError,
+    choose_device,
+    evaluate,
+    step_curve,
+    tensor_dataset,
+    train_epoch,
+)
 
 from .run_config import RunConfig
 from .task import SiloData, model_for, silo_data, silo_data_from_file
@@ -61,6 +70,7 @@ class NodeSettings:
     emulated_speed: float  # samples/s to emulate; 0: real speed
     threads: int  # torch threads; 0: torch's default
     device: str = "auto"  # where it trains (HE stays on the CPU)
+    emulated_curve: str = ""  # a step-time curve to emulate ("NAME", "NAME*K"); '' : none
 
 
 def node_settings(node_config: Mapping[str, Any]) -> NodeSettings:
@@ -91,6 +101,19 @@ def node_settings(node_config: Mapping[str, Any]) -> NodeSettings:
     speed = float(node_config.get(NODE_EMULATED_SPEED, 0.0))
     if not math.isfinite(speed) or speed < 0:
         raise SiloConfigError(f"node config emulated-speed must be >= 0, got {speed}")
+    curve = node_config.get(NODE_EMULATED_CURVE, "")
+    if not isinstance(curve, str):
+        raise SiloConfigError(f"node config {NODE_EMULATED_CURVE} must name a curve, got {curve!r}")
+    if curve.strip():
+        try:
+            step_curve(curve)
+        except ValueError as error:
+            raise SiloConfigError(f"node config {NODE_EMULATED_CURVE}: {error}") from error
+        if speed > 0:
+            raise SiloConfigError(
+                f"node config has both emulated-speed {speed:g} and {NODE_EMULATED_CURVE} "
+                f"{curve!r}: a silo emulates a speed or a step-time curve, not both"
+            )
     threads = int(node_config.get(NODE_THREADS, 0))
     if threads < 0:
         raise SiloConfigError(f"node config threads must be >= 0, got {threads}")
@@ -108,7 +131,24 @@ def node_settings(node_config: Mapping[str, Any]) -> NodeSettings:
         emulated_speed=speed,
         threads=threads,
         device=device,
+        emulated_curve=curve.strip(),
     )
+
+
+def _check_curve(context: Context, config: RunConfig) -> None:
+    """A step-time curve is one model's: emulating it for another would time that model
+    as this one. Refused before the silo trains (the round's reply names why)."""
+    try:
+        name = read_emulation(context.node_config, context.run_config).curve
+        curve = step_curve(name) if name else None
+    except ValueError as error:
+        raise SiloConfigError(str(error)) from error
+    if curve is not None and curve.model != config.model:
+        raise SiloConfigError(
+            f"this silo emulates the step-time curve {curve.name}, measured on model "
+            f"{curve.model}, but the run trains {config.model}: give it a {config.model} "
+            "curve, or run that model"
+        )
 
 
 def _silo(
@@ -116,6 +156,7 @@ def _silo(
 ) -> tuple[RunConfig, SiloData, NodeSettings]:
     config = config or RunConfig.from_mapping(context.run_config)
     node = node_settings(context.node_config)
+    _check_curve(context, config)
     if node.num_partitions is not None and node.num_partitions != config.num_silos:
         # Another split of the data than the other silos': overlapping, or missing parts.
         raise SiloConfigError(

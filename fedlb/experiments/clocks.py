@@ -4,6 +4,7 @@ Used by the `model` clock (virtual time, nothing slept, deterministic) and by `f
 - `LinearTime`: a CPU worker, t = o + τ·B/v (LB-BSP Section 3.2.1: linear in B).
 - `GpuLikeTime`: a GPU worker (Section 3.3.1): a launch cost per iteration, a saturation
   size below which a batch costs as much as a full one, and a memory ceiling.
+- `CurveTime`: a worker on a measured step-time curve (fedlb.balance's StepCurve).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
+
+from fedlb.balance import StepCurve
 
 
 class TimeModel(Protocol):
@@ -84,6 +87,25 @@ class GpuLikeTime:
 
     def memory(self, batch: int) -> float | None:
         return None if self.capacity is None else min(1.0, batch / self.capacity)
+
+
+@dataclass(frozen=True)
+class CurveTime:
+    """τ steps on a measured step-time curve: t_compute = τ·curve(B); fixed cost
+    `overhead` per round; its memory is not modelled."""
+
+    curve: StepCurve
+    overhead: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.overhead) and self.overhead >= 0):
+            raise ValueError(f"overhead must be finite and >= 0, got {self.overhead!r}")
+
+    def compute_s(self, batch: int, iterations: int = 1) -> float:
+        return iterations * self.curve.seconds(batch)
+
+    def memory(self, batch: int) -> float | None:
+        return None
 
 
 def round_time(model: TimeModel, batch: int, iterations: int = 1) -> float:

@@ -27,7 +27,6 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.utils.data import TensorDataset
 
-from fedlb.balance import ideal_round_time
 from fedlb.cluster import (
     BarrierAgent,
     DataPartitionManager,
@@ -46,7 +45,6 @@ from fedlb.cluster import (
 )
 from fedlb.training import Pace
 
-from .clocks import GpuLikeTime, ideal_split
 from .load import CompetingLoad, MachineProbe
 
 if TYPE_CHECKING:
@@ -428,18 +426,8 @@ def bsp_job(
         speeds = {r.worker: r.speed for r in exchange.reports}
         slowest = max(r.compute_s for r in exchange.reports)
         total = sum(r.batch_size for r in exchange.reports)
-        if scenario.gpu_like:  # t(B) is not linear: T* of the GPU-like curves
-            models = {
-                str(k): GpuLikeTime(
-                    p.speed_at(exchange.iteration),
-                    launch=scenario.launch,
-                    saturation=scenario.saturation,
-                )
-                for k, p in enumerate(scenario.profiles())
-            }
-            ideal = ideal_split(models, total)[1]
-        else:
-            ideal = ideal_round_time(speeds, total)
+        # where t(B) is not linear (GPU-like, measured curves): T* of those curves
+        ideal = scenario.ideal_s(exchange.iteration, total, speeds)
         for r in exchange.reports:
             outcome.rows.append(
                 {

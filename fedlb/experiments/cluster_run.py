@@ -8,7 +8,7 @@ gloo otherwise); the coordinator's exchange is on gloo either way. Rank 0 writes
 iterations.jsonl (one line per iteration and rank) and summary.json into the scenario's
 `out` folder, and shows a table as it goes.
 Every output names its clock: `measured` (real compute, sleep-padded to each rank's
-profile).
+profile: its speed, or its measured step-time curve, which the clock then names).
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ from fedlb.training import (
 
 from .clocks import GpuLikeTime
 from .cluster_jobs import (
-    MEASURED,
     JobOutcome,
     bsp_job,
     eager_job,
@@ -65,14 +64,17 @@ log = logging.getLogger("fedlb.cluster")
 
 
 def _pace(scenario: ClusterScenario, worker: int, machine: Callable[[], float]) -> Pace:
-    """Worker `worker`'s emulated time for a batch: its profile's speed at its current
-    iteration (each call is one iteration), times the machine's state (`machine()`: the
-    competing load's slowdown, 1 without one)."""
+    """Worker `worker`'s emulated time for a batch: its profile's speed (or step-time
+    curve) at its current iteration (each call is one iteration), times the machine's
+    state (`machine()`: the competing load's slowdown, 1 without one)."""
     profile = scenario.profiles()[worker]
     iteration = [0]
 
     def pace(real_s: float, batch: int) -> float:
         iteration[0] += 1
+        curve = profile.curve_at(iteration[0])
+        if curve is not None:  # a measured curve: its seconds, slower under a load
+            return max(real_s, curve.seconds(batch) / machine())
         speed = profile.speed_at(iteration[0]) * machine()
         if scenario.gpu_like:
             gpu = GpuLikeTime(speed, launch=scenario.launch, saturation=scenario.saturation)
@@ -225,9 +227,11 @@ def worker(scenario: ClusterScenario) -> None:
     finally:
         if load is not None:
             load.stop()
+    clock = scenario.clock_label()  # the jobs' rows say "emulated speeds": curves named
     with (out / f"iterations-rank-{rank}.jsonl").open("w") as handle:
         for row in outcome.rows:
-            handle.write(json.dumps({**row, "device": device.type, "backend": backend}) + "\n")
+            line = {**row, "clock": clock, "device": device.type, "backend": backend}
+            handle.write(json.dumps(line) + "\n")
     if rank == 0:
         _summarise(scenario, outcome, network.to("cpu"), test, device, backend)
 
@@ -247,7 +251,7 @@ def _summarise(
     target = to_target(curve, scenario.target_accuracy) if scenario.target_accuracy else None
     summary = {
         "scenario": dataclasses.asdict(scenario),
-        "clock": MEASURED,
+        "clock": scenario.clock_label(),
         "device": str(device),
         "backend": backend,
         "wall_s": outcome.wall_s,

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from fedlb.balance import SpeedEstimator, Tuner, ideal_round_time
+from fedlb.balance import SpeedEstimator, StepCurve, Tuner, ideal_round_time
 from fedlb.cluster import DEFAULT_CLUSTER_POLICY, parse_policy
 from fedlb.data import DATASETS, parse_partition
 from fedlb.models import MODELS
 from fedlb.training import BASE_SPEED, DeviceError, choose_device, process_group_backend
 
-from .profiles import SpeedProfile, preset
+from .clocks import CurveTime, GpuLikeTime, LinearTime, TimeModel, ideal_split
+from .profiles import SpeedProfile, clock_label, silo_speeds
 from .scenario import scenario_arguments
 
 
@@ -29,11 +30,14 @@ class ClusterScenarioError(ValueError):
 @dataclass
 class ClusterScenario:
     """One job. `speeds`: relative speed per rank ('1,1,2,4': bigger is faster) times
-    `base-speed` samples/s; `traces`: SpeedProfile traces over iterations, one for all or
-    one per rank. For lb-gpu each rank's time per iteration is GPU-like: `launch` s plus
-    max(B, `saturation`)/speed. `load` > 0 gives every rank a competing process that starts
-    or stops with that probability every 0.1 s (see load.py): the rank slows while it runs,
-    and its reports carry the competitor's real CPU and memory use."""
+    `base-speed` samples/s, or 'curve:NAME' for a rank whose iterations follow a measured
+    step-time curve ('curve:h200/cnn', 'curve:cpu1/cnn*20': fedlb.training's STEP_CURVES,
+    the job's model's); `traces`: SpeedProfile traces over iterations, one for all or one
+    per rank. For lb-gpu each rank's time per iteration is GPU-like: `launch` s plus
+    max(B, `saturation`)/speed (a rank on a curve: its curve). `load` > 0 gives every rank
+    a competing process that starts or stops with that probability every 0.1 s (see
+    load.py): the rank slows while it runs, and its reports carry the competitor's real CPU
+    and memory use."""
 
     name: str = "cluster"
     nproc: int = 4
@@ -152,7 +156,7 @@ class ClusterScenario:
 
     def profiles(self) -> list[SpeedProfile]:
         try:
-            speeds = preset(self.speeds, self.base_speed)
+            speeds = silo_speeds(self.speeds, self.base_speed)
             traces = [t.strip() for t in self.traces.split(",")]
             if len(traces) == 1:
                 traces *= len(speeds)
@@ -161,12 +165,53 @@ class ClusterScenario:
                     f"speeds give {len(speeds)} ranks and traces {len(traces)}, "
                     f"not nproc = {self.nproc}"
                 )
+            for r, v in enumerate(speeds):
+                if isinstance(v, StepCurve) and v.model != self.model:
+                    # a curve times its own model only
+                    raise ClusterScenarioError(
+                        f"rank {r}'s step-time curve {v.name} was measured on model {v.model}, "
+                        f"but the job trains {self.model}: give it a {self.model} curve, or "
+                        f'model = "{v.model}"'
+                    )
             return [
-                SpeedProfile(v, 0.0, t, seed=self.seed + r)
+                SpeedProfile.on_curve(v, 0.0, t, seed=self.seed + r)
+                if isinstance(v, StepCurve)
+                else SpeedProfile(v, 0.0, t, seed=self.seed + r)
                 for r, (v, t) in enumerate(zip(speeds, traces, strict=True))
             ]
         except ValueError as error:
             raise ClusterScenarioError(str(error)) from error
+
+    def clock_label(self) -> str:
+        """Its clock as every output names it: "measured (emulated speeds)", or with the
+        ranks' curves, "measured (curves: rank-0 h200/cnn, rank-1 cpu1/cnn)"."""
+        profiles = self.profiles()
+        if all(p.curve is None for p in profiles):
+            return "measured (emulated speeds)"
+        return clock_label("measured", profiles, who="rank")
+
+    def time_models(self, iteration: int, measured: Mapping[str, float]) -> dict[str, TimeModel]:
+        """Each rank's compute in `iteration` as a time model (by rank, as text): its curve,
+        else GPU-like (lb-gpu), else linear at the speed `measured` for it."""
+        models: dict[str, TimeModel] = {}
+        for rank, profile in enumerate(self.profiles()):
+            curve = profile.curve_at(iteration)
+            if curve is not None:
+                models[str(rank)] = CurveTime(curve)
+            elif self.gpu_like:
+                models[str(rank)] = GpuLikeTime(
+                    profile.speed_at(iteration), launch=self.launch, saturation=self.saturation
+                )
+            else:
+                models[str(rank)] = LinearTime(measured[str(rank)])
+        return models
+
+    def ideal_s(self, iteration: int, total: int, measured: Mapping[str, float]) -> float:
+        """T* of one iteration's compute, X = `total`: over the speeds `measured` (rank ->
+        samples/s) where t(B) is linear, else over the ranks' curves and GPU-like times."""
+        if not self.gpu_like and all(p.curve is None for p in self.profiles()):
+            return ideal_round_time(measured, total)
+        return ideal_split(self.time_models(iteration, measured), total)[1]
 
     @property
     def gpu_like(self) -> bool:
@@ -200,8 +245,14 @@ class ClusterScenario:
         """BSP's mean iteration time over the ideal's, from the profiles (compute only)."""
         uniform = ideal = 0.0
         profiles = self.profiles()
+        curves = any(p.curve is not None for p in profiles)
         for iteration in range(1, self.iterations + 1):
             speeds = {str(r): p.speed_at(iteration) for r, p in enumerate(profiles)}
-            uniform += max(self.batch_size / v for v in speeds.values())
-            ideal += ideal_round_time(speeds, self.batch_size * self.nproc)
+            if not curves:
+                uniform += max(self.batch_size / v for v in speeds.values())
+                ideal += ideal_round_time(speeds, self.batch_size * self.nproc)
+                continue
+            models = {str(r): p.time_model(iteration) for r, p in enumerate(profiles)}
+            uniform += max(m.compute_s(self.batch_size) for m in models.values())
+            ideal += ideal_split(models, self.batch_size * self.nproc)[1]
         return uniform / ideal

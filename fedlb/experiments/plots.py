@@ -33,7 +33,7 @@ def plot_results(scenario: Scenario, results: dict[str, PolicyResult], out: Path
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    clock = f"clock: {scenario.clock}"
+    clock = f"clock: {scenario.clock_label()}"
     written = []
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
@@ -170,7 +170,7 @@ def plot_seeds(
         times = np.array([r.clock_s[:rounds] for r in results]).mean(axis=0)
         _mean_and_band(axis, times, accuracy, name)
     axis.axhline(scenario.target_accuracy, color="grey", ls="--", lw=1, label="target")
-    axis.set_xlabel(f"time (s, clock: {scenario.clock}; mean over seeds)")
+    axis.set_xlabel(f"time (s, clock: {scenario.clock_label()}; mean over seeds)")
     axis.set_ylabel("test accuracy")
     axis.set_title(
         f"{scenario.name}: accuracy, mean of {len(runs)} seeds (band: lowest to highest)"

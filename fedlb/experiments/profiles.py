@@ -1,12 +1,14 @@
 """Emulated silos: speed profiles, presets, and the two clocks experiments run on.
 
-A profile gives a silo's speed (samples/s of pure compute) in every round, and its fixed
-cost per round. Every output names its clock:
+A profile gives a silo's speed (samples/s of pure compute) in every round, or its measured
+step-time curve (fedlb.training's STEP_CURVES: "curve:h200/cnn" in a list of speeds), and
+its fixed cost per round. Every output names its clock, and the curves where there are:
 
-- `model`: virtual time t_i = o_i + τ·B_i / v_i(round) from the profile; the silo trains
-  for real (accuracy is real) but nothing is slept and the times are exact and repeatable.
-- `measured`: real compute padded with sleep to the profile's speed, plus a sleep of o_i:
-  wall-clock faithful, with the machine's own noise.
+- `model`: virtual time t_i = o_i + τ·B_i / v_i(round), or o_i + τ·c_i(B_i) on a curve,
+  from the profile; the silo trains for real (accuracy is real) but nothing is slept and
+  the times are exact and repeatable.
+- `measured`: real compute padded with sleep to the profile's speed or curve, plus a sleep
+  of o_i: wall-clock faithful, with the machine's own noise.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedlb.training import BASE_SPEED, EmulatedSpeed, Pace
+from fedlb.balance import StepCurve
+from fedlb.training import BASE_SPEED, EmulatedCurve, EmulatedSpeed, Pace, step_curve
+
+from .clocks import CurveTime, LinearTime, TimeModel
 
 CLOCKS = ("model", "measured")
 
@@ -26,18 +31,28 @@ class SpeedProfile:
     """A silo's speed over rounds.
 
     Args:
-        speed: samples/s at the start.
+        speed: samples/s at the start (on a curve: 1, the trace's factors' base).
         overhead: fixed seconds per round (encryption, upload).
         trace: 'static'; 'step:R:F' (from round R on, speed × F); 'periodic:P:F' (every
             other block of P rounds at speed × F, as LB-BSP Fig. 9's slow/fast phases);
             'walk:S' (a seeded multiplicative random walk with step S, within 0.25x-4x).
+            On a curve, speed × F is the curve's times / F.
         seed: seed of the random walk.
+        curve: a measured step-time curve in place of B / speed (None: B / speed).
     """
 
     speed: float
     overhead: float = 0.0
     trace: str = "static"
     seed: int = 0
+    curve: StepCurve | None = None
+
+    @classmethod
+    def on_curve(
+        cls, curve: StepCurve, overhead: float = 0.0, trace: str = "static", seed: int = 0
+    ) -> SpeedProfile:
+        """A silo whose steps follow `curve` (its trace scales the curve's times)."""
+        return cls(1.0, overhead, trace, seed, curve)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.speed) and self.speed > 0):
@@ -70,6 +85,33 @@ class SpeedProfile:
             f"unknown speed trace {self.trace!r}: use static, step:R:F, periodic:P:F or walk:S"
         )
 
+    def curve_at(self, server_round: int) -> StepCurve | None:
+        """The curve in `server_round`, its times over the trace's factor (None: no curve)."""
+        if self.curve is None:
+            return None
+        factor = self.speed_at(server_round) / self.speed
+        return self.curve if factor == 1.0 else self.curve.scaled(1.0 / factor, self.curve.name)
+
+    def time_model(self, server_round: int) -> TimeModel:
+        """Its time model in `server_round`: B / speed, or its curve (fedlb tune's kinds)."""
+        curve = self.curve_at(server_round)
+        if curve is None:
+            return LinearTime(self.speed_at(server_round), self.overhead)
+        return CurveTime(curve, self.overhead)
+
+    def pace(self, server_round: int) -> Pace:
+        """The measured clock's padding in `server_round`: to its speed, or its curve."""
+        curve = self.curve_at(server_round)
+        if curve is None:
+            return EmulatedSpeed(self.speed_at(server_round))
+        return EmulatedCurve(curve)
+
+    def describe(self) -> str:
+        """In words, for outputs: "curve h200/cnn", "200 samples/s"."""
+        if self.curve is not None:
+            return f"curve {self.curve.name}"
+        return f"{self.speed:g} samples/s"
+
 
 @dataclass(frozen=True)
 class EmulatedClock:
@@ -83,9 +125,14 @@ class EmulatedClock:
         if self.name not in CLOCKS:
             raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {self.name!r}")
 
+    @property
+    def curve_name(self) -> str:
+        """The step-time curve it emulates ('' : none)."""
+        return "" if self.profile.curve is None else self.profile.curve.name
+
     def pace(self, server_round: int) -> Pace | None:
         if self.name == "measured":
-            return EmulatedSpeed(self.profile.speed_at(server_round))
+            return self.profile.pace(server_round)
         return None
 
     def fixed_cost(self, server_round: int) -> float:
@@ -98,8 +145,15 @@ class EmulatedClock:
         """(compute-s, overhead-s) to report: measured as lived, or the model's."""
         if self.name == "measured":
             return compute_s, fixed_s
-        speed = self.profile.speed_at(server_round)
-        return steps * batch_size / speed, self.profile.overhead
+        model = self.profile.time_model(server_round)
+        return model.compute_s(batch_size, steps), self.profile.overhead
+
+
+def clock_label(clock: str, profiles: list[SpeedProfile], who: str = "silo") -> str:
+    """A clock as outputs name it: `clock`, and where profiles follow step-time curves,
+    which: "model (curves: silo-0 h200/cnn, silo-2 cpu1/cnn)" (`who`: silo, rank)."""
+    curves = [f"{who}-{i} {p.curve.name}" for i, p in enumerate(profiles) if p.curve is not None]
+    return f"{clock} (curves: {', '.join(curves)})" if curves else clock
 
 
 # The LB-BSP paper's federated testbed (Section 5.5): m4.4xlarge, c4.2xlarge, c5.2xlarge,
@@ -133,3 +187,30 @@ def preset(name: str, base_speed: float = BASE_SPEED) -> list[float]:
     if any(not (math.isfinite(v) and v > 0) for v in values):
         raise ValueError(f"speeds must all be > 0, got {name!r}")
     return [v * base_speed for v in values]
+
+
+CURVE_PREFIX = "curve:"  # an entry of a speeds list that names a step-time curve
+
+
+def silo_speeds(text: str, base_speed: float = BASE_SPEED) -> list[float | StepCurve]:
+    """Each silo's speed (samples/s) or step-time curve from a `speeds` setting: a preset
+    (see `preset`), or a comma list whose entries are relative speeds (× base_speed) or
+    "curve:NAME" (fedlb.training's STEP_CURVES; "curve:NAME*K": its times × K)."""
+    if CURVE_PREFIX not in text:
+        return list(preset(text, base_speed))
+    speeds: list[float | StepCurve] = []
+    for entry in (e.strip() for e in text.split(",")):
+        if entry.startswith(CURVE_PREFIX):
+            speeds.append(step_curve(entry.removeprefix(CURVE_PREFIX)))
+            continue
+        try:
+            value = float(entry)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(
+                f"speeds entry {entry!r}: give a relative speed > 0 or curve:NAME (NAME one "
+                "of fedlb's step-time curves, e.g. curve:h200/cnn)"
+            )
+        speeds.append(value * base_speed)
+    return speeds

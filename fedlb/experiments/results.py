@@ -59,7 +59,7 @@ def experiment_summary(
         row["speedup_over_fedavg"] = baseline / reached if baseline and reached else None
     return {
         "scenario": asdict(scenario),
-        "clock": scenario.clock,
+        "clock": scenario.clock_label(),
         "target_accuracy": scenario.target_accuracy,
         "speedup_ceiling": more.pop("speedup_ceiling", None) or scenario.speedup_ceiling(),
         **more,
@@ -81,7 +81,7 @@ def write_results(
                             "policy": name,
                             "seed": scenario.seed,
                             "clock_time_s": clock_s,
-                            "clock": scenario.clock,
+                            "clock": scenario.clock_label(),
                         }
                     )
                     handle.write(json.dumps(row) + "\n")

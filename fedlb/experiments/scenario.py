@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlb.balance import defaults
+from fedlb.balance import StepCurve, defaults
 from fedlb.deploy import (
     ConfigError,
     RunConfig,
@@ -21,11 +21,11 @@ from fedlb.deploy import (
     read_toml,
 )
 from fedlb.flower import LoadBalancedFedAvg
-from fedlb.training import BASE_SPEED
+from fedlb.training import BASE_SPEED, STEP_CURVES
 
 from .asynchronous import FedBuff, FedCompass
-from .clocks import LinearTime, ideal_split, round_time
-from .profiles import CLOCKS, SpeedProfile, preset
+from .clocks import ideal_split, round_time
+from .profiles import CLOCKS, SpeedProfile, clock_label, silo_speeds
 from .variants import QuorumFedAvg, ScaledLrFedAvg, StepsTunedFedAvg
 
 
@@ -122,7 +122,10 @@ class Scenario:
     """One federation to compare policies on. Keys in files and flags use '-' for '_'.
 
     speeds: relative silo speeds ('1,2,3,6': bigger is faster), or a preset ('ec2-5',
-        'hetero-K:N'), times base_speed samples/s.
+        'hetero-K:N'), times base_speed samples/s; an entry 'curve:NAME' makes that silo's
+        steps follow a measured step-time curve instead ('curve:h200/cnn': fedlb.training's
+        STEP_CURVES; 'curve:h200/cnn*20': its times × 20). A curve is one model's: it
+        must be the scenario's model.
     overheads: fixed seconds per round, one value for all or one per silo.
     traces: speed traces (see SpeedProfile), one for all or one per silo.
     repeats: runs of every policy with seeds seed, seed+1, ... (data split, initial
@@ -185,10 +188,7 @@ class Scenario:
         uniform = ideal = 0.0
         profiles = self.profiles()
         for server_round in range(1, self.rounds + 1):
-            models = {
-                str(i): LinearTime(p.speed_at(server_round), p.overhead)
-                for i, p in enumerate(profiles)
-            }
+            models = {str(i): p.time_model(server_round) for i, p in enumerate(profiles)}
             uniform += max(
                 round_time(m, self.batch_size, self.local_steps) for m in models.values()
             )
@@ -198,16 +198,32 @@ class Scenario:
     def policy_names(self) -> list[str]:
         return [p.strip() for p in self.policies.split(",") if p.strip()]
 
-    def speeds_per_silo(self) -> list[float]:
+    def speeds_per_silo(self) -> list[float | StepCurve]:
+        """Each silo's samples/s, or its step-time curve."""
         try:
-            speeds = preset(self.speeds, self.base_speed)
+            speeds = silo_speeds(self.speeds, self.base_speed)
         except ValueError as error:
             raise ScenarioError(str(error)) from error
         if len(speeds) != self.silos:
             raise ScenarioError(
                 f"speeds {self.speeds!r} give {len(speeds)} silos, not {self.silos}"
             )
+        for i, speed in enumerate(speeds):
+            if isinstance(speed, StepCurve) and speed.model != self.model:
+                # a curve times its own model only: another model's steps take other times
+                same_hardware = f"{speed.name.split('/')[0]}/{self.model}"
+                instead = f"curve:{same_hardware} or " if same_hardware in STEP_CURVES else ""
+                raise ScenarioError(
+                    f"silo {i}'s step-time curve {speed.name} was measured on model "
+                    f"{speed.model}, but the scenario trains {self.model}: use "
+                    f'{instead}model = "{speed.model}"'
+                )
         return speeds
+
+    def clock_label(self) -> str:
+        """Its clock as every output names it: "model", or with the silos' step-time
+        curves, "model (curves: silo-0 h200/cnn, silo-1 cpu1/cnn)"."""
+        return clock_label(self.clock, self.profiles())
 
     def _per_silo(self, text: str, what: str) -> list[str]:
         values = [v.strip() for v in text.split(",")]
@@ -223,10 +239,14 @@ class Scenario:
         profiles = []
         for i, (v, o, t) in enumerate(zip(self.speeds_per_silo(), overheads, traces, strict=True)):
             try:
-                profiles.append(SpeedProfile(v, float(o), t, seed=self.seed + i))
+                if isinstance(v, StepCurve):
+                    profiles.append(SpeedProfile.on_curve(v, float(o), t, seed=self.seed + i))
+                else:
+                    profiles.append(SpeedProfile(v, float(o), t, seed=self.seed + i))
             except ValueError as error:
+                what = v.name if isinstance(v, StepCurve) else f"{v:g}"
                 raise ScenarioError(
-                    f"silo {i} (speeds, overheads, traces = {v:g}, {o!r}, {t!r}): {error}"
+                    f"silo {i} (speeds, overheads, traces = {what}, {o!r}, {t!r}): {error}"
                 ) from error
         return profiles
 

@@ -34,7 +34,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         save_checkpoint,
         start_run_identity,
     )
-    from .dropin import BalancedLoader, SiloClock, balance_mod, balanced_loader, warm_up_torch
+    from .dropin import BalancedLoader, balance_mod, balanced_loader, warm_up_torch
+    from .emulation import SiloClock
     from .grid import PollingGrid
     from .he import (
         EncryptedAggregation,
@@ -94,9 +95,9 @@ __getattr__ = lazy_face(
     {
         ".strategy": ["LoadBalancedFedAvg"],
         ".grid": ["PollingGrid"],
+        ".emulation": ["SiloClock"],
         ".dropin": [
             "BalancedLoader",
-            "SiloClock",
             "balance_mod",
             "balanced_loader",
             "warm_up_torch",

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import psutil
@@ -40,8 +40,16 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, 
 from flwr.clientapp.typing import ClientAppCallable, Mod
 from torch.utils.data import DataLoader, IterableDataset
 
-from fedlb.training import EmulatedSpeed, Pace, ResizableBatchSampler, ResourceProbe, synchronize
+from fedlb.training import (
+    EmulatedCurve,
+    EmulatedSpeed,
+    Pace,
+    ResizableBatchSampler,
+    ResourceProbe,
+    synchronize,
+)
 
+from .emulation import SiloClock, emulated_timing
 from .identity import node_label, silo_label
 from .profiles import (
     PROFILE_OF,
@@ -53,38 +61,17 @@ from .profiles import (
     record_round,
 )
 from .protocol import (
-    EMULATED_CLOCKS,
-    NODE_EMULATED_CLOCK,
-    NODE_EMULATED_SPEED,
     NODE_PARTITION_ID,
     NOTICE_LINE,
-    RUN_EMULATED_CLOCK,
-    RUN_EMULATED_SPEEDS,
     STREAM_STATE,
     TASK_STARTED_ENV,
     Orders,
     SiloReport,
+    read_emulation,
     sent_config,
 )
 
 log = logging.getLogger("fedlb.flower")
-
-
-class SiloClock(Protocol):
-    """Emulated time for one silo (fedlb.experiments provides them): `pace` slows its steps
-    (measured clock), `fixed_cost` is slept as its fixed cost, `report` says which
-    (compute-s, overhead-s) to report (the model clock's, or the measured ones)."""
-
-    @property
-    def name(self) -> str: ...
-
-    def pace(self, server_round: int) -> Pace | None: ...
-
-    def fixed_cost(self, server_round: int) -> float: ...
-
-    def report(
-        self, server_round: int, batch_size: int, steps: int, compute_s: float, fixed_s: float
-    ) -> tuple[float, float]: ...
 
 
 @dataclass
@@ -140,71 +127,11 @@ def warm_up_torch() -> None:
     optimiser.step()
 
 
-def _emulated_speed(context: Context) -> float:
-    """Samples/s this silo emulates: its node config's `emulated-speed`, else its
-    partition-id's entry in the run config's `fedlb-emulated-speeds` (Flower's
-    simulation gives nodes no config of their own), else 0 (its real speed)."""
-    if NODE_EMULATED_SPEED in context.node_config:
-        speed = context.node_config[NODE_EMULATED_SPEED]
-        where = f"node config {NODE_EMULATED_SPEED}"
-    elif str(context.run_config.get(RUN_EMULATED_SPEEDS, "")).strip():  # "": real speeds
-        listed = str(context.run_config[RUN_EMULATED_SPEEDS])
-        partition = _partition_id(context)
-        try:
-            speeds = [float(x) for x in listed.split(",")]
-        except ValueError:
-            raise ValueError(
-                f"run config {RUN_EMULATED_SPEEDS} must list samples/s per partition-id, "
-                f'e.g. "400,200,100"; got {listed!r}'
-            ) from None
-        if partition is None or not 0 <= partition < len(speeds):
-            raise ValueError(
-                f"run config {RUN_EMULATED_SPEEDS}={listed!r} has no entry for this silo's "
-                f"partition-id {partition!r}: list one speed per partition (0 = real speed)"
-            )
-        speed = speeds[partition]
-        where = f"run config {RUN_EMULATED_SPEEDS} (partition-id {partition})"
-    else:
-        return 0.0
-    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed >= 0:
-        raise ValueError(f"{where} must be a number >= 0, got {speed!r}")
-    if not math.isfinite(speed):
-        raise ValueError(f"{where} must be finite, got {speed!r}")
-    return float(speed)
-
-
-def _emulated_clock(context: Context) -> str:
-    """The clock emulated speeds run on: node config `emulated-clock`, else the run
-    config's `fedlb-emulated-clock`, else "measured"."""
-    clock = context.node_config.get(NODE_EMULATED_CLOCK)
-    if clock is None:
-        clock = context.run_config.get(RUN_EMULATED_CLOCK) or "measured"
-    if clock not in EMULATED_CLOCKS:
-        raise ValueError(
-            f"the emulated clock must be one of {', '.join(EMULATED_CLOCKS)}, got {clock!r}"
-        )
-    return str(clock)
-
-
-@dataclass(frozen=True)
-class ModelSpeed:
-    """The model clock for a silo of `samples_per_s`: its steps run at the machine's own
-    speed, unpadded, and it reports τ·B/v seconds of compute and none of fixed cost
-    (deterministic: the sizes depend on the speeds alone, not on this machine's noise)."""
-
-    samples_per_s: float
-    name: str = "model"
-
-    def pace(self, server_round: int) -> Pace | None:
-        return None
-
-    def fixed_cost(self, server_round: int) -> float:
-        return 0.0
-
-    def report(
-        self, server_round: int, batch_size: int, steps: int, compute_s: float, fixed_s: float
-    ) -> tuple[float, float]:
-        return steps * batch_size / self.samples_per_s, 0.0
+def _curve_name(silo_clock: SiloClock | None, pace: Pace | None) -> str:
+    """The step-time curve the silo emulated, by name ('' : none)."""
+    if silo_clock is not None:
+        return silo_clock.curve_name
+    return pace.curve.name if isinstance(pace, EmulatedCurve) else ""
 
 
 def _partition_id(context: Context) -> int | None:
@@ -255,12 +182,15 @@ def balance_mod(clock: Callable[[Context], SiloClock | None] | None = None) -> M
     and the node config's partition-id as the silo's label. Other messages pass through.
 
     Emulation (one machine standing in for many, every output names its clock): a node
-    config `emulated-speed` (samples/s) pads each step with sleep to that speed; in
-    Flower's simulation, whose nodes have no config of their own, the run config's
-    `fedlb-emulated-speeds = "400,200,100"` gives each partition-id its speed. Node config
-    `emulated-clock` (or run config `fedlb-emulated-clock`) = "model" runs those speeds on
-    the model clock instead: no sleeping, τ·B/v reported (`ModelSpeed`). `clock`
-    (experiments) gives each silo its emulated clock from its Context.
+    config `emulated-speed` (samples/s) pads each step with sleep to that speed, and
+    `emulated-curve` ("h200/cnn", "cpu1/cnn*20": fedlb.training's STEP_CURVES) to a
+    measured step-time curve's seconds at the step's B; in Flower's simulation, whose
+    nodes have no config of their own, the run config's `fedlb-emulated-speeds =
+    "400,200,100"` or `fedlb-emulated-curves = "h200/cnn,cpu4/cnn,cpu1/cnn"` gives each
+    partition-id its own. Node config `emulated-clock` (or run config
+    `fedlb-emulated-clock`) = "model" runs them on the model clock instead: no sleeping,
+    τ·B/v or τ·curve(B) reported (fedlb.flower.emulation). `clock` (experiments) gives
+    each silo its emulated clock from its Context.
     """
     return BalanceMod(clock)
 
@@ -288,21 +218,11 @@ class BalanceMod:
         orders = Orders.read(sent_config(msg))
         if orders.notice:  # its log, which `fedlb silo` echoes on the silo's console
             print(f"{NOTICE_LINE} {orders.notice}", flush=True)
-        speed = _emulated_speed(context)
-        silo_clock = (
-            self.clock(context)
-            if self.clock is not None
-            else ModelSpeed(speed)
-            if speed > 0 and _emulated_clock(context) == "model"
-            else None
-        )
-        pace = (
-            silo_clock.pace(orders.server_round)
-            if silo_clock is not None
-            else EmulatedSpeed(speed)
-            if speed > 0
-            else None
-        )
+        silo_clock, pace = emulated_timing(read_emulation(context.node_config, context.run_config))
+        if self.clock is not None:  # an experiment's clock, for this silo
+            silo_clock = self.clock(context)
+        if silo_clock is not None:
+            pace = silo_clock.pace(orders.server_round)
         received = _plain_arrays(msg.content)
         warm_up = time.perf_counter()
         warm_up_torch()
@@ -345,6 +265,7 @@ class BalanceMod:
             model_clock=silo_clock is not None and silo_clock.name == "model",
             update_norm=_distance(received, sent),
             start_s=None if start_s is None else start_s + warm_up_s,
+            emulated_curve=_curve_name(silo_clock, pace),
         )
         if not reply.content.metric_records:
             reply.content["metrics"] = MetricRecord()

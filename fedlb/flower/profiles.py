@@ -158,7 +158,7 @@ def hardware(node_config: Mapping[str, Any]) -> dict[str, Any]:
     """What a silo's speed depends on besides the model: the machine, and the node
     config's threads, device and emulation (torch's thread count itself is not read: an
     app may set it inside its handler, after a query was answered)."""
-    return {
+    machine = {
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
         "threads": node_config.get("threads", 0),
@@ -166,6 +166,10 @@ def hardware(node_config: Mapping[str, Any]) -> dict[str, Any]:
         "emulated-speed": node_config.get("emulated-speed", 0),
         "emulated-clock": str(node_config.get("emulated-clock", "")),
     }
+    curve = node_config.get("emulated-curve")
+    if curve:  # only then: the profiles silos stored before curves existed keep their key
+        machine["emulated-curve"] = str(curve)
+    return machine
 
 
 def _entry(folder: Path, label: str, model: str, machine: Mapping[str, Any]) -> Path:

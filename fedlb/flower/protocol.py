@@ -8,6 +8,9 @@ and how long the run took. fedlb's keys all start with `fedlb.`, so they never c
 an app's own names, and `user_metrics` takes them out again before an app's metric
 aggregation sees the record.
 
+What a silo is told to emulate (a speed or a measured step-time curve, on the measured or
+the model clock) comes from its node config or the run config: `read_emulation`.
+
 The same module names the metrics of fedlb's own silo app (its learning rate, evaluation
 inside the train reply) and the usual names other apps give accuracy and loss, which the
 server's round records look for.
@@ -45,6 +48,10 @@ CPU = "fedlb.cpu"  # the silo machine's CPU use, 0..1
 MEM = "fedlb.mem"  # and memory use, 0..1
 PARTITION_ID = "fedlb.partition-id"  # the node config's partition-id: a stable silo label
 EMULATED_SPEED = "fedlb.emulated-speed"  # samples/s it emulated (0: real hardware speed)
+# the step-time curve it emulated, by name (fedlb.training's STEP_CURVES, "NAME*K"), as
+# its UTF-8 bytes: a MetricRecord holds numbers only. Absent: none
+EMULATED_CURVE = "fedlb.emulated-curve"
+CURVE_NAME_BYTES = 200  # a longer name is no curve's: ignored
 MODEL_CLOCK = "fedlb.model-clock"  # 1: the times are the model clock's, not measured
 HE_S = "fedlb.he-s"  # of overhead-s: CKKS decryption, encryption and serialisation
 # seconds from the ClientApp's process start to its training handler: Python, imports,
@@ -73,6 +80,7 @@ NODE_PARTITION_ID = "partition-id"  # its part of the federation's dataset (and 
 NODE_NUM_PARTITIONS = "num-partitions"
 NODE_DATA_PATH = "data-path"  # its own .npz instead of a partition
 NODE_EMULATED_SPEED = "emulated-speed"  # samples/s to emulate (0: real speed)
+NODE_EMULATED_CURVE = "emulated-curve"  # a step-time curve to emulate ("NAME" or "NAME*K")
 NODE_THREADS = "threads"  # torch threads (0: torch's default)
 NODE_DEVICE = "device"  # where it trains: auto (a GPU if it has one), cpu, cuda, cuda:N
 NODE_HE_CONTEXT = "he-context"  # the silos' secret CKKS context file
@@ -85,6 +93,9 @@ TASK_STARTED_ENV = "FEDLB_TASK_STARTED"
 # samples/s to emulate per partition-id, "400,200,100": heterogeneous silos in Flower's
 # simulation, whose nodes' config holds only partition-id and num-partitions
 RUN_EMULATED_SPEEDS = "fedlb-emulated-speeds"
+# step-time curves to emulate per partition-id, "h200/cnn,cpu4/cnn,cpu1/cnn" (an empty
+# entry: none for that partition)
+RUN_EMULATED_CURVES = "fedlb-emulated-curves"
 # the clock those speeds run on: "measured" (steps padded with sleep, the default) or
 # "model" (no sleeping: the silo reports τ·B/v, deterministic, for studies of accuracy)
 NODE_EMULATED_CLOCK = "emulated-clock"
@@ -172,10 +183,11 @@ class SiloReport:
     model_clock: bool = False
     update_norm: float | None = None  # inf: the update was not finite
     start_s: float | None = None  # its ClientApp's start-up before the handler
+    emulated_curve: str = ""  # the step-time curve it emulated ('' : none)
 
-    def metrics(self) -> dict[str, int | float]:
+    def metrics(self) -> dict[str, int | float | list[int]]:
         """The report as MetricRecord entries (fedlb's keys only)."""
-        out: dict[str, int | float] = {
+        out: dict[str, int | float | list[int]] = {
             BATCH_SIZE: self.batch_size,
             LOCAL_STEPS: self.local_steps,
             COMPUTE_S: self.compute_s,
@@ -191,6 +203,8 @@ class SiloReport:
             out[UPDATE_NORM] = self.update_norm
         if self.start_s is not None:
             out[START_S] = self.start_s
+        if self.emulated_curve:
+            out[EMULATED_CURVE] = list(self.emulated_curve.encode()[:CURVE_NAME_BYTES])
         return out
 
     def worker_report(self, node: int) -> WorkerReport:
@@ -206,6 +220,103 @@ class SiloReport:
             cpu=self.cpu,
             mem=self.mem,
         )
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """What a silo is told to emulate (one machine standing in for many): a speed in
+    samples/s (0: none) or a step-time curve by name ('' : none), on the `measured` clock
+    (steps padded with sleep) or the `model` one (no sleeping: the model's times reported)."""
+
+    speed: float = 0.0
+    curve: str = ""
+    clock: str = "measured"
+
+
+def read_emulation(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> Emulation:
+    """A silo's emulation: its node config's `emulated-speed` and `emulated-curve`, else
+    its partition-id's entries in the run config's `fedlb-emulated-speeds` and
+    `fedlb-emulated-curves` (Flower's simulation gives nodes no config of their own); the
+    clock from node config `emulated-clock`, else run config `fedlb-emulated-clock`, else
+    "measured". ValueError names a bad setting, or a silo given both a speed and a curve."""
+    value = node_config.get(NODE_PARTITION_ID)
+    partition = (
+        int(value)
+        if isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and float(value).is_integer()
+        else None
+    )
+    speed, speed_from = _emulated_speed(node_config, run_config, partition)
+    curve, curve_from = _emulated_curve(node_config, run_config, partition)
+    if speed > 0 and curve:
+        raise ValueError(
+            f"{speed_from} and {curve_from} are both set: a silo emulates a speed or a "
+            "step-time curve, not both"
+        )
+    clock = node_config.get(NODE_EMULATED_CLOCK)
+    if clock is None:
+        clock = run_config.get(RUN_EMULATED_CLOCK) or "measured"
+    if clock not in EMULATED_CLOCKS:
+        raise ValueError(
+            f"the emulated clock must be one of {', '.join(EMULATED_CLOCKS)}, got {clock!r}"
+        )
+    return Emulation(speed, curve, str(clock))
+
+
+def _emulated_speed(
+    node_config: Mapping[str, Any], run_config: Mapping[str, Any], partition: int | None
+) -> tuple[float, str]:
+    """(samples/s to emulate, the setting that says so); 0: the silo's real speed."""
+    if NODE_EMULATED_SPEED in node_config:
+        speed = node_config[NODE_EMULATED_SPEED]
+        where = f"node config {NODE_EMULATED_SPEED}"
+    elif str(run_config.get(RUN_EMULATED_SPEEDS, "")).strip():  # "": real speeds
+        listed = str(run_config[RUN_EMULATED_SPEEDS])
+        try:
+            speeds = [float(x) for x in listed.split(",")]
+        except ValueError:
+            raise ValueError(
+                f"run config {RUN_EMULATED_SPEEDS} must list samples/s per partition-id, "
+                f'e.g. "400,200,100"; got {listed!r}'
+            ) from None
+        if partition is None or not 0 <= partition < len(speeds):
+            raise ValueError(
+                f"run config {RUN_EMULATED_SPEEDS}={listed!r} has no entry for this silo's "
+                f"partition-id {partition!r}: list one speed per partition (0 = real speed)"
+            )
+        speed = speeds[partition]
+        where = f"run config {RUN_EMULATED_SPEEDS} (partition-id {partition})"
+    else:
+        return 0.0, ""
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed >= 0:
+        raise ValueError(f"{where} must be a number >= 0, got {speed!r}")
+    if not math.isfinite(speed):
+        raise ValueError(f"{where} must be finite, got {speed!r}")
+    return float(speed), where
+
+
+def _emulated_curve(
+    node_config: Mapping[str, Any], run_config: Mapping[str, Any], partition: int | None
+) -> tuple[str, str]:
+    """(the curve to emulate, by name, the setting that says so); '' : none. The name is
+    read here, not looked up: fedlb.training's step_curve knows the curves."""
+    if NODE_EMULATED_CURVE in node_config:
+        curve = node_config[NODE_EMULATED_CURVE]
+        where = f"node config {NODE_EMULATED_CURVE}"
+        if not isinstance(curve, str):
+            raise ValueError(f"{where} must name a step-time curve, got {curve!r}")
+        return curve.strip(), where
+    listed = str(run_config.get(RUN_EMULATED_CURVES, ""))
+    if not listed.strip():
+        return "", ""
+    curves = [c.strip() for c in listed.split(",")]
+    if partition is None or not 0 <= partition < len(curves):
+        raise ValueError(
+            f"run config {RUN_EMULATED_CURVES}={listed!r} has no entry for this silo's "
+            f"partition-id {partition!r}: list one curve per partition (an empty entry: none)"
+        )
+    return curves[partition], f"run config {RUN_EMULATED_CURVES} (partition-id {partition})"
 
 
 def sent_config(msg: Message) -> Mapping[str, Any]:
@@ -256,7 +367,21 @@ def read_report(metrics: Mapping[str, Any]) -> SiloReport:
         model_clock=values.get(MODEL_CLOCK, 0.0) > 0,
         update_norm=_update_norm(metrics.get(UPDATE_NORM)),
         start_s=values[START_S] if values.get(START_S, -1.0) >= 0 else None,
+        emulated_curve=_curve_name(metrics.get(EMULATED_CURVE)),
     )
+
+
+def _curve_name(value: Any) -> str:
+    """A reported curve's name from its bytes; '' where absent or not a name's bytes."""
+    if not isinstance(value, list) or not 0 < len(value) <= CURVE_NAME_BYTES:
+        return ""
+    if not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256 for b in value):
+        return ""
+    try:
+        name = bytes(value).decode()
+    except UnicodeDecodeError:
+        return ""
+    return name if name.isprintable() else ""
 
 
 def _update_norm(value: Any) -> float | None:

@@ -15,7 +15,8 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
 from rich.table import Table
 
-from fedlb.balance import WorkerReport, ideal_round_time
+from fedlb.balance import StepCurve, WorkerReport, ideal_round_time
+from fedlb.training import step_curve
 
 from .identity import node_label
 from .protocol import HE_S, TRAIN_LOSS_NAMES, SiloReport, first_number
@@ -46,6 +47,7 @@ class SiloRound:
     update_norm: float | None = None  # ||w_i − w|| as the silo reported it
     start_s: float | None = None  # its ClientApp's start-up before training (its clock)
     wall_s: float | None = None  # the server's wall clock: train message pushed -> reply in
+    emulated_curve: str = ""  # the step-time curve it emulated ('' : none)
 
 
 @dataclass
@@ -53,7 +55,9 @@ class RoundRecord:
     """A round: its silos, how balanced it was, and what the model reached."""
 
     round: int
-    clock: str  # "measured" or "measured (emulated speeds)"
+    # "measured", "measured (emulated speeds)", "model"; with step-time curves, which:
+    # "model (curves: silo-0 h200/cnn, silo-1 cpu1/cnn)"
+    clock: str
     silos: list[SiloRound]
     round_s: float | None  # the slowest silo's busy time: what every silo waits for
     ideal_s: float | None  # T*: the best split of X for the speeds measured this round
@@ -241,23 +245,19 @@ def round_record(
     busy = {n: r.round_s for n, r in reports.items()}
     slowest = max(busy.values()) if busy else math.nan
     ideal = efficiency = idle = math.nan
+    curves = _curves(silo_reports)
     if reports:
         ideal = ideal_round_time(
             {str(n): r.speed for n, r in reports.items()},
             sum(r.batch_size for r in reports.values()),
             {str(n): r.iterations for n, r in reports.items()},
             {str(n): r.overhead_s for n, r in reports.items()},
+            # a silo on a curve: T* over its curve, not the speed read at this round's B
+            curves={str(n): c for n, c in curves.items() if n in reports},
         )
         efficiency = ideal / slowest
         idle = 1.0 - sum(busy.values()) / (len(busy) * slowest)
-    said = list(silo_reports.values())
-    clock = (
-        "model"
-        if any(s.model_clock for s in said)
-        else "measured (emulated speeds)"
-        if any(s.emulated_speed > 0 for s in said)
-        else "measured"
-    )
+    clock = clock_of(silo_reports, labels)
     silos = []
     for node, metrics in sorted(app_metrics.items(), key=lambda kv: labels.get(kv[0], "")):
         report = reports.get(node)
@@ -281,6 +281,7 @@ def round_record(
                 update_norm=said_by.update_norm if said_by else None,
                 start_s=said_by.start_s if said_by else None,
                 wall_s=(replied_s or {}).get(node),
+                emulated_curve=said_by.emulated_curve if said_by else "",
             )
         )
     return RoundRecord(
@@ -293,6 +294,38 @@ def round_record(
         idle_fraction=_none_if_nan(idle),
         wall_s=wall_s,
     )
+
+
+def _curves(silo_reports: Mapping[int, SiloReport]) -> dict[int, StepCurve]:
+    """The step-time curves silos said they emulated, where fedlb ships them (a name it
+    does not know, from another version or a tampered reply, leaves that silo linear)."""
+    curves = {}
+    for node, said in silo_reports.items():
+        if said.emulated_curve:
+            try:
+                curves[node] = step_curve(said.emulated_curve)
+            except ValueError:
+                log.warning("a silo emulated a step-time curve this server does not know")
+    return curves
+
+
+def clock_of(silo_reports: Mapping[int, SiloReport], labels: Mapping[int, str]) -> str:
+    """The round's clock as its silos said: "model" (any on the model clock), "measured
+    (emulated speeds)", "measured"; with the step-time curves they emulated, which:
+    "measured (curves: silo-0 h200/cnn*20, silo-1 cpu1/cnn*20)"."""
+    said = list(silo_reports.values())
+    clock = "model" if any(s.model_clock for s in said) else "measured"
+    what = []
+    if clock == "measured" and any(s.emulated_speed > 0 for s in said):
+        what.append("emulated speeds")
+    curves = sorted(
+        (labels.get(node, node_label(node)), s.emulated_curve)
+        for node, s in silo_reports.items()
+        if s.emulated_curve
+    )
+    if curves:
+        what.append("curves: " + ", ".join(f"{label} {curve}" for label, curve in curves))
+    return f"{clock} ({'; '.join(what)})" if what else clock
 
 
 def balance_line(record: RoundRecord) -> str:

@@ -1,5 +1,11 @@
-"""fedlb.training: torch helpers shared by federated silos and cluster workers."""
+"""fedlb.training: torch helpers shared by federated silos and cluster workers.
 
+Emulated hardware (one machine standing in for many): `EmulatedSpeed` pads each step to
+B / v, `EmulatedCurve` to a measured step-time curve; `STEP_CURVES` is the one table of
+the curves fedlb ships, and `step_curve` reads a setting's "NAME" or "NAME*K".
+"""
+
+from .curves import STEP_CURVES, EmulatedCurve, step_curve
 from .device import (
     ComputeTimer,
     DeviceError,
@@ -14,8 +20,10 @@ from .sampler import ResizableBatchSampler
 
 __all__ = [
     "BASE_SPEED",
+    "STEP_CURVES",
     "ComputeTimer",
     "DeviceError",
+    "EmulatedCurve",
     "EmulatedSpeed",
     "Pace",
     "ResizableBatchSampler",
@@ -25,6 +33,7 @@ __all__ = [
     "choose_device",
     "evaluate",
     "process_group_backend",
+    "step_curve",
     "synchronize",
     "tensor_dataset",
     "to_device",

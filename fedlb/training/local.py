@@ -28,7 +28,7 @@ class EmulatedSpeed:
     B / samples_per_s seconds (the `measured` clock: real compute, wall-clock faithful).
 
     A step whose real compute already takes longer is not padded (the machine cannot keep
-    up with the profile); `LocalResult.real_compute_s` shows it.
+    up with the profile); a silo's balance_mod then says so in its log.
     """
 
     samples_per_s: float

@@ -33,8 +33,9 @@ from .console_scripts import bin_dir, console_scripts, say_in_process
 from .errors import DeployError
 from .gate import CONTROL_HOST, gated_command
 from .join import SUPERNODE_START, diagnose, supernode_join
-from .warm import SERVERAPP, SIMULATION, launcher_command, make_secret
+from .warm import launcher_command, make_secret
 from .warm import unsupported as warm_unsupported
+from .warm_tasks import SERVERAPP, SIMULATION
 
 log = logging.getLogger("fedlb.flower")
 GUARD = Path(__file__).with_name("guard.py")

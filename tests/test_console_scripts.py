@@ -37,6 +37,7 @@ def elsewhere(tmp_path, monkeypatch):
     empty.mkdir()
     monkeypatch.setattr(console_scripts, "bin_dir", lambda: empty)
     monkeypatch.setattr(processes, "bin_dir", lambda: empty)
+    monkeypatch.setattr(console_scripts, "_SAID", set())  # a fresh process's log: said once
     scripts = tmp_path / "target" / "bin"
     scripts.mkdir(parents=True)
     monkeypatch.setenv("PATH", f"{scripts}{os.pathsep}/usr/bin{os.pathsep}/bin")

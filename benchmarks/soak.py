@@ -40,7 +40,8 @@ from typing import Any
 import psutil
 
 from fedlb.deploy.processes import free_port
-from fedlb.deploy.warm import SERVER_NAME, TASK_NAME
+from fedlb.deploy.warm import SERVER_NAME
+from fedlb.deploy.warm_tasks import TASK_NAME
 from fedlb.flower import load_checkpoint
 
 FEDLB = [sys.executable, "-m", "fedlb.cli"]

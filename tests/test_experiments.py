@@ -361,6 +361,11 @@ def test_a_small_comparison_end_to_end(tmp_path):
     superlink_log = (tmp_path / "processes" / "superlink.log").read_text()
     assert superlink_log.count("serving simulation tasks") == 1
     assert superlink_log.count("Created run") == 4
+    # forked from a fork-safe server (fedlb.deploy.fork_safety): armed, never tripped
+    forks = [line for line in superlink_log.splitlines() if "runs in pid" in line]
+    assert len(forks) == 4, forks
+    for line in forks:
+        assert "(forked; tripwire armed, tripped by nothing, CUDA initialised: no" in line
     # re-summarising from rounds.jsonl at the same target gives the same summary
     from fedlb.experiments import summarise_results
 

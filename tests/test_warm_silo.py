@@ -21,12 +21,12 @@ from fedlb.deploy.warm import (
     ACQUIRE_TASK,
     NODE_NAME,
     SERVER_NAME,
-    TASK_NAME,
     isolated,
     launcher_command,
     make_secret,
     unsupported,
 )
+from fedlb.deploy.warm_tasks import TASK_NAME
 
 
 def test_the_flower_runtime_it_drives_has_the_shape_it_expects():

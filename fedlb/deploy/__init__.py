@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from fedlb._faces import lazy_face
 
 if TYPE_CHECKING:
+    from .errors import DeployError
     from .federation import Federation, RunOutcome
     from .join import ClientAppFailures, supernode_join
     from .operations import (
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
         run_server,
         start_silo,
     )
-    from .processes import DeployError, FlowerProcess, JoinError
+    from .processes import FlowerProcess, JoinError
     from .ray_nodes import RayNode, start_ray_head, start_ray_node
     from .run_config import ConfigError, RunConfig, as_settings, dataclass_arguments, read_toml
     from .server_app import run_app
@@ -106,7 +107,8 @@ __getattr__ = lazy_face(
             "run_server",
             "start_silo",
         ],
-        ".processes": ["DeployError", "FlowerProcess", "JoinError"],
+        ".errors": ["DeployError"],
+        ".processes": ["FlowerProcess", "JoinError"],
         ".ray_nodes": ["RayNode", "start_ray_head", "start_ray_node"],
         ".join": ["ClientAppFailures", "supernode_join"],
         ".federation": ["Federation", "RunOutcome"],

@@ -26,7 +26,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .processes import DeployError, node_config_text
+from .errors import DeployError
+from .processes import node_config_text
 
 if TYPE_CHECKING:
     from flwr.supercore.control import ControlHttpClient

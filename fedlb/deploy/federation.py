@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -227,10 +227,12 @@ class Federation:
         node_configs: Mapping[str, Mapping[str, Any]],
         auth_keys: Mapping[str, Path] | None = None,
         warm: bool = True,
+        preload: Sequence[str] = (),
     ) -> list[processes.FlowerProcess]:
         """`add_silo` for several silos (name -> node config, name -> private key), all
         started before any is waited for: their start-ups (torch imported, the SuperNode
-        up) overlap. If one fails, those started here are stopped and the error raised."""
+        up) overlap; `preload`: more modules their warm servers import once. If one
+        fails, those started here are stopped and the error raised."""
         ca = self.tls.ca if self.tls is not None else None
         launched: list[processes.FlowerProcess] = []
         ports: set[int] = {self.link.port} if self.link is not None else set()
@@ -251,6 +253,7 @@ class Federation:
                         root_certificates=ca,
                         extra_args=["--auth-supernode-private-key", str(key)] if key else None,
                         warm=warm,
+                        preload=preload,
                     )
                 )
             for node in launched:

@@ -4,7 +4,9 @@ launcher uses (poll, wait, send_signal, terminate, kill, returncode).
 The warm launcher imports what its children share once and forks them, instead of
 starting each as a new Python that imports it all again (flwr alone is ~1.4 s of CPU).
 Fork only from a process without threads of its own: a child gets one thread, and a lock
-another thread held at the fork stays held in the child.
+another thread held at the fork stays held in the child. A process that imported torch
+forks only with fedlb.deploy.fork_safety armed: no CUDA context, no autograd, one
+intra-op thread in it, and torch handed back whole to each child right after the fork.
 """
 
 from __future__ import annotations

@@ -29,18 +29,17 @@ import psutil
 
 from fedlb.security import TlsFiles
 
+from .console_scripts import bin_dir, console_scripts, say_in_process
+from .errors import DeployError
 from .gate import CONTROL_HOST, gated_command
 from .join import SUPERNODE_START, diagnose, supernode_join
-from .warm import SERVERAPP, SIMULATION, launcher_command, make_secret
+from .warm import launcher_command, make_secret
 from .warm import unsupported as warm_unsupported
+from .warm_tasks import SERVERAPP, SIMULATION
 
 log = logging.getLogger("fedlb.flower")
 GUARD = Path(__file__).with_name("guard.py")
 CONNECTION = "fedlb"  # the name of the SuperLink connection in FLWR_HOME/config.toml
-
-
-class DeployError(RuntimeError):
-    """A Flower process that would not start, or a run that could not be submitted."""
 
 
 class JoinError(DeployError):
@@ -74,11 +73,6 @@ def check_port_free(host: str, port: int, what: str) -> None:
                 "server or silo, or another program, listens there. Nothing was started or "
                 "stopped. Give another port (--port), or stop what holds it"
             ) from None
-
-
-def bin_dir() -> Path:
-    """Where this Python's console scripts are (flower-superlink, flwr, ...)."""
-    return Path(sys.executable).parent
 
 
 def app_dir() -> Path:
@@ -278,7 +272,7 @@ def start_superlink(
         else ["--insecure"]
     )
     command = [
-        str(bin_dir() / "flower-superlink"),
+        "flower-superlink",  # Flower's entry point, run by fedlb's gate in its own process
         *security,
         "--disable-runtime-dependency-installation",
         "--host",
@@ -291,6 +285,12 @@ def start_superlink(
     if warm and (why := warm_unsupported()):
         log.warning("the server's ServerApps start cold (a process per run): %s", why)
         warm = False
+    say_in_process("flower-superlink")
+    if not warm:  # Flower's SuperLink starts these from PATH: refused now, not at the run
+        runner = "flwr-simulation" if "--simulation" in command else "flwr-serverapp"
+        console_scripts(
+            ("flower-superexec", runner), "the server's runs start in Flower's own processes"
+        )
     if warm:
         secret = make_secret(workdir / "home-superlink" / "superexec.secret")
         command = launcher_command(
@@ -383,7 +383,7 @@ def launch_supernode(
         else ["--insecure"]
     )
     command = [
-        str(bin_dir() / "flower-supernode"),
+        "flower-supernode",
         *security,
         "--superlink",
         superlink,
@@ -396,9 +396,13 @@ def launch_supernode(
     if warm and (why := warm_unsupported()):
         log.warning("silo %s starts cold (Flower's process per message): %s", name, why)
         warm = False
-    if warm:
+    if warm:  # Flower's SuperNode in fedlb's launcher: no console script runs
+        say_in_process("flower-supernode")
         secret = make_secret(workdir / f"home-{name}" / "superexec.secret")
         command = launcher_command(f"127.0.0.1:{port}", secret, command, preload)
+    else:  # the SuperNode starts flower-superexec, which starts flwr-clientapp: from PATH
+        scripts = ("flower-supernode", "flower-superexec", "flwr-clientapp")
+        command[0] = str(console_scripts(scripts, f"silo {name} runs cold")[0])
     log_path = workdir / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("a") as out:  # the log is appended to: mark where this start begins

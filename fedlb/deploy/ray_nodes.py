@@ -27,7 +27,9 @@ from types import TracebackType
 
 import psutil
 
-from .processes import DeployError, FlowerProcess, bin_dir, free_port
+from .console_scripts import find_script
+from .errors import DeployError
+from .processes import FlowerProcess, free_port
 
 STARTED = "Ray runtime started."
 STOP_GRACE_S = 0.5  # what `ray start` prints once the node is up
@@ -73,9 +75,10 @@ class RayNode:
 
 
 def ray_command() -> Path:
-    """The `ray` CLI of this environment, or a DeployError saying how to get it."""
-    ray = bin_dir() / "ray"
-    if not ray.exists():
+    """The `ray` CLI (this Python's own, else the first on PATH), or a DeployError saying
+    how to get it."""
+    ray = find_script("ray")
+    if ray is None:
         raise DeployError(
             "Flower's simulation needs Ray, which is not installed here: "
             "pip install 'fedlb[simulation]' (./scripts/setup.sh installs it)"

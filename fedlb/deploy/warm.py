@@ -8,12 +8,24 @@ is 4-5 s per silo per round, on the critical path of every balanced round.
 
 Here a silo's SuperNode runs with `--isolation process` and this module takes the
 SuperExec's place. One long-lived process (`serve`) imports torch, flwr's ClientApp
-runtime and fedlb's silo once, warms torch up, then polls the SuperNode for tasks every
-`POLL_S` and forks itself per task: the child runs Flower's own `run_clientapp` (pull
-the message, install the FAB, load the app, call it, push the reply, exit) with every
-import already done. One process per message keeps Flower's isolation (a crash, a leak
-or a module-level global of one message does not reach the next; a fresh FAB loads
-fresh), and costs a fork (milliseconds) instead of a start.
+runtime and fedlb's silo once, warms torch up without autograd, then polls the SuperNode
+for tasks every `POLL_S` and forks itself per task: the child runs Flower's own
+`run_clientapp` (pull the message, install the FAB, load the app, call it, push the
+reply, exit) with every import already done. One process per message keeps Flower's
+isolation (a crash, a leak or a module-level global of one message does not reach the
+next; a fresh FAB loads fresh), and costs a fork (milliseconds) instead of a start.
+
+Fork safety (fedlb.deploy.fork_safety): a process that forks ClientApps must never create
+a CUDA context nor run autograd (PyTorch's fork rules: on a CUDA build with a GPU, the
+old warm-up's one backward made every forked ClientApp fail, GPU and CPU silos alike:
+`../shared/notes/gpu-h200-federation.md`), nor run torch on several intra-op threads (a
+child then hangs). The launcher and the server arm a tripwire right after importing
+torch, warm up without autograd, and check before every fork; a server that finds torch
+used anyway (a --preload module that trains at import) says why in the silo's log and
+runs each task in Flower's own `flwr-clientapp` process (fedlb.deploy.warm_tasks), as
+`--cold` does: slower, never a lost round. The forked child gets torch back as a fresh
+process has it and pays its own first backward (~3 ms on a CPU-only build, ~0.2 s on
+an H200 machine's CUDA build: docs/flower.md, "Fork safety").
 
 Security: the runtime API listens on loopback only, and the SuperNode hands out tasks
 (AcquireTask) only to a caller that signs with the silo's SuperExec secret (Flower's
@@ -28,7 +40,8 @@ and the next one is served), and exits with the SuperNode's code when it exits. 
 server exits when the launcher does (Flower's parent-process monitor), the forked
 ClientApps when the server does. The launcher starts both as forks of itself
 (fedlb.deploy.forked, named `fedlb-node` and `fedlb-warm`): it imports Flower's entry
-point and forks the SuperNode, then imports torch and the app and forks the server, so
+point and forks the SuperNode, then imports torch, arms the tripwire, imports the app
+and forks the server, so
 what they share is imported once (a new Python for each imported flwr twice: ~1.4 s of
 CPU per silo) and a restarted server is a fork too.
 
@@ -69,33 +82,31 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from . import fork_safety
 from .forked import Forked
-from .prompt import (
-    IDLE_PULL_S,
-    fast_object_pulls,
-    flush_without_pause,
-    node_entry,
-    supernode_command,
+from .prompt import IDLE_PULL_S, fast_object_pulls, node_entry, supernode_command
+from .warm_tasks import (
+    CLIENTAPP,
+    SERVERAPP,
+    SIMULATION,
+    TASK_TYPES,
+    TaskStarter,
+    reap,
+    report_failed,
 )
 
 POLL_S = 0.1  # task poll: one process polls, so a short interval costs little CPU
-CLIENTAPP, SERVERAPP, SIMULATION = "clientapp", "serverapp", "simulation"  # kinds of task
 PRELOAD = {  # what each kind imports once, before its first task
     CLIENTAPP: ("torch", "flwr.supernode.runtime.run_clientapp", "fedlb.deploy.client_app"),
     SERVERAPP: ("torch", "flwr.superlink.runtime.run_serverapp", "fedlb.deploy.server_app"),
     # importing Ray starts nothing (each run's child connects: ray.init after the fork)
     SIMULATION: ("torch", "ray", "flwr.simulation.app", "fedlb.experiments.simulation"),
 }
-TASK_TYPES = {  # Flower's name of each kind (flwr.supercore.constant.TaskType)
-    CLIENTAPP: "flwr-clientapp",
-    SERVERAPP: "flwr-serverapp",
-    SIMULATION: "flwr-simulation",
-}
 RESTART_PAUSE_S = 1.0
-NODE_NAME, SERVER_NAME, TASK_NAME = "fedlb-node", "fedlb-warm", "fedlb-task"  # forks' names
+NODE_NAME, SERVER_NAME = "fedlb-node", "fedlb-warm"  # forks' names (a task's: TASK_NAME)
 RESTARTS_IN_A_ROW = 5  # a server dying this often right after its start cannot start here
 ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"  # the SuperExec-signed method
 log = logging.getLogger("fedlb.warm")
@@ -192,14 +203,15 @@ def serve(
     preload: Sequence[str] = (),
     poll_s: float = POLL_S,
     task: str = CLIENTAPP,
-    certificates: bytes | None = None,
+    root_certificates: Path | None = None,
 ) -> None:
-    """Import what a `task` (ClientApp or ServerApp) needs once, then fork a warm Flower
-    runner per task; `certificates`: the CA of a TLS runtime API (None: plain HTTP)."""
+    """Import what a `task` (ClientApp or ServerApp) needs once, then run each task in a
+    fork of this process while that is safe (fedlb.deploy.fork_safety), else cold;
+    `root_certificates`: the CA of a TLS runtime API (None: plain HTTP)."""
     started = time.perf_counter()
+    fork_safety.arm()  # first: nothing here may reach autograd or CUDA unseen
     modules = (*PRELOAD[task], *preload)
-    for module in modules:
-        importlib.import_module(module)
+    skipped = fork_safety.import_modules(modules)
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.app_utils import start_parent_process_monitor
     from flwr.supercore.constant import TaskType
@@ -210,24 +222,27 @@ def serve(
     from flwr.supercore.retry import make_simple_http_retry_invoker
     from flwr.supercore.runtime import RuntimeHttpClient
 
-    from fedlb.flower import warm_up_torch
-
     if task == CLIENTAPP:
         fast_object_pulls()
-    warm_up_torch()
+    with contextlib.suppress(fork_safety.ForkSafetyError):  # remembered: the tasks then run cold
+        fork_safety.warm_up_for_forks()
     log.info(
-        "warm: %s imported and torch warmed up in %.1f s; serving %s tasks of %s",
-        ", ".join(modules),
+        "warm: %s imported%s and torch warmed up for forks in %.1f s; serving %s tasks of %s (%s)",
+        ", ".join(module for module in modules if module not in skipped),
+        f" (not {', '.join(skipped)}: unsafe to import in a forking process)" if skipped else "",
         time.perf_counter() - started,
         task,
         runtime_api_address,
+        fork_safety.state(),
     )
+    starter = TaskStarter(runtime_api_address, task, root_certificates)
+    starter.forks()  # says now, not at the first task, when they will run cold
     if parent_pid is not None:
         start_parent_process_monitor(parent_pid)
     client = RuntimeHttpClient.from_server_address(
         server_address=runtime_api_address,
-        insecure=certificates is None,  # a SuperNode's runtime API: loopback, plain HTTP
-        root_certificates=certificates,
+        insecure=root_certificates is None,  # a SuperNode's runtime API: loopback, plain HTTP
+        root_certificates=root_certificates.read_bytes() if root_certificates else None,
         interceptors=[
             RuntimeVersionHttpInterceptor(component_name="SuperExec"),
             SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods={ACQUIRE_TASK}),
@@ -236,146 +251,16 @@ def serve(
     )
     running: dict[int, tuple[int, str]] = {}  # child pid -> task id, token
     request = AcquireTaskRequest(supported_task_types=[TaskType(TASK_TYPES[task]).value])
-    failed = functools.partial(_report_failed, runtime_api_address, certificates)
+    failed = functools.partial(report_failed, runtime_api_address, root_certificates)
     while True:
-        _reap(running, failed)
+        reap(running, failed)
         reply = client.AcquireTask(request)
         if reply.HasField("task") and reply.token:
-            run = functools.partial(
-                _run_task, runtime_api_address, reply.token, os.getpid(), task, certificates
-            )
-            child = Forked(run, TASK_NAME).pid
-            running[child] = (reply.task.task_id, reply.token)
-            log.info("warm: task %s runs in pid %d", reply.task.task_id, child)
+            child = starter.start(reply.task.task_id, reply.token)
+            if child is not None:
+                running[child] = (reply.task.task_id, reply.token)
             continue  # another task may be waiting (a second run): no sleep
         time.sleep(poll_s)
-
-
-def _run_task(
-    runtime_api_address: str,
-    token: str,
-    server_pid: int,
-    task: str = CLIENTAPP,
-    certificates: bytes | None = None,
-) -> None:
-    """In the forked child (fedlb.deploy.forked: a fresh process's signals and logging, its
-    own exit): Flower's own ClientApp (or ServerApp, simulation) process body."""
-    if task != CLIENTAPP:
-        _run_server_side(task, runtime_api_address, token, server_pid, certificates)
-        return
-    from flwr.supernode.runtime.run_clientapp import run_clientapp
-
-    from fedlb.flower.protocol import TASK_STARTED_ENV
-
-    os.environ[TASK_STARTED_ENV] = repr(time.time())  # the ClientApp's start, for its report
-    run_clientapp(
-        runtime_api_address=runtime_api_address,
-        token=token,
-        insecure=True,
-        certificates=None,
-        parent_pid=server_pid,
-    )
-
-
-def _run_server_side(
-    task: str, runtime_api_address: str, token: str, server_pid: int, certificates: bytes | None
-) -> None:
-    """What `flwr-serverapp` (or `flwr-simulation`) does: the process's output mirrored to
-    the run's log queue (uploaded to the SuperLink: `flwr log`), then Flower's own
-    `run_serverapp` (or `run_simulation_process`: the same parameters)."""
-    from queue import Queue
-
-    from flwr.supercore.logger import mirror_output_to_queue, restore_output
-
-    # the modules by name: flwr.superlink.runtime exports a function of the module's name
-    if task == SERVERAPP:
-        runtime = importlib.import_module("flwr.superlink.runtime.run_serverapp")
-        run = runtime.run_serverapp
-    else:
-        runtime = importlib.import_module("flwr.simulation.app")
-        run = runtime.run_simulation_process
-    flush_without_pause(runtime)
-    log_queue: Queue[str | None] = Queue()
-    mirror_output_to_queue(log_queue)
-    try:
-        run(
-            runtime_api_address=runtime_api_address,
-            log_queue=log_queue,
-            token=token,
-            insecure=certificates is None,
-            certificates=certificates,
-            parent_pid=server_pid,
-            runtime_dependency_install=False,  # as fedlb's SuperLink is started
-        )
-    finally:
-        restore_output()
-
-
-def _report_failed(
-    runtime_api_address: str, certificates: bytes | None, token: str, details: str
-) -> None:
-    """Finish a task whose process was killed as FAILED, with its own token, as Flower's
-    runtime does on its way out: its owner (a SuperNode) then answers its message with an
-    error at once (fedlb.deploy.prompt.failed_clientapps_reply) instead of waiting for a
-    heartbeat that never comes."""
-    from flwr.common.constant import SubStatus
-    from flwr.proto.runtime_pb2 import PushTaskOutputRequest
-    from flwr.supercore.interceptors import (
-        RuntimeTokenHttpInterceptor,
-        RuntimeVersionHttpInterceptor,
-    )
-    from flwr.supercore.runtime import RuntimeHttpClient
-
-    client = RuntimeHttpClient.from_server_address(
-        server_address=runtime_api_address,
-        insecure=certificates is None,
-        root_certificates=certificates,
-        interceptors=[
-            RuntimeVersionHttpInterceptor(component_name="SuperExec"),
-            RuntimeTokenHttpInterceptor(token),
-        ],
-    )
-    try:
-        client.PushTaskOutput(PushTaskOutputRequest(sub_status=SubStatus.FAILED, details=details))
-    except Exception as error:  # its token then expires in 60 s: Flower's own path
-        log.warning("warm: could not report the killed task as failed: %s", error)
-    finally:
-        client.close()
-
-
-def _reap(
-    running: dict[int, tuple[int, str]], failed: Callable[[str, str], None] | None = None
-) -> None:
-    """Collect finished tasks; say which ended badly (Flower reports an app's own
-    exception; a killed process only this says, in this process's log) and report a
-    killed one's task as failed (`failed(token, details)`)."""
-    while running:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            running.clear()
-            return
-        if pid == 0:
-            return
-        task, token = running.pop(pid, (None, ""))
-        if os.WIFSIGNALED(status):
-            name = signal.Signals(os.WTERMSIG(status)).name
-            log.warning(
-                "warm: task %s (pid %d) was killed by %s; it fails as a crashed app's "
-                "process does, the next one is served afresh",
-                task,
-                pid,
-                name,
-            )
-            if failed is not None and token:
-                failed(token, f"its process was killed by {name}")
-        elif os.WEXITSTATUS(status) != 0:
-            log.warning(
-                "warm: task %s (pid %d) exited with code %d (its log is above)",
-                task,
-                pid,
-                os.WEXITSTATUS(status),
-            )
 
 
 def launch(
@@ -411,14 +296,22 @@ def launch(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    for module in (*PRELOAD[task], *preload):
-        importlib.import_module(module)
+    # The server is this process's fork: armed before torch's first use here, so that what
+    # a --preload module does at import is caught (the server then runs its tasks cold)
+    fork_safety.arm()
+    fork_safety.import_modules((*PRELOAD[task], *preload))
     launcher = os.getpid()
     secret = secret_file.read_bytes()
-    certificates = root_certificates.read_bytes() if root_certificates else None
 
     def serving() -> None:
-        serve(runtime_api_address, secret, launcher, preload, task=task, certificates=certificates)
+        serve(
+            runtime_api_address,
+            secret,
+            launcher,
+            preload,
+            task=task,
+            root_certificates=root_certificates,
+        )
 
     server = Forked(serving, SERVER_NAME, own_logging=True)
     started, quick_deaths = time.monotonic(), 0

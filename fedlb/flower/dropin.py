@@ -120,7 +120,10 @@ def clientapp_age() -> float | None:
 
 def warm_up_torch() -> None:
     """Pay torch's one-time lazy initialisation (autograd, optimizer step: ~1.5 s in a
-    fresh process here) outside the timed steps, on a throwaway parameter."""
+    fresh process here) outside the timed steps, on a throwaway parameter. It runs a
+    backward: never in a process that forks workers afterwards (on a CUDA build its
+    children could not run backward; fedlb's warm servers warm up without autograd,
+    fedlb.deploy.fork_safety), only in the process that trains."""
     weight = torch.zeros(1, requires_grad=True)
     optimiser = torch.optim.SGD([weight], lr=0.1)
     (weight * 2).sum().backward()  # type: ignore[no-untyped-call]

@@ -77,7 +77,7 @@ for k, rs in sorted(by.items()):
     print(f"round {k}: wall {rs[0]['wall_s']:.2f} s, slowest busy {busy:.2f} s, E "
           f"{e if e is None else round(e, 3)}, accuracy {acc}; {shown}; failed {rs[0].get('failed')}")
 EOF
-  [ "$rc" = 0 ] || tail -30 "$dir/server.out" "$dir"/silo-*.out | tee -a "$OUT/runs.txt"
+  [ "$rc" = 0 ] || tail -n 30 "$dir/server.out" "$dir"/silo-*.out | tee -a "$OUT/runs.txt"
 }
 
 run warm-fedavg static --warm

@@ -15,6 +15,7 @@ directly: a child forked after its parent ran torch's intra-op (OpenMP) threads 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -40,6 +41,42 @@ weight = torch.ones(2, requires_grad=True)
 """
 
 
+FRESH = "FEDLB_TEST_FRESH_INTERPRETER"
+
+
+def in_a_fresh_interpreter(test):
+    """Run `test` in a pytest of its own. What these tests fork must be a process whose
+    threads are known: by the time they run in the suite, pytest's own process may hold
+    threads of other tests' libraries (TenSEAL's, torch's intra-op pool), and a child
+    forked from it then crashes or hangs for reasons that are not the code's."""
+
+    @functools.wraps(test)
+    def fresh(*args, **kwargs):
+        if os.environ.get(FRESH) == "1":
+            return test(*args, **kwargs)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-x",
+                f"{__file__}::{test.__name__}",
+            ],
+            env={**os.environ, FRESH: "1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        return None
+
+    return fresh
+
+
 def in_a_child(check, capfd, timeout: float = 60) -> None:
     """Run `check` in a forked child: arming changes torch for its whole process, which
     must not be pytest's. Fails with the child's traceback."""
@@ -51,6 +88,7 @@ def in_a_child(check, capfd, timeout: float = 60) -> None:
     assert code == 0, capfd.readouterr().err
 
 
+@in_a_fresh_interpreter
 def test_the_tripwire_raises_in_the_forking_process_and_not_in_its_children(capfd):
     def check() -> int:
         threads, environment = torch.get_num_threads(), os.environ.get(NVML_CHECK)
@@ -100,6 +138,7 @@ def test_the_tripwire_raises_in_the_forking_process_and_not_in_its_children(capf
     in_a_child(check, capfd)
 
 
+@in_a_fresh_interpreter
 def test_a_forking_process_starts_no_intra_op_threads_for_its_children_to_hang_on(capfd):
     """GNU OpenMP has no fork handler: a child forked after its parent ran a parallel op
     hangs at its own first one (seen here: a LeNet forward in the parent hung every
@@ -131,6 +170,7 @@ def test_a_forking_process_starts_no_intra_op_threads_for_its_children_to_hang_o
     in_a_child(check, capfd, timeout=90)
 
 
+@in_a_fresh_interpreter
 def test_a_module_that_trains_at_import_is_remembered_not_raised(tmp_path, capfd):
     (tmp_path / "trains_at_import.py").write_text(TRAINS_AT_IMPORT)
 

@@ -189,7 +189,7 @@ def test_he_fedavg_over_tls_with_silo_authentication(tmp_path):
 
     from fedlb.cli import app
     from fedlb.cli.federation import finish
-    from fedlb.deploy.processes import start_supernode
+    from fedlb.deploy.processes import launch_supernode
     from fedlb.flower import decrypt_record
     from fedlb.he import load_context, write_keys
     from fedlb.security import make_certificates, make_silo_key
@@ -213,8 +213,9 @@ def test_he_fedavg_over_tls_with_silo_authentication(tmp_path):
             },
             {f"silo-{i}": private for i, (private, _) in enumerate(silo_keys)},
         )
+        # launched, not waited for: Flower may refuse one before its local API is up
         intruders = [
-            start_supernode(
+            launch_supernode(
                 tmp_path / "procs",
                 "wrong-ca",
                 federation.address,
@@ -222,7 +223,7 @@ def test_he_fedavg_over_tls_with_silo_authentication(tmp_path):
                 root_certificates=other.ca,
                 extra_args=["--auth-supernode-private-key", str(silo_keys[0][0])],
             ),
-            start_supernode(
+            launch_supernode(
                 tmp_path / "procs",
                 "unregistered",
                 federation.address,

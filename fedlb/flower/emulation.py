@@ -6,7 +6,7 @@ one of two clocks:
 - `measured`: each step is padded with sleep to B / v or to the curve's seconds at B
   (`EmulatedSpeed`, `EmulatedCurve`): real compute, wall-clock faithful;
 - `model`: nothing is slept; the silo reports τ·B/v or τ·curve(B) seconds of compute
-  (`ModelSpeed`, `ModelCurve`): deterministic, the sizes depend on the speeds alone.
+  (`ModelCurve`; one speed is the curve B / v): deterministic, the sizes depend on the speeds alone.
 Experiments bring their own clocks (fedlb.experiments' EmulatedClock): any `SiloClock`.
 """
 
@@ -43,28 +43,6 @@ class SiloClock(Protocol):
 
 
 @dataclass(frozen=True)
-class ModelSpeed:
-    """The model clock for a silo of `samples_per_s`: its steps run at the machine's own
-    speed, unpadded, and it reports τ·B/v seconds of compute and none of fixed cost
-    (deterministic: the sizes depend on the speeds alone, not on this machine's noise)."""
-
-    samples_per_s: float
-    name: str = "model"
-    curve_name: str = ""
-
-    def pace(self, server_round: int) -> Pace | None:
-        return None
-
-    def fixed_cost(self, server_round: int) -> float:
-        return 0.0
-
-    def report(
-        self, server_round: int, batch_size: int, steps: int, compute_s: float, fixed_s: float
-    ) -> tuple[float, float]:
-        return steps * batch_size / self.samples_per_s, 0.0
-
-
-@dataclass(frozen=True)
 class ModelCurve:
     """The model clock for a silo on a measured step-time curve: its steps run unpadded,
     and it reports τ·curve(B) seconds of compute and none of fixed cost."""
@@ -97,7 +75,8 @@ def emulated_timing(emulation: Emulation) -> tuple[SiloClock | None, Pace | None
         if curve is not None:
             return ModelCurve(curve), None
         if emulation.speed > 0:
-            return ModelSpeed(emulation.speed), None
+            # one speed is the curve t(B) = B / v: a single point at B = 1, held linear
+            return ModelCurve(StepCurve(((1, 1.0 / emulation.speed),))), None
         return None, None
     if curve is not None:
         return None, EmulatedCurve(curve)

@@ -26,11 +26,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedlb.deploy import RunConfig, fork_safety
+from fedlb.deploy import fork_safety
 from fedlb.deploy.federation import Federation
 from fedlb.deploy.fork_safety import NVML_CHECK, ForkSafetyError
 from fedlb.deploy.forked import Forked
 from fedlb.deploy.warm_tasks import COLD
+from tests.test_warm_silo import run_settings
 
 AUDIT_DIR = Path(__file__).with_name("fork_audit")
 TRAINS_AT_IMPORT = """\
@@ -187,18 +188,6 @@ def test_a_module_that_trains_at_import_is_remembered_not_raised(tmp_path, capfd
         return 0
 
     in_a_child(check, capfd)
-
-
-def run_settings(out_dir: Path) -> dict[str, object]:
-    return {
-        **RunConfig().to_mapping(),
-        "num-silos": 2,
-        "num-rounds": 2,
-        "local-steps": 3,
-        "batch-size": 8,
-        "evaluate-every": 2,
-        "out-dir": str(out_dir),
-    }
 
 
 @pytest.fixture(scope="module")

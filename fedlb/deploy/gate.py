@@ -36,7 +36,7 @@ from typing import Any
 
 MODULE = "fedlb.deploy.gate"
 CONTROL_HOST = "127.0.0.1"
-PUBLIC_PATHS = ("/v1/fleet/", "/health")  # what silos call
+FLEET_PATH, HEALTH_PATH = "/v1/fleet/", "/health"  # what silos (and health checks) call
 RUNTIME_PATH = "/v1/runtime/"  # the ServerApp's API: callers on this machine only
 
 Scope = MutableMapping[str, Any]
@@ -96,7 +96,7 @@ class PublicDoor:
 
     def admits(self, scope: Scope) -> bool:
         path = str(scope.get("path", ""))
-        if path.startswith(PUBLIC_PATHS) or path == "/health":
+        if path.startswith(FLEET_PATH) or path == HEALTH_PATH:
             return True
         if path.startswith(RUNTIME_PATH):
             client = scope.get("client") or ("",)

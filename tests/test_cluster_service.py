@@ -330,7 +330,11 @@ def test_a_request_over_the_size_limit_is_refused_unread(shared):
         (REGISTER, {"workers": ["a", "a"]}, "workers must be distinct names; 'a' is there twice"),
         (REGISTER, {"workers": ["a", 3]}, "workers[1] must be a name of 1 to 128 characters"),
         (REGISTER, {"workers": "ab"}, "workers must be a non-empty list of names, got 'ab'"),
-        (REGISTER, {"policy": "fast"}, "policy must be one of bsp, lb, lb-curve, lb-ema, lb-narx, lb-gpu, "),
+        (
+            REGISTER,
+            {"policy": "fast"},
+            "policy must be one of bsp, lb, lb-curve, lb-ema, lb-narx, lb-gpu, ",
+        ),
         (REGISTER, {"policy": ["bsp"]}, "policy must be one of"),
         (REGISTER, {"job": None}, "job must be a name of 1 to 128 characters, got null"),
     ],

@@ -7,7 +7,8 @@ curves, fedlb.training.STEP_CURVES: medians made non-decreasing, interpolated), 
 back as the silo's compute. It
 prints, per model and tuner, the slowest step by round against the exhaustive best split
 of X, and the balance efficiency E = T*/T_round of one-speed silos (t = B / v) under 20%
-lognormal timing noise (20 seeds), where the curve tuner must not lose to the pooled one.
+lognormal timing noise (20 seeds), where the curve tuner must not lose to the pooled one;
+and the curves themselves under 10% lognormal timing noise (real hardware is noisy).
 
     .venv/bin/python benchmarks/curves.py [--curves measured.json] [--json out.json]
 
@@ -69,6 +70,36 @@ def rounds_on_curves(tuner: Tuner, curves: dict[str, StepCurve]) -> list[float]:
     return slowest
 
 
+def ratio_on_noisy_curves(
+    name: str, curves: dict[str, StepCurve], optimum: float, seeds: int = 20, noise: float = 0.1
+) -> dict[str, float]:
+    """Each round's reported compute is the curve's time × lognormal noise (log-sd `noise`):
+    the slowest step over the best, at round 8 (median over seeds) and meaned over rounds
+    8-20 (mean, and the worst seed's)."""
+    at_round8, late = [], []
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        manager = BatchSizeManager({n: TOTAL // len(curves) for n in curves}, make_tuner(name))
+        ratios = []
+        for _ in range(20):
+            sizes = manager.sizes
+            times = {n: step_s(c, sizes[n]) for n, c in curves.items()}
+            ratios.append(max(times.values()) / optimum)
+            manager.step(
+                [
+                    WorkerReport(n, sizes[n], STEPS, STEPS * t * math.exp(rng.gauss(0, noise)))
+                    for n, t in times.items()
+                ]
+            )
+        at_round8.append(ratios[7])
+        late.append(statistics.fmean(ratios[7:]))
+    return {
+        "round8_median": statistics.median(at_round8),
+        "rounds8_20_mean": statistics.fmean(late),
+        "rounds8_20_worst_seed": max(late),
+    }
+
+
 def efficiency_under_noise(name: str, speeds: list[float], seeds: int = 20) -> dict[str, float]:
     means = []
     for seed in range(seeds):
@@ -116,6 +147,14 @@ def main() -> int:
             rows[label] = {"ms_by_round": [s * 1e3 for s in slowest], "round8_over_best": ratio}
             shown = " ".join(f"{s * 1e3:5.2f}" for s in slowest)
             print(f"  {label:22s} {shown}   round 8 / best {ratio:.2f}x")
+        for name in ("pooled", "curve"):
+            noisy = ratio_on_noisy_curves(name, chosen, optimum)
+            rows[f"{name}, 10% noise"] = noisy
+            print(
+                f"  {name + ', 10% noise':22s} round 8 / best {noisy['round8_median']:.2f}x"
+                f" (median of 20 seeds); rounds 8-20 {noisy['rounds8_20_mean']:.2f}x"
+                f" (worst seed {noisy['rounds8_20_worst_seed']:.2f}x)"
+            )
         result["curves"][model] = rows
     print("\none speed per silo (t = B / v), 20% lognormal timing noise, 20 seeds, rounds 3-20:")
     result["noise"] = {}

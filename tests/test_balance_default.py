@@ -166,7 +166,7 @@ def test_a_3x_step_is_followed_within_three_rounds_on_noisy_timings():
                 step_at=12,
                 slowed="c",
             )
-            for seed in range(10)
+            for seed in range(40)
         ]
         curve = np.mean(runs, axis=0)
         assert curve[11] < 0.7

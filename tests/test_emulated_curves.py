@@ -354,6 +354,9 @@ def test_cluster_ranks_on_curves_are_paced_named_and_judged_over_their_curves():
     assert job.ceiling() == pytest.approx(uniform / best)
     with pytest.raises(ClusterScenarioError, match="measured on model cnn, but the job trains"):
         ClusterScenario.from_mapping({"nproc": 2, "speeds": "curve:h200/cnn,1"})
+    # a model that cannot take the dataset's samples is refused before any rank starts
+    with pytest.raises(ClusterScenarioError, match="model lenet5 needs 28x28 or 32x32 images"):
+        ClusterScenario.from_mapping({"nproc": 2, "model": "lenet5", "dataset": "digits"})
 
 
 @pytest.mark.usefixtures("task_identity")

@@ -36,6 +36,11 @@ def _failure(log_path: Path) -> str:
     ours = [line for line in text.splitlines() if line.startswith("fedlb cluster:")]
     if ours:
         return ours[0].removeprefix("fedlb cluster: ")
+    # a rank's own exception (a dataset not installed, say): its last line says what to do
+    raised = re.findall(r"^(?:\[rank\d+\]:)?\s*(\w+(?:Error|Exception): .+)$", text, re.M)
+    raised = [line for line in raised if not line.startswith("ChildFailedError")]
+    if raised:
+        return f"a rank stopped with {raised[0]}"
     cause = re.search(
         r"Root Cause.*?^\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)", text, re.S | re.M
     )

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from fedlb.balance import ESTIMATORS, TUNERS, choices, defaults
 from fedlb.data import DATASETS, NATURAL_DATASETS, PARTITIONERS, parse_partition
 from fedlb.models import MODELS
+from fedlb.training import model_dataset_problem
 
 EVALUATE_MODES = ("with-train", "separate")
 BATCH_STREAMS = ("per-round", "carried")
@@ -233,12 +234,9 @@ class RunConfig:
             problems.append(f"evaluate-mode must be one of {', '.join(EVALUATE_MODES)}")
         if self.batch_stream not in BATCH_STREAMS:
             problems.append(f"batch-stream must be one of {', '.join(BATCH_STREAMS)}")
-        if self.model == "lenet5" and self.dataset in ("digits", "heart-disease", "shakespeare"):
-            problems.append(f"model lenet5 needs 28x28 or 32x32 images, not {self.dataset}")
-        if self.model == "cnn" and self.dataset in ("heart-disease", "shakespeare"):
-            problems.append(f"model cnn needs images; {self.dataset} is not images")
-        if (self.model == "lstm") != (self.dataset == "shakespeare"):
-            problems.append("model lstm and dataset shakespeare go together (character sequences)")
+        pairing = model_dataset_problem(self.model, self.dataset)
+        if pairing is not None:
+            problems.append(pairing)
         try:
             kind, _ = parse_partition(self.partition)
         except ValueError as error:

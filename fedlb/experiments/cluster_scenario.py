@@ -16,7 +16,13 @@ from fedlb.balance import SpeedEstimator, StepCurve, Tuner, ideal_round_time
 from fedlb.cluster import DEFAULT_CLUSTER_POLICY, parse_policy
 from fedlb.data import DATASETS, parse_partition
 from fedlb.models import MODELS
-from fedlb.training import BASE_SPEED, DeviceError, choose_device, process_group_backend
+from fedlb.training import (
+    BASE_SPEED,
+    DeviceError,
+    choose_device,
+    model_dataset_problem,
+    process_group_backend,
+)
 
 from .clocks import CurveTime, GpuLikeTime, LinearTime, TimeModel, ideal_split
 from .profiles import SpeedProfile, clock_label, silo_speeds
@@ -101,6 +107,9 @@ class ClusterScenario:
             raise ClusterScenarioError(
                 f"model must be one of {', '.join(MODELS)}, got {self.model!r}"
             )
+        pairing = model_dataset_problem(self.model, self.dataset)
+        if pairing is not None:
+            raise ClusterScenarioError(pairing)
         if self.snapshot_s <= 0 or self.eval_samples < 1 or not 0 <= self.target_accuracy <= 1:
             raise ClusterScenarioError(
                 "snapshot-s must be > 0, eval-samples >= 1, target-accuracy in [0, 1]"

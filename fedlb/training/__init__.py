@@ -15,6 +15,7 @@ from .device import (
     to_device,
 )
 from .local import BASE_SPEED, EmulatedSpeed, Pace, evaluate, tensor_dataset, train_epoch
+from .pairing import model_dataset_problem
 from .resources import ResourceProbe, ResourceSample, accelerator_memory
 from .sampler import ResizableBatchSampler
 
@@ -32,6 +33,7 @@ __all__ = [
     "accelerator_memory",
     "choose_device",
     "evaluate",
+    "model_dataset_problem",
     "process_group_backend",
     "step_curve",
     "synchronize",

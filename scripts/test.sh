@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # Sets fedlb up (./scripts/setup.sh) and runs lint, type checks and the test suite.
-# Extra arguments go to pytest, e.g. ./scripts/test.sh -k balance
+#   ./scripts/test.sh            everything (what CI runs: ~15 minutes on 2 cores)
+#   ./scripts/test.sh --quick    the quick tier: unit, model-clock and in-process tests,
+#                                without those marked slow (real Flower processes,
+#                                torchrun jobs, trained models): ~3 minutes on 2 cores
+# Other arguments go to pytest, e.g. ./scripts/test.sh --quick -k balance
 set -euo pipefail
 cd "$(dirname "$0")/.."
+selection=()
+if [[ "${1:-}" == "--quick" ]]; then
+    shift
+    selection=(-m "not slow")
+fi
 ./scripts/setup.sh
 venv="${FEDLB_VENV:-.venv}"
 echo "== ruff"
@@ -10,5 +19,5 @@ echo "== ruff"
 "$venv/bin/ruff" format --check fedlb tests benchmarks examples
 echo "== mypy"
 "$venv/bin/mypy"
-echo "== pytest"
-exec "$venv/bin/pytest" "$@"
+echo "== pytest${selection:+ (quick tier: not slow)}"
+exec "$venv/bin/pytest" "${selection[@]}" "$@"

@@ -57,6 +57,7 @@ def _one_step(rank: int, store: str, out: str, weighted: bool) -> None:
     os._exit(0)  # torch's gloo threads can abort at interpreter teardown (cluster_run.py)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weighted", [True, False])
 def test_weighted_aggregation_equals_one_process_on_the_union(tmp_path, weighted):
     out = tmp_path / "grads.pt"
@@ -71,6 +72,7 @@ def test_weighted_aggregation_equals_one_process_on_the_union(tmp_path, weighted
     assert close is weighted
 
 
+@pytest.mark.slow
 def test_four_ranks_converge_to_their_speeds_under_torchrun(tmp_path):
     """torchrun, 4 gloo ranks at speeds 1 : 1 : 2 : 4 (sleep-padded): sizes follow the
     speeds with X kept, the loss goes down, every process is gone afterwards."""
@@ -98,6 +100,7 @@ def test_four_ranks_converge_to_their_speeds_under_torchrun(tmp_path):
             os.kill(int(pid_file.read_text()), 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["lb-ema", "asp", "eager-solo"])
 def test_a_rank_that_dies_fails_the_job_with_a_clear_message(tmp_path, policy):
     """BSP, the parameter server and eager-SGD alike: a killed worker stops the job with
@@ -141,6 +144,7 @@ def test_a_rank_that_dies_fails_the_job_with_a_clear_message(tmp_path, policy):
             os.kill(int(pid_file.read_text()), 0)
 
 
+@pytest.mark.slow
 def test_the_adoption_example_runs_under_torchrun(tmp_path):
     """examples/cluster_train.py: a plain training script plus the lines marked fedlb."""
     import subprocess
@@ -171,6 +175,7 @@ def test_the_adoption_example_runs_under_torchrun(tmp_path):
     assert final == ["final sizes [48, 16] (X = 64)"], result.stdout
 
 
+@pytest.mark.slow
 def test_the_competing_load_runs_and_sleeps_and_is_measured():
     import time
 
@@ -207,6 +212,7 @@ def test_the_shipped_cluster_scenarios_parse():
             assert ClusterScenario.from_mapping({**values, "policy": policy}).nproc >= 1
 
 
+@pytest.mark.slow
 def test_stopping_fedlb_cluster_stops_its_job(tmp_path):
     """SIGTERM to `fedlb cluster` (a scheduler, `timeout`) takes the torchrun job with it:
     its ranks run in sessions of their own, so they are stopped by their PIDs too."""

@@ -93,6 +93,7 @@ def _run_ps(tmp_path, kind, parameter, updates, slow=5.0):
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_asp_workers_run_without_a_barrier(tmp_path):
     seen = _run_ps(tmp_path, "asp", None, 110)
     clocks = {int(k): v for k, v in seen["clocks"].items()}
@@ -102,6 +103,7 @@ def test_asp_workers_run_without_a_barrier(tmp_path):
     assert seen["pulls"] == []  # asp never checks clocks
 
 
+@pytest.mark.slow
 def test_ssp_holds_its_staleness_bound(tmp_path):
     seen = _run_ps(tmp_path, "ssp", 2, 60)
     gaps = [clock - slowest for _, clock, slowest in seen["pulls"]]
@@ -111,6 +113,7 @@ def test_ssp_holds_its_staleness_bound(tmp_path):
     assert max(clocks) - min(clocks) <= 3  # one push past a pull's check at most
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("slow", [1.0, 1.5])
 def test_backup_aggregates_the_first_n_minus_k_and_drops_exactly_the_k_latest(tmp_path, slow):
     seen = _run_ps(tmp_path, "backup", 1, 20, slow)
@@ -185,6 +188,7 @@ def _eager_rank(rank: int, store_path: str, mode: str, collectives: int, out: st
     os._exit(0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["solo", "majority"])
 def test_eager_applies_every_gradient_eventually(tmp_path, mode):
     collectives = 30
@@ -240,6 +244,7 @@ def _local_rank(rank: int, store_path: str, out: str):
     os._exit(0)
 
 
+@pytest.mark.slow
 def test_local_sgd_averages_exactly_every_tau_steps(tmp_path):
     out = str(tmp_path / "rank")
     mp.spawn(_local_rank, args=(str(tmp_path / "store"), out), nprocs=3)
@@ -299,6 +304,7 @@ def _partition_rank(rank: int, store_path: str, threshold: float, out: str):
     os._exit(0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threshold", [2.0, 1e9])
 def test_the_partition_manager_keeps_shards_at_one_pace_and_loses_no_sample(tmp_path, threshold):
     out = tmp_path / "result.pt"
@@ -358,6 +364,7 @@ def test_the_barrier_agent_moves_the_barrier_and_costs_little():
     assert barrier_steps(base, -10, times).seconds == pytest.approx(0.3)
 
 
+@pytest.mark.slow
 def test_orchestra_sets_local_steps_by_measured_speed(tmp_path):
     from fedlb.experiments import ClusterScenario, launch
 

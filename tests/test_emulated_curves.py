@@ -114,6 +114,7 @@ def test_silos_on_curves_report_the_model_clock_and_e_is_over_the_curves(tmp_pat
     )
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("task_identity")
 def test_a_model_clock_experiment_on_curves_with_a_speed_beside_them(tmp_path):
     """The experiment's own clock (EmulatedClock from the scenario's profiles) on curves

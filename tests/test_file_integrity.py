@@ -106,6 +106,7 @@ def test_a_sealed_npz_is_an_ordinary_zip_whose_comment_is_its_digest(tmp_path):
 
 
 # ---- fedlb decrypt ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_decrypt_refuses_every_flipped_byte_without_the_side_file(model, keys, tmp_path):
     intact = model.read_bytes()
     out = tmp_path / "model.pt"

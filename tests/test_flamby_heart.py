@@ -176,6 +176,7 @@ def _fedavg_by_hand(config, rounds: int) -> dict[str, torch.Tensor]:
     return global_state
 
 
+@pytest.mark.slow
 def test_the_flamby_protocol_runs_in_fedlbs_federation_for_two_rounds(tmp_path):
     """scenarios/flamby-heart.toml for 2 rounds on Flower's simulation, on the real CSV:
     the split the run used is FLamby's (per-centre train sizes and classes), every centre

@@ -52,6 +52,7 @@ def test_the_change_is_three_lines(tmp_path, name):
     assert any("balanced_loader(msg, trainloader)" in line for line in added)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("task_identity")
 def test_quickstart_in_process_balances_and_keeps_its_own_loop_metrics_and_log(
     tmp_path, monkeypatch, caplog

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The README's install path for a machine without the clone, tried for real: build
+# fedlb's wheel from this repository, install it into a fresh virtual environment
+# (torch first: FEDLB_TORCH, default torch==2.13.0, as setup.sh does on machines without
+# an NVIDIA GPU), and run what a silo and a server run from it: the CLI, the package data,
+# and a 2-round heterogeneous demo (real SuperLink and SuperNodes on 127.0.0.1).
+#   ./scripts/check-wheel.sh          # ~2-4 minutes with pip's cache warm
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python="${PYTHON:-python3}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; }; }
+
+echo "== wheel"
+quiet "$python" -m pip wheel -q --no-deps -w "$work/dist" .
+wheel="$(ls "$work"/dist/fedlb-*.whl)"
+echo "built $(basename "$wheel")"
+
+echo "== a fresh virtual environment"
+"$python" -m venv "$work/venv"
+pip=("$work/venv/bin/python" -m pip --disable-pip-version-check)
+quiet "${pip[@]}" install -q "${FEDLB_TORCH:-torch==2.13.0}"
+quiet "${pip[@]}" install -q "$wheel"
+
+echo "== what a silo and a server run"
+cd "$work"  # away from the clone: nothing may come from its source tree
+"$work/venv/bin/fedlb" --help >/dev/null
+"$work/venv/bin/python" - <<'PY'
+import fedlb, fedlb.data, fedlb.training
+assert "site-packages" in fedlb.__file__, fedlb.__file__
+digits = fedlb.data.load_digits()
+assert len(digits) > 1000, len(digits)
+assert "h200/cnn" in fedlb.training.STEP_CURVES
+print("installed at", fedlb.__file__, "with its package data: digits", len(digits),
+      "samples,", len(fedlb.training.STEP_CURVES), "step-time curves")
+PY
+"$work/venv/bin/fedlb" demo --num-rounds 2 --local-steps 5 --out-dir "$work/run" >"$work/demo.log" 2>&1 \
+  || { tail -30 "$work/demo.log"; echo "check-wheel: the demo failed from the wheel"; exit 1; }
+grep -q "completed: rounds 1-2" "$work/demo.log" \
+  || { tail -30 "$work/demo.log"; echo "check-wheel: the demo did not complete"; exit 1; }
+echo "check-wheel: the wheel installs and runs a 2-round demo in a fresh environment"

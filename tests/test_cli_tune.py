@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from fedlb.cli import app
@@ -96,3 +97,36 @@ def test_tune_bad_input_says_what_is_wrong():
         result = runner.invoke(app, ["tune", *args])
         assert result.exit_code == 2, (args, result.output)
         assert message in " ".join(result.output.split()), (args, result.output)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_every_help_reads_without_a_sentence_broken_mid_line(width):
+    """`fedlb --help` and each command's own help, at the terminal's width: every line
+    of a command's text that a later line of the same paragraph follows is filled (a
+    hard break in a docstring left "gloo, or NCCL with a" alone on a line)."""
+    names = [c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands]
+    pages = {"fedlb": runner.invoke(app, ["--help"], terminal_width=width)}
+    for name in names:
+        pages[name] = runner.invoke(app, [name, "--help"], terminal_width=width)
+    for page, result in pages.items():
+        assert result.exit_code == 0, (page, result.output)
+        lines = result.output.splitlines()
+        if page == "fedlb":  # the Commands panel: "│ name   text │"
+            start = next(i for i, line in enumerate(lines) if "Commands" in line)
+            rows = [line[2:].rstrip("│ ") for line in lines[start + 1 :] if line.startswith("│")]
+            for name in names:
+                assert any(row.startswith(name + " ") for row in rows), (name, rows)
+            texts = [
+                row[12:].strip() if row[:12].strip() == "" else row.partition(" ")[2].strip()
+                for row in rows
+            ]
+            following = [rows[i + 1][:12].strip() == "" for i in range(len(rows) - 1)] + [False]
+        else:  # the text between the usage line and the first panel
+            usage = next(i for i, line in enumerate(lines) if "Usage:" in line)
+            panel = next(i for i, line in enumerate(lines) if line.startswith("╭"))
+            texts = [line.strip() for line in lines[usage + 1 : panel]]
+            following = [bool(texts[i + 1]) for i in range(len(texts) - 1)] + [False]
+        column = max((len(t) for t in texts), default=0)
+        for text, more in zip(texts, following, strict=True):
+            if text and more:
+                assert len(text) >= 0.6 * column, (page, text)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 # Importing a module registers its commands; `fedlb --help` lists them in this order.
 from . import cluster, experiment, federation, silo, security, he, tune  # noqa: F401 # isort: skip
-from .common import app, console, file_error
+from .common import app, console, file_error, summaries_on_one_line
+
+summaries_on_one_line(app)
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import inspect
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+
+
+def summaries_on_one_line(typer_app: typer.Typer) -> None:
+    """Each command's help as its docstring's paragraphs, each on one line, which the
+    help then wraps to the terminal: `fedlb --help` shows the first as the summary.
+    Typer keeps a docstring's own line breaks, so text wrapped at 90 columns in the
+    source broke mid-sentence on every terminal ("gloo, or NCCL with a" / "GPU per
+    rank")."""
+    for command in typer_app.registered_commands:
+        if command.callback is None or command.help is not None:
+            continue
+        paragraphs = [
+            " ".join(p.split()) for p in (inspect.getdoc(command.callback) or "").split("\n\n")
+        ]
+        command.help = "\n\n".join(paragraphs)
+        command.short_help = command.short_help or paragraphs[0]
 
 
 def file_error(error: OSError) -> str:

@@ -4,8 +4,9 @@ them back in, and keeping the balancer's set of workers in step (X re-divided ea
 from __future__ import annotations
 
 import logging
+import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from flwr.app import Message
 from flwr.common.logger import log as flwr_log
@@ -120,6 +121,18 @@ class Membership:
                 warned = True
             self.sleep(0.5)
 
+    def sample(
+        self, grid: Grid, first: bool, fraction: float, minimum: int, rng: random.Random
+    ) -> tuple[list[int], list[int]]:
+        """(every eligible node, those sampled: FedAvg's count, ⌊fraction·n⌋ but at least
+        `minimum`, of the silos not left out). `first`: before this process's first round
+        (a fresh run, or a resumed one whose silos are reconnecting) wait for all the silos
+        expected; later, go on with those present."""
+        nodes = self.eligible(grid, first)
+        count = min(len(nodes), max(int(len(nodes) * fraction), minimum, 1))
+        chosen = nodes if count >= len(nodes) else sorted(rng.sample(nodes, count))
+        return nodes, chosen
+
     def holder_active(self, partition: int) -> bool:
         holder = self.claims.get(partition)
         return holder is not None and holder in self.online and holder not in self.benched
@@ -176,6 +189,25 @@ class Membership:
         self.event(f"{self.label(node)} missed round {server_round} ({why})")
         if manager is not None:
             self.leave(manager, node)
+
+    def bench_missing(
+        self,
+        server_round: int,
+        unreachable: list[int],
+        sent: Iterable[int],
+        answered: set[int],
+        manager: BatchSizeManager | None,
+    ) -> list[str]:
+        """Bench the silos the SuperLink could not reach and those `sent` the round that
+        did not answer in time; "node-N: why" for each of the latter, for the record."""
+        for node in unreachable:
+            self.bench(node, server_round, "unreachable", manager)
+        failed = []
+        for node in sent:
+            if node not in answered:
+                failed.append(f"{node_label(node)}: no reply within the round timeout")
+                self.bench(node, server_round, "no reply within the round timeout", manager)
+        return failed
 
     def leave(self, manager: BatchSizeManager, node: int) -> None:
         """Remove a silo from the balancer: X loses the B0 it brought, the rest is

@@ -1,12 +1,15 @@
-"""LoadBalancedFedAvg: FedAvg with per-silo batch sizes tuned from measured throughput."""
+"""LoadBalancedFedAvg: FedAvg with per-silo batch sizes tuned from measured throughput.
+
+The class holds Flower's round (configure/aggregate train and evaluate, start) and the hooks
+its variants override; each concern its hooks need lives beside it: the balancer's start and
+reports (balancing), the stability guard (stability), averaging and metrics (aggregation),
+the silos taking part (membership), rounds closed in the run's numbering (round_close)."""
 
 from __future__ import annotations
 
-import contextlib
-import math
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
@@ -14,41 +17,38 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedlb.balance import BatchSizeManager, StabilityGuard, WorkerReport
 
+from .aggregation import (
+    MetricsAggregation,
+    app_metrics,
+    audit,
+    average,
+    encrypted_start,
+    with_round_figures,
+)
+from .balancing import StoredProfiles, describe_balancing, read_reports, start_manager
 from .checkpoint import Checkpoint, restore_strategy_state, save_checkpoint, strategy_state
 from .grid import PollingGrid
 from .he import EncryptedAggregation, EncryptedModel
 from .identity import by_node, node_label, worker_name
 from .membership import Membership, say
 from .options import Balancing, Joining, Keeping
-from .profiles import (
-    SiloProfile,
-    ask_profiles,
-    model_key,
-    profile_report,
-    remember_model,
-    seen_before,
-    stale,
-)
-from .protocol import (
-    EVAL_EXAMPLES,
-    ROUND_FIGURES,
-    TRAIN_LOSS_NAMES,
-    Orders,
-    SiloReport,
-    first_number,
-    numbers,
-    user_metrics,
-)
+from .profiles import model_key
+from .protocol import EVAL_EXAMPLES, Orders, SiloReport
 from .records import RoundRecord, balance_line, round_record
-from .replies import ReportCheck, UpdateCheck, only_metrics, triage_replies
-from .round_log import RoundLog, attach_evaluation, audit_round
+from .replies import ReportCheck, UpdateCheck, triage_replies
+from .round_close import (
+    EvaluateFn,
+    RunProgress,
+    adopt_foreign_loop,
+    in_run_rounds,
+    recorded_evaluate,
+)
+from .round_log import RoundLog, attach_evaluation
 from .rounds_file import RoundReporter
-
-MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
+from .stability import guard_round, least_share
 
 
 class LoadBalancedFedAvg(FedAvg):
@@ -152,60 +152,36 @@ class LoadBalancedFedAvg(FedAvg):
         self.updates = UpdateCheck(weighted_by_key, he)
         self.report_check = ReportCheck(weighted_by_key)
         self.manager: BatchSizeManager | None = None
+        self.progress = RunProgress()
+        self.stored_profiles = StoredProfiles()
         self._rng = random.Random(seed)
-        self._num_rounds = 0
-        self._offset = 0  # rounds a restored checkpoint had done
         self._sent: dict[int, tuple[int | None, int | None]] = {}  # node -> (B, τ) ordered
         self._messages: list[Message] = []  # this round's train messages
         self._notices: dict[int, str] = {}  # node -> why its last update was left out
         self._started = 0.0
-        self._user_floor = 0.0
-        self._own_loop = False  # start() ran: else a subclass's own start() drives the hooks
+        self._user_floor = 0.0  # the floor the user set on the tuner: the guard's least
         self._aggregated: ArrayRecord | None = None  # the model the last round ended with
-        self._finished = 0  # the last round finished (record closed, checkpointed)
-        self._told_foreign_loop = False
         self._polling: PollingGrid | None = None  # its replies' arrival times per round
-        self._model_key: str | None = None  # the model's layout, for speed profiles
-        self._profiled: dict[int, SiloProfile] = {}  # round 1's profiles, checked after it
 
     @property
     def reporter(self) -> RoundReporter:
         """Where finished round records go (their console table, rounds.jsonl)."""
         return self.rounds.reporter
 
-    # ---- what Flower logs at the start -------------------------------------------------
     def summary(self) -> None:
+        """What Flower logs at the start, and fedlb's balancing after it."""
         super().summary()
-        flwr_log(INFO, "\t└──> Load balancing (fedlb):")
-        flwr_log(
-            INFO,
-            "\t\t├── B0: %s | τ: %s",
-            self.batch_size or "each silo's own loader batch size",
-            self.local_steps or "each silo's own step count (kept from its first round)",
-        )
-        flwr_log(INFO, "\t\t├── Balancer: %s", getattr(self.balancer, "__name__", self.balancer))
-        flwr_log(
-            INFO,
-            "\t\t└── Stability guard: %s",
-            "off (full balance)"
-            if self.guard is None
-            else f"no silo below {self.guard.floor:.0%} of the mean batch; blow-ups left out",
-        )
+        describe_balancing(self.batch_size, self.local_steps, self.balancer, self.guard)
 
     # ---- nodes and sizes ---------------------------------------------------------------
     def _round(self, flower_round: int) -> int:
         """The run's round number (Flower's loop restarts at 1 after a resume)."""
-        return flower_round + self._offset
+        return self.progress.run_round(flower_round)
 
     def _sample(self, fraction: float, minimum: int, grid: Grid) -> tuple[list[int], list[int]]:
-        """(every eligible node, those sampled: FedAvg's count, ⌊fraction·n⌋ but at
-        least `minimum`, of the silos not left out)."""
-        # Before this process's first round (a fresh run, or a resumed one whose silos are
-        # reconnecting) wait for all the silos expected; later, go on with those present.
-        nodes = self.members.eligible(grid, first=not self._sent)
-        count = min(len(nodes), max(int(len(nodes) * fraction), minimum, 1))
-        chosen = nodes if count >= len(nodes) else sorted(self._rng.sample(nodes, count))
-        return nodes, chosen
+        """(every eligible node, those sampled), all the expected silos awaited before this
+        process's first round."""
+        return self.members.sample(grid, not self._sent, fraction, minimum, self._rng)
 
     def current_sizes(self) -> dict[int, int]:
         """Every known silo's batch size for the next round, by node id."""
@@ -223,71 +199,26 @@ class LoadBalancedFedAvg(FedAvg):
     def _start_from_profiles(self, grid: Grid, arrays: ArrayRecord, nodes: list[int]) -> None:
         """Round 1 balanced: the silos' stored speed profiles as their first reports,
         when this server has balanced this model before and every sampled silo has one."""
-        if self._model_key is None and self.he is None:
-            self._model_key = model_key(arrays)
-        if self._model_key is None or not seen_before(self._model_key):
+        stored = self.stored_profiles
+        found = stored.ask(grid, arrays, nodes, self.he is not None, self.members)
+        if found is None:
             return
-        found = ask_profiles(grid, nodes, self._model_key)
-        missing = [n for n in nodes if n not in found]
-        if missing:
-            say(
-                INFO,
-                "round 1 at every silo's B0: %d of %d silos have no usable stored speed "
-                "profile for this model and hardware (none, one too old, or a damaged one, "
-                "which is named in the log of the silo or of this server)",
-                len(missing),
-                len(nodes),
-            )
-            return
-        said = {n: profile_report(p, partition) for n, (p, partition) in found.items()}
-        for node, report in said.items():
-            self.members.name(node, report.partition_id)
-        manager = self._start_balancing(said)
+        manager = self._start_balancing({n: report for n, (_, report) in found.items()})
         if self.guard is not None:
-            manager.set_min_share(max(self.guard.floor, self._user_floor))
-        # a profile is the mean of the rounds it was measured over: as many reports (a
-        # single one would leave silos within the tuner's noise prior pooled)
-        for repeat in range(max(p.rounds for p, _ in found.values())):
-            manager.step(
-                [self._load_report(n, r) for n, r in said.items() if found[n][0].rounds > repeat]
-            )
-        self._profiled = {n: p for n, (p, _) in found.items()}
-        say(
-            INFO,
-            "round 1 balanced from the silos' stored speed profiles (%s): sizes %s",
-            ", ".join(
-                f"{self.members.label(n)} {p.speed:.0f} samples/s, {p.age_s / 3600:.1f} h old"
-                for n, p in sorted(self._profiled.items())
-            ),
-            self.sizes_by_silo(),
-        )
+            manager.set_min_share(least_share(self.guard, self._user_floor))
+        stored.replay(manager, found, self._load_report)
+        stored.say_used(self.members.label, self.sizes_by_silo())
 
     def _start_balancing(self, said: Mapping[int, SiloReport]) -> BatchSizeManager:
         """The balancer, from the silos' first reports (or their stored profiles)."""
-        initial = {str(n): self._initial_load(r) for n, r in sorted(said.items())}
-        self.manager = self.members.start_balancing(self.balancer, initial, said)
-        # a floor the user set stays the least the guard keeps
-        self._user_floor = float(getattr(self.manager.tuner, "min_share", 0.0))
+        self.manager, self._user_floor = start_manager(
+            self.balancer, self.members, said, self._initial_load
+        )
         return self.manager
 
     def _check_profiles(self, said: Mapping[int, SiloReport]) -> None:
-        """After round 1: say which stored profiles the measurement contradicts (the
-        estimator follows the measurement from here, as after any change of speed)."""
-        for node, profile in self._profiled.items():
-            report = said.get(node)
-            ratio = stale(profile, report) if report is not None else None
-            if ratio is not None:
-                say(
-                    WARNING,
-                    "%s's stored speed profile was stale: it ran at %.2fx the stored %.0f "
-                    "samples/s; re-measured from now on",
-                    self.members.label(node),
-                    ratio,
-                    profile.speed,
-                )
-        self._profiled = {}
-        if self.profiles and self._model_key is not None:
-            remember_model(self._model_key)
+        """After round 1: say which stored profiles the measurement contradicts."""
+        self.stored_profiles.check(said, self.members.label, self.profiles)
 
     # Hooks the experiment-only variants (fedlb.experiments) override ------------------
     def _orders(self, server_round: int, node: int) -> Orders:
@@ -322,7 +253,7 @@ class LoadBalancedFedAvg(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         server_round = self._round(server_round)
-        if not self._own_loop:
+        if not self.progress.own_loop:
             self._foreign_loop(grid)
             if self.he is not None:  # a foreign loop starts from the plaintext model
                 arrays = self.he.encrypt(arrays)
@@ -376,35 +307,12 @@ class LoadBalancedFedAvg(FedAvg):
             if not valid:
                 say(WARNING, "round %d: no usable update; the model stays as it was", server_round)
                 return None, None
-            contents = [m.content for m in valid]
-            if self.he is not None:
-                assert self.updates.global_arrays is not None
-                arrays: ArrayRecord = self.he.average(
-                    [self.updates.ciphertexts[id(m)] for m in valid],
-                    [self.updates.weight(m) for m in valid],
-                    self.updates.global_arrays,
-                )
-            else:
-                arrays = aggregate_arrayrecords(contents, self.weighted_by_key)
+            arrays = average(valid, self.updates, self.he, self.weighted_by_key)
             self._aggregated = arrays
             if self.audit_dir is not None:
-                updates = {
-                    m.metadata.src_node_id: (
-                        self.updates.weight(m),
-                        next(iter(m.content.array_records.values())),
-                    )
-                    for m in valid
-                }
-                audit_round(self.audit_dir, server_round, updates, arrays)
-            metrics = self.train_metrics_aggr_fn(
-                [RecordDict({"metrics": user_metrics(only_metrics(m))}) for m in valid],
-                self.weighted_by_key,
-            )
-            for key, field in ROUND_FIGURES.items():
-                value = getattr(record, field)
-                if value is not None:
-                    metrics[key] = float(value)
-            return arrays, metrics
+                audit(self.audit_dir, server_round, valid, self.updates, arrays)
+            metrics = app_metrics(valid, self.train_metrics_aggr_fn, self.weighted_by_key)
+            return arrays, with_round_figures(metrics, record)
 
     def _collect(
         self, server_round: int, replies: list[Message]
@@ -414,52 +322,27 @@ class LoadBalancedFedAvg(FedAvg):
         sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._messages}
         triage = triage_replies(replies, sent_to, self.updates)
         failed = triage.failed
-        for node in triage.unreachable:
-            self.members.bench(node, server_round, "unreachable", self.manager)
-        for node in self._sent:
-            if node not in triage.answered:
-                failed.append(f"{node_label(node)}: no reply within the round timeout")
-                self.members.bench(
-                    node, server_round, "no reply within the round timeout", self.manager
-                )
-        valid = triage.valid
+        failed += self.members.bench_missing(
+            server_round, triage.unreachable, self._sent, triage.answered, self.manager
+        )
         for line in failed:
             say(WARNING, "round %d: %s", server_round, line)
-        valid = self.members.one_vote_each(server_round, valid, failed)
+        valid = self.members.one_vote_each(server_round, triage.valid, failed)
         kept = self._keep(server_round, valid)
         failed += [
             f"{node_label(m.metadata.src_node_id)}: not among the quorum"
             for m in valid
             if m not in kept
         ]
-        reports: dict[int, WorkerReport] = {}
-        said: dict[int, SiloReport] = {}
-        app_numbers: dict[int, dict[str, float]] = {}
-        rejected: list[str] = []
-        for msg in kept:
-            node = msg.metadata.src_node_id
-            metrics = only_metrics(msg)
-            app_numbers[node] = numbers(metrics)
-            report, why = self.report_check.read(node, metrics, self._sent.get(node, (0, 0)))
-            if report is None:
-                say(
-                    WARNING,
-                    "round %d: report of node %d dropped (its update is used): %s",
-                    server_round,
-                    node,
-                    why,
-                )
-                rejected.append(f"{self.members.label(node)}: {why}")
-                continue
-            self.members.name(node, report.partition_id)
-            said[node] = report
-            reports[node] = self._load_report(node, report)
-        if self.profiles and server_round == self._offset + 1:
-            self._check_profiles(said)
-        if self.manager is None and said:  # the first reports: each silo's own B0 and τ
-            self._start_balancing(said)
+        read = read_reports(
+            server_round, kept, self.report_check, self._sent, self.members, self._load_report
+        )
+        if self.profiles and server_round == self.progress.offset + 1:
+            self._check_profiles(read.said)
+        if self.manager is None and read.said:  # the first reports: each silo's own B0 and τ
+            self._start_balancing(read.said)
         # The guard first: the floor it sets bounds this step's sizes.
-        diverged = self._guard_round(server_round, said, app_numbers, triage.blown_up)
+        diverged = self._guard_round(server_round, read.said, read.app_numbers, triage.blown_up)
         for node, why in {**triage.rejected, **diverged}.items():  # told in its next message
             self._notices[node] = (
                 f"its update of round {server_round} was left out of the average: {why}"
@@ -474,15 +357,17 @@ class LoadBalancedFedAvg(FedAvg):
         next_sizes = (
             {}
             if self.manager is None
-            else self.members.step(self.manager, said, reports, rejected, self._initial_load)
+            else self.members.step(
+                self.manager, read.said, read.reports, read.rejected, self._initial_load
+            )
         )
         balancer_s = time.perf_counter() - stepped
         arrived = self._polling.replied_s if self._polling is not None else {}
         record = round_record(
             server_round,
-            reports,
-            said,
-            app_numbers,
+            read.reports,
+            read.said,
+            read.app_numbers,
             dict(self.members.labels),
             next_sizes,
             self._sent,
@@ -491,7 +376,7 @@ class LoadBalancedFedAvg(FedAvg):
             {n: arrived[i] for i, n in sent_to.items() if i in arrived},
         )
         record.failed = failed
-        record.rejected = rejected
+        record.rejected = read.rejected
         record.events = self.members.take_events()
         record.balancer_s = balancer_s if self.manager is not None else None
         return kept, record
@@ -507,58 +392,27 @@ class LoadBalancedFedAvg(FedAvg):
         to leave out; the silos' floor moved (and the sizes with it) when it says so."""
         if self.guard is None:
             return {}
-        # Per local step: a silo with more steps (a bigger dataset, τ = len(its loader))
-        # moves the model further without diverging.
-        norms = {
-            worker_name(n): r.update_norm / r.local_steps
-            for n, r in said.items()
-            if r.update_norm is not None
-        }
-        # updates rejected for NaN or infinity: left out already, and a blow-up all the same
-        norms.update({worker_name(n): math.inf for n in blown_up})
-        losses = {
-            worker_name(n): loss
-            for n in said
-            if (loss := first_number(app_numbers.get(n, {}), TRAIN_LOSS_NAMES)) is not None
-        }
-        sizes = {worker_name(n): r.batch_size for n, r in said.items()}
-        verdict = self.guard.check(norms, losses, sizes)
-        found = {n: why for n, why in by_node(verdict.diverged).items() if n not in blown_up}
-        for node, why in found.items():
-            say(
-                WARNING,
-                "round %d: %s's update diverged and is left out of the average: %s",
-                server_round,
-                self.members.label(node),
-                why,
-            )
-        if self.manager is not None:
-            floor = max(self.guard.floor, self._user_floor)
-            if getattr(self.manager.tuner, "min_share", floor) != floor:
-                self.manager.set_min_share(floor)
-                say(
-                    WARNING if floor > verdict.floor_before else INFO,
-                    "round %d: %s round (dispersion of the silos' updates %s): every silo "
-                    "gets at least %.0f%% of the mean batch from now on",
-                    server_round,
-                    verdict.look,
-                    "–" if verdict.dispersion is None else f"{verdict.dispersion:.2f}",
-                    100 * floor,
-                )
-        return found
+        return guard_round(
+            self.guard,
+            self.manager,
+            self._user_floor,
+            server_round,
+            said,
+            app_numbers,
+            blown_up,
+            self.members.label,
+        )
 
     # ---- evaluation --------------------------------------------------------------------
     def _evaluation_due(self, server_round: int) -> bool:
-        return server_round >= 1 and (
-            server_round % self.evaluate_every == 0 or server_round == self._num_rounds
-        )
+        return self.progress.evaluation_due(server_round, self.evaluate_every)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         server_round = self._round(server_round)
         with self.rounds.server_time():
-            due = server_round == self._num_rounds or (
+            due = server_round == self.progress.num_rounds or (
                 not self.evaluate_with_train and self._evaluation_due(server_round)
             )
             if self.fraction_evaluate == 0.0 or not due:
@@ -583,17 +437,14 @@ class LoadBalancedFedAvg(FedAvg):
             for line in unusable:
                 say(WARNING, "round %d: evaluation from %s", server_round, line)
             self.rounds.evaluated(server_round, valid, self.weighted_by_key)
-        if not self._own_loop and self._aggregated is not None:
+        if not self.progress.own_loop and self._aggregated is not None:
             # A subclass's own loop: this is the round's last hook fedlb sees (its
             # evaluate_fn runs after it), so the round is finished here.
             self._finish_round(server_round, self._aggregated, last=True)
         with self.rounds.server_time():
             if not valid:
                 return None
-            return self.evaluate_metrics_aggr_fn(
-                [RecordDict({"metrics": user_metrics(only_metrics(m))}) for m in valid],
-                self.weighted_by_key,
-            )
+            return app_metrics(valid, self.evaluate_metrics_aggr_fn, self.weighted_by_key)
 
     # ---- the run -----------------------------------------------------------------------
     def start(
@@ -604,45 +455,21 @@ class LoadBalancedFedAvg(FedAvg):
         timeout: float = 3600,
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        evaluate_fn: EvaluateFn | None = None,
     ) -> Result:
         """Flower's own round loop (`Strategy.start`: its log, its `Result`), with replies
         polled every `poll_interval` s. After `restore(checkpoint)` it runs the rounds
         after the checkpoint's (pass the returned model as `initial_arrays`): Flower's
         loop counts them from 1 again, fedlb's records and the Result use the run's
         round numbers. Under HE, `Result.arrays` is an `EncryptedModel`."""
-        self._num_rounds = num_rounds
-        self._own_loop = True
+        done = self.progress.begin(num_rounds)
         if self.profiles:
-            self._model_key = model_key(initial_arrays)  # plaintext: under HE too
-        done = self._offset
+            self.stored_profiles.model = model_key(initial_arrays)  # plaintext: under HE too
         if self.he is not None:
-            if evaluate_fn is not None:
-                raise ValueError(
-                    "under HE the server holds only ciphertexts and cannot evaluate the "
-                    "model: pass no evaluate_fn (silos evaluate it: federated evaluation)"
-                )
-            initial_arrays = self.he.encrypt(initial_arrays)
-        if done:
-            say(
-                INFO,
-                "Flower's round counter below starts at 1 again: its [ROUND 1/%d] is the "
-                "run's round %d of %d",
-                num_rounds - done,
-                done + 1,
-                num_rounds,
-            )
+            initial_arrays = encrypted_start(self.he, initial_arrays, evaluate_fn is not None)
+        self.progress.say_resumed()
         if self.poll_interval is not None:
             grid = self._polling = PollingGrid(grid, self.poll_interval)
-        server_evaluate = None
-        if evaluate_fn is not None:
-            inner = evaluate_fn
-
-            def server_evaluate(flower_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-                metrics = inner(self._round(flower_round), arrays)
-                self.rounds.server_evaluated(self._round(flower_round), metrics)
-                return metrics
-
         result = super().start(
             grid=grid,
             initial_arrays=initial_arrays,
@@ -650,61 +477,37 @@ class LoadBalancedFedAvg(FedAvg):
             timeout=timeout,
             train_config=train_config,
             evaluate_config=evaluate_config,
-            evaluate_fn=server_evaluate,
+            evaluate_fn=recorded_evaluate(evaluate_fn, self.progress, self.rounds),
         )
         self._finish_round(num_rounds, result.arrays or initial_arrays, last=True)
-        if done:
-            for history in (
-                result.train_metrics_clientapp,
-                result.evaluate_metrics_clientapp,
-                result.evaluate_metrics_serverapp,
-            ):
-                shifted = {r + done: m for r, m in history.items()}
-                history.clear()
-                history.update(shifted)
+        in_run_rounds(result, done)
         if self.he is not None:
             result.arrays = EncryptedModel(result.arrays or initial_arrays)
         return result
 
     def _foreign_loop(self, grid: Grid) -> None:
         """A subclass overrode `start()` without calling this class's: Flower's hooks
-        (configure_*/aggregate_*) still balance every round and write its record; polling
-        is put on the grid the loop uses; what only `start()` can do is said once."""
-        if self.poll_interval is not None and not isinstance(grid, PollingGrid):
-            polling = PollingGrid(grid, self.poll_interval)
-            with contextlib.suppress(AttributeError):  # the loop calls this grid's method
-                grid.send_and_receive = polling.send_and_receive  # type: ignore[method-assign]
-                self._polling = polling
-        if self._told_foreign_loop:
-            return
-        self._told_foreign_loop = True
-        say(
-            WARNING,
-            "%s.start() does not call LoadBalancedFedAvg.start(): fedlb balances every round "
-            "from Flower's hooks, polls replies every %s s and writes each round's record at "
-            "aggregate_evaluate; without its start() the records lack the server-side "
-            "evaluation (your evaluate_fn's results stay in your Result), evaluate_every > 1 "
-            "cannot tell the last round, a restored checkpoint is not resumed, and under HE "
-            "Result.arrays stays ciphertext. Call super().start(...) to keep them.",
-            type(self).__name__,
-            self.poll_interval,
-        )
+        still balance every round and write its record (round_close.adopt_foreign_loop)."""
+        polling = adopt_foreign_loop(grid, self.poll_interval, self.progress, type(self).__name__)
+        if polling is not None:
+            self._polling = polling
 
     def _finish_round(self, server_round: int, arrays: ArrayRecord, last: bool = False) -> None:
         """Round `server_round` is wholly done (Flower's server-side evaluation included):
         close its record and, with `checkpoint_dir`, checkpoint it with its model."""
-        if server_round < 1 or (server_round <= self._offset and not last):
+        if not self.progress.closes(server_round, last):
             return
-        if server_round <= self._finished and not self._own_loop:
-            return  # a foreign loop's aggregate_evaluate finished it already
-        self._finished = max(self._finished, server_round)
         # Unless the next round's replies carry its evaluation, its record is complete.
         self.rounds.close(server_round, publish=last or not self.evaluate_with_train)
-        if self.checkpoint_dir is not None and server_round > self._offset:
+        if self.checkpoint_dir is not None and server_round > self.progress.offset:
             save_checkpoint(
                 self.checkpoint_dir,
                 Checkpoint(
-                    server_round, self._num_rounds, arrays, self.state_dict(), self.run_settings
+                    server_round,
+                    self.progress.num_rounds,
+                    arrays,
+                    self.state_dict(),
+                    self.run_settings,
                 ),
             )
 
@@ -724,5 +527,5 @@ class LoadBalancedFedAvg(FedAvg):
             # the floor the run had reached is in the tuner's state: the guard goes on there
             share = float(getattr(self.manager.tuner, "min_share", 0.0))
             self.guard.resume_at(share)
-        self._offset = checkpoint.round
+        self.progress.offset = checkpoint.round
         return checkpoint.arrays

@@ -1,0 +1,91 @@
+"""The model the server holds and the metrics Flower keeps: under HE the initial model
+encrypted; each round's kept updates averaged by dataset size, on plaintext or (HE) on the
+checked ciphertexts, and audited when asked; the app's own metrics aggregated by its
+functions, fedlb's keys taken out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+from .he import EncryptedAggregation
+from .protocol import ROUND_FIGURES, user_metrics
+from .records import RoundRecord
+from .replies import UpdateCheck, only_metrics
+from .round_log import audit_round
+
+MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
+
+
+def encrypted_start(he: EncryptedAggregation, arrays: ArrayRecord, evaluated: bool) -> ArrayRecord:
+    """The initial model under HE: encrypted, and never evaluated by the server, which
+    holds only ciphertexts (an `evaluated` run is refused)."""
+    if evaluated:
+        raise ValueError(
+            "under HE the server holds only ciphertexts and cannot evaluate the "
+            "model: pass no evaluate_fn (silos evaluate it: federated evaluation)"
+        )
+    return he.encrypt(arrays)
+
+
+def average(
+    valid: list[Message],
+    updates: UpdateCheck,
+    he: EncryptedAggregation | None,
+    weighted_by_key: str,
+) -> ArrayRecord:
+    """The weighted average of the kept updates (ciphertexts under HE: the server never
+    sees a plaintext update)."""
+    if he is None:
+        return aggregate_arrayrecords([m.content for m in valid], weighted_by_key)
+    assert updates.global_arrays is not None
+    return he.average(
+        [updates.ciphertexts[id(m)] for m in valid],
+        [updates.weight(m) for m in valid],
+        updates.global_arrays,
+    )
+
+
+def audit(
+    folder: Path,
+    server_round: int,
+    valid: list[Message],
+    updates: UpdateCheck,
+    aggregate: ArrayRecord,
+) -> None:
+    """Every kept update with its weight, and their average: to recompute it later."""
+    audit_round(
+        folder,
+        server_round,
+        {
+            m.metadata.src_node_id: (
+                updates.weight(m),
+                next(iter(m.content.array_records.values())),
+            )
+            for m in valid
+        },
+        aggregate,
+    )
+
+
+def app_metrics(
+    valid: list[Message], aggregate: MetricsAggregation, weighted_by_key: str
+) -> MetricRecord:
+    """The app's metric aggregation over its own metrics (fedlb's keys taken out)."""
+    return aggregate(
+        [RecordDict({"metrics": user_metrics(only_metrics(m))}) for m in valid],
+        weighted_by_key,
+    )
+
+
+def with_round_figures(metrics: MetricRecord, record: RoundRecord) -> MetricRecord:
+    """The round's balance figures added to the train metrics (Flower's Result keeps
+    them per round)."""
+    for key, field in ROUND_FIGURES.items():
+        value = getattr(record, field)
+        if value is not None:
+            metrics[key] = float(value)
+    return metrics

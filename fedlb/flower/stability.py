@@ -1,0 +1,74 @@
+"""The stability guard's part of a round: which updates diverged (left out of the average)
+and where the silos' floor goes, read from the round's reports. Kept beside the strategy so
+its hooks only ask for the verdict."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from logging import INFO, WARNING
+
+from fedlb.balance import BatchSizeManager, StabilityGuard
+
+from .identity import by_node, worker_name
+from .membership import say
+from .protocol import TRAIN_LOSS_NAMES, SiloReport, first_number
+
+
+def least_share(guard: StabilityGuard, user_floor: float) -> float:
+    """The share of the mean batch no silo goes below: the guard's floor, never under the
+    one the user set on the tuner."""
+    return max(guard.floor, user_floor)
+
+
+def guard_round(
+    guard: StabilityGuard,
+    manager: BatchSizeManager | None,
+    user_floor: float,
+    server_round: int,
+    said: Mapping[int, SiloReport],
+    app_numbers: Mapping[int, Mapping[str, float]],
+    blown_up: list[int],
+    label: Callable[[int], str],
+) -> dict[int, str]:
+    """The guard's verdict on the round: the diverged updates (node -> why), to leave out;
+    the manager's floor moved (and the sizes with it) when the verdict says so."""
+    # Per local step: a silo with more steps (a bigger dataset, τ = len(its loader))
+    # moves the model further without diverging.
+    norms = {
+        worker_name(n): r.update_norm / r.local_steps
+        for n, r in said.items()
+        if r.update_norm is not None
+    }
+    # updates rejected for NaN or infinity: left out already, and a blow-up all the same
+    norms.update({worker_name(n): math.inf for n in blown_up})
+    losses = {
+        worker_name(n): loss
+        for n in said
+        if (loss := first_number(app_numbers.get(n, {}), TRAIN_LOSS_NAMES)) is not None
+    }
+    sizes = {worker_name(n): r.batch_size for n, r in said.items()}
+    verdict = guard.check(norms, losses, sizes)
+    found = {n: why for n, why in by_node(verdict.diverged).items() if n not in blown_up}
+    for node, why in found.items():
+        say(
+            WARNING,
+            "round %d: %s's update diverged and is left out of the average: %s",
+            server_round,
+            label(node),
+            why,
+        )
+    if manager is not None:
+        floor = least_share(guard, user_floor)
+        if getattr(manager.tuner, "min_share", floor) != floor:
+            manager.set_min_share(floor)
+            say(
+                WARNING if floor > verdict.floor_before else INFO,
+                "round %d: %s round (dispersion of the silos' updates %s): every silo "
+                "gets at least %.0f%% of the mean batch from now on",
+                server_round,
+                verdict.look,
+                "–" if verdict.dispersion is None else f"{verdict.dispersion:.2f}",
+                100 * floor,
+            )
+    return found

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 import time
 
 import pytest
@@ -352,12 +353,16 @@ def test_the_barrier_agent_moves_the_barrier_and_costs_little():
     times = [0.3, 0.2]  # T* = 0.6 s: room to move both ways
     base = lcm_barrier(times, bound=4)
     barriers = set()
+    seconds = []
     for k in range(40):
         accuracy = 0.5 + 0.01 * k + (0.02 if k % 3 == 0 else 0.0)
         decision = agent.decide(k / 40, 3.0, accuracy, 0.1, 1.0)
         assert decision.reward in (-1.0, 0.0, 1.0)
         barriers.add(barrier_steps(base, decision.level, times).seconds)
-        assert decision.decision_s < 0.05
+        seconds.append(decision.decision_s)
+    # ~0.7 ms a decision here; the median, as one decision can meet a scheduler's pause
+    # (125 ms once, in a full test run)
+    assert statistics.median(seconds) < 0.005, seconds
     assert len(barriers) > 1  # its actions changed the barrier
     assert {d.action for d in agent.history} >= {-1, 1}
     # never below the slowest worker's one batch

@@ -372,6 +372,7 @@ def _flwr_run(home: Path, app: Path, options: list[str], timeout: float) -> tupl
         return output, control.run_status(run_id.group(1))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
     """`flwr run` on a simulation SuperLink: the `flwr new` app (its Adam loop, its
@@ -425,6 +426,7 @@ def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
     assert len(latest) < 3 or sum(latest.values()) == 96
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_quickstart_deployed_on_unequal_silos(tmp_path, monkeypatch):
     """A warm SuperLink and three warm SuperNodes (fedlb.deploy.warm: Flower's own app,

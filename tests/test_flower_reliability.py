@@ -64,6 +64,7 @@ def test_a_fresh_run_into_a_folder_with_an_earlier_run_is_refused(tmp_path):
     check_run_folder(tmp_path / "new")
 
 
+@pytest.mark.slow
 def test_a_resume_refuses_while_the_old_server_runs_and_stops_what_it_left(tmp_path):
     """server.json lists the server and the processes it started (PID + start time): a
     live server refuses the resume; a guarded group it left behind is stopped."""
@@ -431,6 +432,7 @@ def _where_it_hangs(process, out) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.slow
 def test_ctrl_c_of_the_server_says_how_to_go_on(tmp_path):
     import signal
     import subprocess

@@ -24,7 +24,7 @@ from fedlb.experiments import (
     run_experiment,
     summarise_results,
 )
-from fedlb.flower import RoundRecord
+from fedlb.flower import RUN_FILES, RoundRecord
 from fedlb.models import MODELS
 from fedlb.training import STEP_CURVES
 
@@ -259,6 +259,8 @@ def experiment(
             console.print(f"[red]experiment stopped:[/] {escape(str(error))}")
             raise typer.Exit(1) from error
     print_summary(chosen, summary)
+    if any(folder.glob(f"**/{RUN_FILES.tensorboard}")):  # one per policy (and seed)
+        console.print(f"each round's scalars, per policy: tensorboard --logdir {folder}")
     if chosen.repeats == 1:
         console.print(
             f"results: {folder}/rounds.jsonl, summary.json, partition.json, accuracy.png, "

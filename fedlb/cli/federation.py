@@ -30,7 +30,7 @@ from fedlb.deploy import (
     run_server,
     server_settings,
 )
-from fedlb.flower import CheckpointError, RoundRecord, compare_runs, load_checkpoint
+from fedlb.flower import RUN_FILES, CheckpointError, RoundRecord, compare_runs, load_checkpoint
 from fedlb.training import BASE_SPEED, STEP_CURVES, step_curve
 
 from .common import UsageError, app, console, holding
@@ -167,6 +167,9 @@ def finish(outcome: RunOutcome) -> None:
             f"{outcome.out_dir}/rounds.jsonl, summary.json, {model}; ServerApp log: "
             f"{outcome.log_path}"
         )
+        events = outcome.out_dir / RUN_FILES.tensorboard if outcome.out_dir else None
+        if events is not None and events.is_dir():
+            console.print(f"each round's scalars: tensorboard --logdir {events}")
         return
     console.print(
         f"[red]run {outcome.run_id} failed[/] ({rounds} on record): {escape(problem)}. "

@@ -56,6 +56,8 @@ RUN_SETTING_HELP = {
     "round-timeout": "Seconds to wait for replies before a round goes on without them.",
     "poll-interval": "Seconds between pulls of replies (0: Flower's 3 s loop).",
     "keep-updates": "1: keep every round's updates and aggregate in out-dir/updates.",
+    "tensorboard": "1: also write each round's scalars as TensorBoard event files in "
+    "out-dir/tensorboard (the tensorboard extra; without it, said once). 0: none.",
     "he-context": "The server's public CKKS context (fedlb keygen): encrypted updates.",
     "out-dir": "Results folder.",
     "resume": "A stopped run's out-dir: go on after its last checkpointed round.",
@@ -162,6 +164,7 @@ class RunConfig:
     round_timeout: float = 600.0
     poll_interval: float = 0.1
     keep_updates: int = 0
+    tensorboard: int = 1
     he_context: str = ""
     out_dir: str = ""
     resume: str = ""
@@ -204,6 +207,8 @@ class RunConfig:
             problems.append("profiles must be 0 or 1")
         if self.keep_updates not in (0, 1):
             problems.append("keep-updates must be 0 or 1")
+        if self.tensorboard not in (0, 1):
+            problems.append("tensorboard must be 0 or 1")
         # numpy refuses a negative seed; the silos seed torch with seed x 1_000_003 + ...,
         # which must stay within 64 bits
         if not 0 <= self.seed < 2**32:

@@ -135,6 +135,7 @@ def run_app(
         keep_before=checkpoint.first_unpublished_round if checkpoint else None,
         done=checkpoint.round if checkpoint else None,
         num_rounds=config.num_rounds,
+        tensorboard=bool(config.tensorboard),
     )
     pool, server_test = federation_data(config)
     model = model_for(config, pool)
@@ -160,14 +161,17 @@ def run_app(
         story = checkpoint.story(config.num_rounds, Path(config.resume))
         log.info("resuming %s: %s", config.resume, story)
     started = time.monotonic()
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=initial,
-        num_rounds=config.num_rounds,
-        timeout=config.round_timeout,
-        train_config=ConfigRecord({LEARNING_RATE: config.learning_rate}),
-        evaluate_fn=None if strategy.he is not None else server_evaluate,
-    )
+    try:
+        result = strategy.start(
+            grid=grid,
+            initial_arrays=initial,
+            num_rounds=config.num_rounds,
+            timeout=config.round_timeout,
+            train_config=ConfigRecord({LEARNING_RATE: config.learning_rate}),
+            evaluate_fn=None if strategy.he is not None else server_evaluate,
+        )
+    finally:
+        reporter.close()
     if out_dir is not None:
         if strategy.he is not None:  # still encrypted: `fedlb decrypt` at a silo opens it
             model_path = save_encrypted(result.arrays, out_dir / RUN_FILES.encrypted_model)

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from .records import RoundRecord, SiloRound, summarise_rounds
 from .run_files import RUN_FILES, json_kind, parse_json
+from .tensorboard import EXTRA, RoundScalars, tensorboard_installed
 
 log = logging.getLogger("fedlb.flower")
 
@@ -334,6 +335,9 @@ class RoundReporter:
             resumed run goes to: the line that says what was dropped also says which
             rounds are run again (`resume_round_lines`). A damaged line is a RecordsError
             naming it, and then nothing is written.
+        tensorboard: also write each round's scalars as TensorBoard event files in
+            `out_dir/tensorboard` (fedlb.flower.tensorboard); where the package is not
+            installed, that is said once and the run goes on without them.
     """
 
     def __init__(
@@ -344,10 +348,12 @@ class RoundReporter:
         *,
         done: int | None = None,
         num_rounds: int | None = None,
+        tensorboard: bool = False,
     ) -> None:
         self.out_dir = Path(out_dir) if out_dir else None
         self.console = console
         self.records: list[RoundRecord] = []
+        self.scalars: RoundScalars | None = None
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             path = self.out_dir / RUN_FILES.rounds
@@ -360,6 +366,11 @@ class RoundReporter:
             temporary = path.with_suffix(".tmp")
             temporary.write_text("".join(line + "\n" for line in kept))
             temporary.replace(path)
+            if tensorboard and tensorboard_installed():
+                first = keep_before if keep_before is not None else 1
+                self.scalars = RoundScalars(self.out_dir / RUN_FILES.tensorboard, first)
+            elif tensorboard:
+                log.warning("no TensorBoard event files: tensorboard is not installed (%s)", EXTRA)
 
     @property
     def rounds_path(self) -> Path | None:
@@ -374,8 +385,15 @@ class RoundReporter:
                 # checkpoint after a round whose record was lost
                 handle.flush()
                 os.fsync(handle.fileno())
+        if self.scalars is not None:
+            self.scalars.write(record)
         if self.console is not None:
             self.console.print(record)
+
+    def close(self) -> None:
+        """Close the event files (rounds.jsonl is closed after every round)."""
+        if self.scalars is not None:
+            self.scalars.close()
 
     def summary(self) -> dict[str, Any]:
         return summarise_rounds(self.records)

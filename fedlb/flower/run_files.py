@@ -17,6 +17,7 @@ class RunFiles:
     encrypted_model: str = "model.ckks.npz"  # under HE: still encrypted (`fedlb decrypt`)
     checkpoint: str = "checkpoint.npz"
     run: str = "run.json"  # the run a folder holds: {"run-id", "settings-digest", "started"}
+    tensorboard: str = "tensorboard"  # a folder: each round's scalars as TensorBoard events
 
 
 RUN_FILES = RunFiles()

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The README's install path for a machine without the clone, tried for real: build
-# fedlb's wheel from this repository, install it into a fresh virtual environment
-# (torch first: FEDLB_TORCH, default torch==2.13.0, as setup.sh does on machines without
-# an NVIDIA GPU), and run what a silo and a server run from it: the CLI, the package data,
-# and a 2-round heterogeneous demo (real SuperLink and SuperNodes on 127.0.0.1).
-#   ./scripts/check-wheel.sh          # ~2-4 minutes with pip's cache warm
+# The README's install paths for a machine without the clone, tried for real, each in a
+# fresh virtual environment (torch first: FEDLB_TORCH, default torch==2.13.0, as setup.sh
+# does on machines without an NVIDIA GPU):
+#  1. fedlb's wheel built from this repository: the CLI, the package data, and a 2-round
+#     heterogeneous demo (real SuperLink and SuperNodes on 127.0.0.1) run from it;
+#  2. `pip install git+URL` from this repository's committed HEAD (a file://
+#     URL here): the CLI and the package data.
+#   ./scripts/check-wheel.sh          # ~3-5 minutes with pip's cache warm
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo="$(pwd)"
 python="${PYTHON:-python3}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -40,3 +43,12 @@ PY
 grep -q "completed: rounds 1-2" "$work/demo.log" \
   || { tail -30 "$work/demo.log"; echo "check-wheel: the demo did not complete"; exit 1; }
 echo "check-wheel: the wheel installs and runs a 2-round demo in a fresh environment"
+
+echo "== pip install git+file://... in another fresh environment"
+"$python" -m venv "$work/git-venv"
+git_pip=("$work/git-venv/bin/python" -m pip --disable-pip-version-check)
+quiet "${git_pip[@]}" install -q "${FEDLB_TORCH:-torch==2.13.0}"
+quiet "${git_pip[@]}" install -q "git+file://$repo"
+"$work/git-venv/bin/fedlb" --help >/dev/null
+"$work/git-venv/bin/python" -c 'import fedlb.data, fedlb.training; assert len(fedlb.data.load_digits()) > 1000; assert fedlb.training.STEP_CURVES'
+echo "check-wheel: the Git install works in a fresh environment"

@@ -98,7 +98,7 @@ def test_without_tensorboard_installed_the_run_goes_on_and_says_so(tmp_path, mon
     import fedlb.flower.rounds_file as rounds_file
 
     monkeypatch.setattr(rounds_file, "tensorboard_installed", lambda: False)
-    caplog.set_level("WARNING")
+    caplog.set_level("INFO")
     reporter = RoundReporter(tmp_path, tensorboard=True)
     assert reporter.scalars is None
     assert "tensorboard is not installed" in caplog.text

@@ -6,22 +6,22 @@ B ≈ 1000) or a CPU at small B (a per-step floor): a speed read at one size is 
 another. This tuner keeps every worker's seconds per step by the sizes it has run
 (`ObservedSteps`), and as long as those measurements agree with one speed per worker it is
 exactly `PooledProportional` (its pooling, its dead-band, its floor). Once a worker's
-measurements show that one speed cannot describe it (a time ratio short of the size ratio
-by more than timing noise explains), it splits X on the curves: the integer sizes that
-minimise the slowest worker's predicted o_i + τ_i·t_i(B_i).
+measurements show that one speed cannot describe it (the slope of log t on log B short of
+1 by more than timing noise explains: `StepModel.nonlinear`), it splits X on the curves:
+the integer sizes that minimise the slowest worker's predicted o_i + τ_i·t_i(B_i).
 
-Where a curve is flat the split explores by itself: above the largest size a worker has
-run, the curve is extrapolated proportionally (a cautious guess), so a GPU whose time did
-not grow with its last move is given more, one measured move at a time, until its time
-rises or the others reach their floors; below the smallest size, also proportionally (an
-optimistic guess: a CPU's per-step floor shows itself at the next measurement). It settles
-when the prediction no longer promises a round shorter by more than the dead-band.
+Where a curve is flat the split explores by itself: beyond the sizes a worker has run, its
+curve is extrapolated with the elasticity its two nearest measured sizes show, between
+t ∝ B^0.25 and t ∝ B (`ObservedSteps`), so a GPU whose time did not grow with its last move
+is given more, one measured move at a time, until its time rises or the others reach
+their floors. It settles when the prediction no longer promises a round shorter by more
+than the dead-band.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from .observed import ObservedSteps
@@ -70,7 +70,7 @@ class CurvePooled(PooledProportional):
         proposal = self._split_on_curves(given, round_s)
         now = max(round_s(n, b) for n, b in given.sizes.items())
         then = max(round_s(n, b) for n, b in proposal.items())
-        if now <= then * (1.0 + self.deadband) and self._within_bounds(given.sizes):
+        if now <= then * (1.0 + self.deadband) and self.within_bounds(given.sizes):
             return dict(given.sizes)
         return proposal
 
@@ -83,9 +83,6 @@ class CurvePooled(PooledProportional):
         dof = sum(o.noise_dof for o in self.observed.values())
         prior = self.prior_weight
         return math.sqrt((ss + prior * self.speed_noise**2) / (dof + prior)) if dof + prior else 0.0
-
-    def _within_bounds(self, sizes: Mapping[str, int]) -> bool:
-        return all(self.bounds(n)[0] <= b <= self.bounds(n)[1] for n, b in sizes.items())
 
     def _split_on_curves(
         self, given: TuningInput, round_s: Callable[[str, float], float]

@@ -195,10 +195,9 @@ def _predict(sizes: list[int], fitted: list[float], batch_size: float) -> float:
 def _growth(sizes: list[int], fitted: list[float]) -> float:
     """The exponent e of t ∝ B^e beyond the measured range: the elasticity that the two
     measured sizes nearest that end show, within [MIN_GROWTH, 1]. One measured size: 1
-    (one speed). A
-    flat curve (a GPU below saturation) is thus extrapolated as t ∝ B^MIN_GROWTH: bold
-    enough to cross a flat range in a few moves, cautious enough not to hand a card
-    everything on one flat measurement."""
+    (one speed). A flat curve (a GPU below saturation) is thus extrapolated as
+    t ∝ B^MIN_GROWTH: bold enough to cross a flat range in a few moves, cautious enough
+    not to hand a card everything on one flat measurement."""
     if len(sizes) < 2:
         return 1.0
     elasticity = math.log(fitted[1] / fitted[0]) / math.log(sizes[1] / sizes[0])

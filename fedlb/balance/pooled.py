@@ -134,12 +134,14 @@ class PooledProportional(Proportional):
     def bounds(self, worker: str) -> tuple[int, float]:
         return self.floor, math.inf if self.max_batch is None else self.max_batch
 
+    def within_bounds(self, sizes: Mapping[str, int]) -> bool:
+        """Whether every worker's size is within its bounds (a dead-band may keep them)."""
+        return all(self.bounds(n)[0] <= b <= self.bounds(n)[1] for n, b in sizes.items())
+
     def propose(self, given: TuningInput) -> dict[str, int]:
         speeds, overheads = self.pooled(given)
         proposal = self._split(given, speeds, overheads)
-        if self.deadband > 0 and all(
-            self.bounds(n)[0] <= b <= self.bounds(n)[1] for n, b in given.sizes.items()
-        ):
+        if self.deadband > 0 and self.within_bounds(given.sizes):
             now = _modelled(given, given.sizes, speeds, overheads)
             then = _modelled(given, proposal, speeds, overheads)
             if now <= then * (1.0 + self.deadband):

@@ -57,7 +57,7 @@ RUN_SETTING_HELP = {
     "poll-interval": "Seconds between pulls of replies (0: Flower's 3 s loop).",
     "keep-updates": "1: keep every round's updates and aggregate in out-dir/updates.",
     "tensorboard": "1: also write each round's scalars as TensorBoard event files in "
-    "out-dir/tensorboard (the tensorboard extra; without it, said once). 0: none.",
+    "out-dir/tensorboard (the tensorboard extra; without it, said once in the log). 0: none.",
     "he-context": "The server's public CKKS context (fedlb keygen): encrypted updates.",
     "out-dir": "Results folder.",
     "resume": "A stopped run's out-dir: go on after its last checkpointed round.",

@@ -337,7 +337,7 @@ class RoundReporter:
             naming it, and then nothing is written.
         tensorboard: also write each round's scalars as TensorBoard event files in
             `out_dir/tensorboard` (fedlb.flower.tensorboard); where the package is not
-            installed, that is said once and the run goes on without them.
+            installed, that is said once (INFO) and the run goes on without them.
     """
 
     def __init__(
@@ -370,7 +370,8 @@ class RoundReporter:
                 first = keep_before if keep_before is not None else 1
                 self.scalars = RoundScalars(self.out_dir / RUN_FILES.tensorboard, first)
             elif tensorboard:
-                log.warning("no TensorBoard event files: tensorboard is not installed (%s)", EXTRA)
+                # on by default, an extra: its absence is a fact, not a fault
+                log.info("no TensorBoard event files: tensorboard is not installed (%s)", EXTRA)
 
     @property
     def rounds_path(self) -> Path | None:

@@ -376,3 +376,36 @@ def test_pooling_joins_only_what_the_data_cannot_tell_apart():
     # A chain of small steps is split where the gap is largest.
     pooled, groups = pool_means([0.0, 0.1, 0.3, 0.4], [10] * 4, 0.04, 36, 0.16)
     assert groups == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("tuner", ["default", "leader", "deadband"])
+def test_renamed_workers_go_on_exactly_as_under_their_old_names(tuner):
+    """A restarted server's silos rejoin under new names: everything known of each
+    (size, estimate, the tuner's memory) follows it, and later steps are the same."""
+    from fedlb.balance import Deadband, LeaderStraggler
+
+    def make():
+        made = {"default": None, "leader": LeaderStraggler(), "deadband": Deadband()}[tuner]
+        return BatchSizeManager(dict.fromkeys(UNEQUAL, 32), made)
+
+    kept, moved = make(), make()
+    noisy_run(kept, UNEQUAL, 0.1, 4, seed=3)
+    noisy_run(moved, UNEQUAL, 0.1, 4, seed=3)
+    names = {"a": "9001", "b": "9002", "c": "9003"}
+    moved.rename_workers(names)
+    assert moved.sizes == {names[w]: b for w, b in kept.sizes.items()}
+
+    def keys_renamed(state):
+        if isinstance(state, dict):
+            return {names.get(k, k): keys_renamed(v) for k, v in state.items()}
+        return [keys_renamed(v) for v in state] if isinstance(state, list) else state
+
+    assert moved.state_dict() == keys_renamed(kept.state_dict())
+    later_kept = noisy_run(kept, UNEQUAL, 0.1, 6, seed=4)
+    later_moved = noisy_run(moved, {names[w]: v for w, v in UNEQUAL.items()}, 0.1, 6, seed=4)
+    assert later_moved == later_kept
+    assert moved.sizes == {names[w]: b for w, b in kept.sizes.items()}
+    with pytest.raises(ValueError, match="not workers"):
+        moved.rename_workers({"a": "x"})
+    with pytest.raises(ValueError, match="two workers one name"):
+        moved.rename_workers({"9001": "9002"})

@@ -367,8 +367,9 @@ def test_a_silo_killed_mid_run_is_left_out_and_rejoins(tmp_path):
 def test_fedlb_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path):
     """The operator's path, `fedlb server` and two `fedlb silo` processes, and the server
     machine lost: SIGKILL `fedlb server`, its SuperLink and its ServerApp after round 2 of
-    3; the silos keep running; `fedlb server --resume` goes on from round 3 with the
-    checkpoint's batch sizes; the silos stop cleanly on SIGTERM."""
+    3; the silos keep running and rejoin the new SuperLink (its state in memory: new node
+    ids); `fedlb server --resume` goes on from round 3 with the checkpoint's batch sizes,
+    by partition; the silos stop cleanly on SIGTERM."""
     import contextlib
     import signal
     import socket
@@ -490,11 +491,15 @@ def test_fedlb_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path):
         (k, f"silo-{i}") for k in (1, 2, 3) for i in (0, 1)
     ]
     assert len(rows) == 6  # each round once
-    # round 3 starts from the checkpoint's balance, not from B0 again
-    planned = stopped_at.strategy["manager"]["sizes"]
-    third = {str(r["node"]): r["batch_size"] for r in rows if r["round"] == 3}
-    assert third == {n: b for n, b in planned.items()}
+    # The new SuperLink keeps its state in memory: the silos rejoined under new node ids,
+    # and round 3 starts from the checkpoint's balance (by partition), not from B0 again.
+    labels = stopped_at.strategy["labels"]
+    planned = {labels[n]: b for n, b in stopped_at.strategy["manager"]["sizes"].items()}
+    third = {r["silo"]: r["batch_size"] for r in rows if r["round"] == 3}
+    assert third == planned
     assert third != {n: 16 for n in third}
+    assert not {str(r["node"]) for r in rows if r["round"] == 3} & set(labels)
+    assert any("rejoined as" in e for r in rows if r["round"] == 3 for e in r["events"])
     assert load_checkpoint(out).round == 3
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_after"] == stopped_at.round

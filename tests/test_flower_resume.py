@@ -42,9 +42,9 @@ class CrashError(Exception):
 class CrashingGrid(InProcessGrid):
     """Silos on the model clock; the 'server dies' when round `crash_before` would start."""
 
-    def __init__(self, crash_before: int | None = None):
+    def __init__(self, crash_before: int | None = None, node_ids=(100, 101, 102, 103)):
         config = RunConfig.from_mapping(SETTINGS)
-        nodes = {100 + i: {"partition-id": i, "num-partitions": 4} for i in range(4)}
+        nodes = {n: {"partition-id": i, "num-partitions": 4} for i, n in enumerate(node_ids)}
 
         def clock(context):
             return EmulatedClock("model", PROFILES[context.node_config["partition-id"]])
@@ -88,7 +88,7 @@ def sizes_sent(grid):
             m.content["config"][BATCH_SIZE],
         )
         for m in grid.sent
-        if m.metadata.message_type == "train"
+        if m.metadata.message_type == "train" and BATCH_SIZE in m.content["config"]
     ]
 
 
@@ -147,6 +147,39 @@ def test_a_resumed_run_ends_with_the_same_model_as_an_uninterrupted_one(tmp_path
     assert resumed_rows == without_measured_seconds(tmp_path / "whole" / "rounds.jsonl")
     final = load_checkpoint(tmp_path / "stopped")
     assert final.round == 6
+
+
+def test_silos_that_rejoin_a_restarted_server_under_new_node_ids_keep_their_state(tmp_path):
+    """fedlb server keeps its SuperLink's state in memory: after a restart every silo
+    rejoins under a new node id. The resumed run asks each newcomer its partition and
+    carries the old node's balance state over to it, so the run still ends exactly where
+    an uninterrupted one does (ids chosen in the same order: the sampling RNG draws from
+    the sorted ids)."""
+    config = RunConfig.from_mapping(SETTINGS)
+    pool, _ = federation_data(config)
+    initial = ArrayRecord(model_for(config, pool).state_dict())
+    whole = CrashingGrid()
+    expected = run(strategy_for(tmp_path / "whole"), whole, initial)
+
+    stopped = CrashingGrid(crash_before=4)
+    with pytest.raises(CrashError):
+        run(strategy_for(tmp_path / "stopped"), stopped, initial)
+    checkpoint = load_checkpoint(tmp_path / "stopped")
+    new_ids = (9_000_000_007, 9_000_000_011, 9_000_000_013, 9_000_000_017)
+    resumed_grid = CrashingGrid(node_ids=new_ids)
+    resumed = strategy_for(tmp_path / "stopped", keep_before=checkpoint.first_unpublished_round)
+    result = run(resumed, resumed_grid, resumed.restore(checkpoint))
+
+    for key, array in expected.arrays.items():
+        assert np.array_equal(array.numpy(), result.arrays[key].numpy()), key
+    old_of = dict(zip(new_ids, (100, 101, 102, 103), strict=True))
+    carried = [(r, old_of[n], b) for r, n, b in sizes_sent(resumed_grid) if r >= 4]
+    assert carried == [s for s in sizes_sent(whole) if s[0] >= 4]
+    rows = [json.loads(line) for line in (tmp_path / "stopped" / "rounds.jsonl").open()]
+    said = [e for row in rows if row["round"] == 4 for e in row.get("events", [])]
+    assert any("the server restarted" in e and "silo-0 rejoined as" in e for e in said), said
+    later = [e for row in rows if row["round"] >= 4 for e in row.get("events", [])]
+    assert not any("joined with" in e or e.endswith(" left") for e in later), later
 
 
 def test_the_checkpoint_is_replaced_atomically_and_holds_the_state(tmp_path):

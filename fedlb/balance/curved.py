@@ -21,13 +21,13 @@ than the dead-band.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .observed import ObservedSteps
 from .pooled import PooledProportional
 from .split import monotone_split
-from .tuners import TuningInput
+from .tuners import TuningInput, renamed
 
 
 class CurvePooled(PooledProportional):
@@ -101,6 +101,10 @@ class CurvePooled(PooledProportional):
     def forget(self, worker: str) -> None:
         super().forget(worker)
         self.observed.pop(worker, None)
+
+    def rename_workers(self, names: Mapping[str, str]) -> None:
+        super().rename_workers(names)
+        self.observed = renamed(self.observed, names)
 
     def state_dict(self) -> dict[str, Any]:
         return {

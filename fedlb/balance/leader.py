@@ -23,12 +23,13 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .tuners import Tuner, TuningInput
+from .tuners import Tuner, TuningInput, renamed
 
 log = logging.getLogger("fedlb.balance")
 
@@ -307,6 +308,12 @@ class LeaderStraggler(Tuner):
         self._workers.pop(worker, None)
         self._gained.discard(worker)
         self._lost.discard(worker)
+
+    def rename_workers(self, names: Mapping[str, str]) -> None:
+        super().rename_workers(names)
+        self._workers = renamed(self._workers, names)
+        self._gained = {names.get(w, w) for w in self._gained}
+        self._lost = {names.get(w, w) for w in self._lost}
 
     def state_dict(self) -> dict[str, Any]:
         return {

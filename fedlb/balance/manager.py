@@ -11,7 +11,7 @@ from .estimators import SpeedEstimator
 from .names import default_estimator, default_tuner
 from .reports import WorkerReport
 from .split import check_feasible, round_to_total, water_fill
-from .tuners import Tuner, TuningInput
+from .tuners import Tuner, TuningInput, renamed
 
 log = logging.getLogger("fedlb.balance")
 
@@ -286,6 +286,23 @@ class BatchSizeManager:
         self.tuner.forget(name)
         self._note_given()
         return self.sizes
+
+    def rename_workers(self, names: Mapping[str, str]) -> None:
+        """Go on under new names (`names`: old -> new) for the same workers, everything
+        known of each (size, estimator, the tuner's memory) following it: a server that
+        restarted, whose silos rejoined under new node ids. Sizes are unchanged."""
+        if unknown := sorted(set(names) - set(self._sizes)):
+            raise ValueError(f"cannot rename {unknown}: not workers of this manager")
+        kept = set(self._sizes) - set(names)
+        new = list(names.values())
+        if len(set(new)) < len(new) or kept & set(new):
+            raise ValueError(f"renaming {dict(names)} would give two workers one name")
+        self._sizes = renamed(self._sizes, names)
+        self._given = renamed(self._given, names)
+        self._overheads = renamed(self._overheads, names)
+        self._iterations = renamed(self._iterations, names)
+        self.estimators = renamed(self.estimators, names)
+        self.tuner.rename_workers(names)
 
     # ---- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from .estimators import Moments, overhead_from_log
 from .stats import pool_means
-from .tuners import Proportional, TuningInput
+from .tuners import Proportional, TuningInput, renamed
 
 log = logging.getLogger("fedlb.balance")
 
@@ -193,6 +193,10 @@ class PooledProportional(Proportional):
     def forget(self, worker: str) -> None:
         super().forget(worker)
         self.groups.pop(worker, None)
+
+    def rename_workers(self, names: Mapping[str, str]) -> None:
+        super().rename_workers(names)
+        self.groups = renamed(self.groups, names)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -18,13 +18,15 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from .estimators import Evidence
 from .reports import WorkerReport
 from .split import round_to_total, water_fill
+
+V = TypeVar("V")
 
 log = logging.getLogger("fedlb.balance")
 
@@ -58,6 +60,11 @@ class TuningInput:
         return sum(self.sizes.values())
 
 
+def renamed(values: Mapping[str, V], names: Mapping[str, str]) -> dict[str, V]:
+    """`values` keyed by worker, its keys renamed by `names` (old -> new; others kept)."""
+    return {names.get(w, w): v for w, v in values.items()}
+
+
 class Tuner(ABC):
     """Proposes the next sizes. Subclasses keep all their state JSON-serialisable."""
 
@@ -87,6 +94,11 @@ class Tuner(ABC):
     def forget(self, worker: str) -> None:
         """Drop what the tuner remembers of a worker that left."""
         self.removal_candidates.discard(worker)
+
+    def rename_workers(self, names: Mapping[str, str]) -> None:
+        """Go on under new names (`names`: old -> new) for the same machines: what it
+        remembers of each follows its worker (a server restarted, its silos rejoined)."""
+        self.removal_candidates = {names.get(w, w) for w in self.removal_candidates}
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "removal_candidates": sorted(self.removal_candidates)}
@@ -288,6 +300,13 @@ class Deadband(Tuner):
         super().forget(worker)
         for table in (self._smoothed, self._throughput, self._previous, self._ceiling):
             table.pop(worker, None)
+
+    def rename_workers(self, names: Mapping[str, str]) -> None:
+        super().rename_workers(names)
+        self._smoothed = renamed(self._smoothed, names)
+        self._throughput = renamed(self._throughput, names)
+        self._previous = renamed(self._previous, names)
+        self._ceiling = renamed(self._ceiling, names)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -61,7 +61,11 @@ from .settings import (
 log = logging.getLogger("fedlb.flower")
 
 SERVER_FILE = "server.json"  # where the server listened and the processes it started
-DATABASE_FILE = "superlink.db"  # the SuperLink's state: silos' node ids across a restart
+# Where earlier fedlb kept its SuperLink's state (SQLite); a folder holding one holds a run.
+# The SuperLink now keeps its state in memory: Flower 1.42's SQL state cost 0.8-2.5 s a
+# round (docs/benchmarks.md), and a resumed run finds its silos by partition instead
+# (LoadBalancedFedAvg._carry_over).
+DATABASE_FILE = "superlink.db"
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,6 @@ def _run_claimed(
         check_port_free(server.host, server.port, "the SuperLink")
     run_config = {**run.to_mapping(), "out-dir": str(out_dir)}
     tls, keys = server.tls(), server.registered_keys()
-    database = out_dir / DATABASE_FILE
     first_round = 1
     if run.resume:
         stop_left_behind(out_dir)
@@ -161,7 +164,6 @@ def _run_claimed(
         server.port or None,
         tls=tls,
         silo_keys=keys,
-        database=database,
         warm=server.warm,
     ) as federation:
         port = int(federation.address.rsplit(":", 1)[1])

@@ -234,6 +234,47 @@ class Membership:
             if worker_name(node) not in manager.sizes and node in self.brought:
                 self.join(manager, node, self.brought[node])
 
+    def carry_over(
+        self, manager: BatchSizeManager, present: list[int], partitions: Mapping[int, int]
+    ) -> dict[int, int]:
+        """After a restart of the server (its SuperLink in memory: every silo rejoined
+        under a new node id), give each balanced silo no longer `present` its successor:
+        the present node that says it holds the same partition (`partitions`: node ->
+        partition id, from `profiles.ask_partitions`). Everything known of the silo (its
+        size, speed estimate, the tuner's memory of it, its label, what it brought to X)
+        follows it. Returns old node -> new node; silos without a successor leave as
+        before, newcomers without a predecessor join at their B0."""
+        gone = {
+            self.labels[n]: n
+            for n in map(node_of, manager.workers)
+            if n not in present and n in self.labels
+        }
+        successors: dict[int, int] = {}
+        for node, partition in sorted(partitions.items()):
+            old = gone.pop(silo_label(partition), None)
+            if old is not None and node in present and worker_name(node) not in manager.sizes:
+                successors[old] = node
+        if not successors:
+            return {}
+        manager.rename_workers({worker_name(o): worker_name(n) for o, n in successors.items()})
+        for old, new in successors.items():
+            self.labels[new] = self.labels.pop(old)
+            if old in self.brought:
+                self.brought[new] = self.brought.pop(old)
+            if old in self.benched:
+                self.benched[new] = self.benched.pop(old)
+            self.refused.pop(old, None)
+        self.claims = {p: successors.get(n, n) for p, n in self.claims.items()}
+        self.too_slow = {worker_name(successors.get(node_of(w), node_of(w))) for w in self.too_slow}
+        self.event(
+            "the server restarted: "
+            + ", ".join(
+                f"{self.labels[n]} rejoined as {node_label(n)}" for n in successors.values()
+            )
+            + "; each goes on with its batch size and speed estimate"
+        )
+        return successors
+
     def note(self, event: str, sizes: dict[str, int]) -> None:
         by_label = {self.label(n): b for n, b in by_node(sizes).items()}
         say(logging.INFO, "%s; X = %d divided: %s", event, sum(sizes.values()), by_label)

@@ -270,7 +270,8 @@ _STORED = ("speed", "overhead_s", "batch_size", "local_steps", "measured_at")
 
 
 def profile_reply(msg: Message, profile: SiloProfile | None, partition: int | None) -> Message:
-    """The answer to a profile query (empty metrics: no profile)."""
+    """The answer to a profile query: the profile's figures (none: no profile) and the
+    silo's partition id (where it has one)."""
     metrics = MetricRecord()
     if profile is not None:
         metrics[PROFILE_SPEED] = profile.speed
@@ -279,8 +280,8 @@ def profile_reply(msg: Message, profile: SiloProfile | None, partition: int | No
         metrics[PROFILE_STEPS] = profile.local_steps
         metrics[PROFILE_AGE] = profile.age_s
         metrics[PROFILE_ROUNDS] = profile.rounds
-        if partition is not None:
-            metrics[PROFILE_PARTITION] = partition
+    if partition is not None:  # with or without a profile: a restarted server needs it
+        metrics[PROFILE_PARTITION] = partition
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 
@@ -294,9 +295,9 @@ def read_profile(reply: Message) -> tuple[SiloProfile, int | None] | None:
     if reply.has_error() or not reply.content.metric_records:
         return None
     values: dict[str, Any] = dict(next(iter(reply.content.metric_records.values())))
-    if not values:
-        return None  # the silo has no profile
     sent = (PROFILE_SPEED, PROFILE_OVERHEAD, PROFILE_BATCH, PROFILE_STEPS, PROFILE_AGE)
+    if not any(key in values for key in sent):
+        return None  # the silo has no profile (perhaps its partition id alone)
     try:
         if missing := [key for key in sent if key not in values]:
             raise ValueError(f"no {', '.join(missing)}")
@@ -376,6 +377,26 @@ def ask_profiles(
         answer = read_profile(reply)
         if answer is not None:
             found[reply.metadata.src_node_id] = answer
+    return found
+
+
+def ask_partitions(
+    grid: Grid, nodes: Sequence[int], model: str, timeout: float = QUERY_TIMEOUT_S
+) -> dict[int, int]:
+    """Each node's partition id, asked with the profile query (which every balanced
+    silo answers before its app runs); nodes that do not say are left out."""
+    messages = [
+        Message(profile_query(model), message_type=MessageType.TRAIN, dst_node_id=node)
+        for node in nodes
+    ]
+    found: dict[int, int] = {}
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        if reply.has_error() or not reply.content.metric_records:
+            continue
+        said = numbers(dict(next(iter(reply.content.metric_records.values()))))
+        partition = said.get(PROFILE_PARTITION)
+        if partition is not None and partition.is_integer() and partition >= 0:
+            found[reply.metadata.src_node_id] = int(partition)
     return found
 
 

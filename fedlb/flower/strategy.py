@@ -35,7 +35,7 @@ from .he import EncryptedAggregation, EncryptedModel
 from .identity import by_node, node_label, worker_name
 from .membership import Membership, say
 from .options import Balancing, Joining, Keeping
-from .profiles import model_key
+from .profiles import ask_partitions, model_key
 from .protocol import EVAL_EXAMPLES, Orders, SiloReport
 from .records import RoundRecord, balance_line, round_record
 from .replies import ReportCheck, UpdateCheck, triage_replies
@@ -216,6 +216,18 @@ class LoadBalancedFedAvg(FedAvg):
         )
         return self.manager
 
+    def _carry_over(self, grid: Grid, present: list[int]) -> None:
+        """A resumed run's first round: silos that rejoined a restarted SuperLink (its
+        state in memory) under new node ids take up their old nodes' balance state,
+        matched by the partition id each says it holds."""
+        assert self.manager is not None
+        known = set(by_node(self.manager.sizes))
+        newcomers = [n for n in present if n not in known]
+        if not newcomers or known <= set(present):
+            return
+        said = ask_partitions(grid, newcomers, self.stored_profiles.model or "")
+        self.members.carry_over(self.manager, present, said)
+
     def _check_profiles(self, said: Mapping[int, SiloReport]) -> None:
         """After round 1: say which stored profiles the measurement contradicts."""
         self.stored_profiles.check(said, self.members.label, self.profiles)
@@ -265,6 +277,8 @@ class LoadBalancedFedAvg(FedAvg):
             present, nodes = self._sample(self.fraction_train, self.min_train_nodes, grid)
             if self.manager is None and not self._sent and self.profiles:
                 self._start_from_profiles(grid, arrays, nodes)
+            if self.manager is not None and not self._sent and self.progress.offset:
+                self._carry_over(grid, present)
             if self.manager is not None:
                 self.members.sync(self.manager, present, nodes)
             flwr_log(

@@ -80,7 +80,13 @@ EOF
   [ "$rc" = 0 ] || tail -n 30 "$dir/server.out" "$dir"/silo-*.out | tee -a "$OUT/runs.txt"
 }
 
-run warm-fedavg static --warm
-run warm-default curve --warm
-run cold-fedavg static --cold
-run cold-default curve --cold
+# RUNS: which of them, in this order (a short lease may take the warm ones only)
+for name in ${RUNS:-warm-fedavg warm-default cold-fedavg cold-default}; do
+  case $name in
+    warm-fedavg) run warm-fedavg static --warm ;;
+    warm-default) run warm-default curve --warm ;;
+    cold-fedavg) run cold-fedavg static --cold ;;
+    cold-default) run cold-default curve --cold ;;
+    *) echo "unknown run $name (warm-fedavg, warm-default, cold-fedavg, cold-default)"; exit 2 ;;
+  esac
+done

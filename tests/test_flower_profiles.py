@@ -61,6 +61,16 @@ def test_a_profile_is_found_only_for_the_same_silo_model_and_hardware(tmp_path, 
     assert load_profile("silo-0", "model-a", MACHINE) is None
 
 
+def test_a_profile_of_a_run_whose_id_is_above_2_to_the_63_loads(tmp_path, monkeypatch):
+    """Flower's run ids are unsigned 64-bit: half of them are above 2**63 (a demo's
+    profile was once ignored as damaged for it)."""
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
+    save_profile("silo-0", "model-a", MACHINE, profile(run_id=17_224_456_789_012_345_678))
+    assert load_profile("silo-0", "model-a", MACHINE).run_id == 17_224_456_789_012_345_678
+    with pytest.raises(ValueError, match="run id"):
+        SiloProfile.checked(100.0, 0.1, 32, 12, time.time(), run_id=2**64)
+
+
 @pytest.mark.usefixtures("task_identity")
 def test_a_malformed_answer_is_no_profile():
     from flwr.app import Message, MessageType, MetricRecord

@@ -107,7 +107,7 @@ class SiloProfile:
             "batch size": (batch_size, 1, MAX_SIZE, ""),
             "local steps": (local_steps, 1, MAX_SIZE, ""),
             "rounds": (rounds, 1, 2**31, ""),
-            "run id": (run_id, -(2**63), 2**63, ""),
+            "run id": (run_id, 0, 2**64 - 1, ""),  # Flower's run ids are unsigned 64-bit
         }
         for name, (value, least, most, unit) in figures.items():
             if not _is_number(value):

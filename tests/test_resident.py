@@ -159,7 +159,7 @@ def worker_lines(log: str) -> list[tuple[int, int, int]]:
 def resident_run(tmp_path_factory):
     """A real federation, every process witnessed (tests/fork_audit): silo-0 warm and
     resident (forced on: this machine has no GPU), silo-1 warm with a fork per message
-    (auto on a CPU); one run of three rounds."""
+    (off); one run of three rounds."""
     folder = tmp_path_factory.mktemp("resident")
     audit = folder / "audit.txt"
     audit.touch()
@@ -169,7 +169,7 @@ def resident_run(tmp_path_factory):
         patch.setenv("FEDLB_FORK_AUDIT", str(audit))
         with Federation(folder / "procs") as federation:
             federation.add_silos({"silo-0": silo_config(0)}, warm=True, resident="on")
-            federation.add_silos({"silo-1": silo_config(1)}, warm=True)
+            federation.add_silos({"silo-1": silo_config(1)}, warm=True, resident="off")
             settings = run_settings(folder / "out", **{"num-rounds": 3, "evaluate-every": 1})
             outcome = federation.run(settings, timeout=240)
     return outcome, folder / "procs", audit.read_text().splitlines()

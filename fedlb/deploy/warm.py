@@ -15,6 +15,14 @@ reply, exit) with every import already done. One process per message keeps Flowe
 isolation (a crash, a leak or a module-level global of one message does not reach the
 next; a fresh FAB loads fresh), and costs a fork (milliseconds) instead of a start.
 
+A GPU silo (`--resident`, the default where a silo trains on a GPU: decided by the
+process that starts the silo, never here) runs its tasks instead in one resident worker
+(fedlb.deploy.resident): a child forked once, at the same fork-safe point, that runs
+Flower's `run_clientapp` task after task and so keeps its CUDA context and model
+between rounds (a fresh fork paid ~0.5 s a round for them on an H200 machine). It gives
+up the isolation of one message from the next; a worker lost mid-task fails that task at
+once, and the next gets a fresh worker.
+
 Fork safety (fedlb.deploy.fork_safety): a process that forks ClientApps must never create
 a CUDA context nor run autograd (PyTorch's fork rules: on a CUDA build with a GPU, the
 old warm-up's one backward made every forked ClientApp fail, GPU and CPU silos alike:

@@ -47,7 +47,7 @@ def main() -> None:
             "out-dir": str(Path(folder) / "out"),
         }
         outcome = federation.run(settings, timeout=600)
-    assert outcome.status == "finished:completed", outcome.problem()
+    assert outcome.status == "finished:completed", outcome.problem
     columns: dict[str, dict[str, list[float]]] = {}
     print("round silo     start_s fixed_s wall-busy_s")
     for record in outcome.records:

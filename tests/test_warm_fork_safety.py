@@ -211,9 +211,12 @@ def witnessed(tmp_path_factory):
         patch.setenv("PYTHONPATH", python_path)  # every process of the federation's
         patch.setenv("FEDLB_FORK_AUDIT", str(audit))
         with Federation(folder / "procs") as federation:
-            federation.add_silos({"silo-0": configs["silo-0"]}, warm=True)
+            federation.add_silos({"silo-0": configs["silo-0"]}, warm=True, resident="off")
             federation.add_silos(
-                {"silo-1": configs["silo-1"]}, warm=True, preload=["trains_at_import"]
+                {"silo-1": configs["silo-1"]},
+                warm=True,
+                preload=["trains_at_import"],
+                resident="off",
             )
             outcome = federation.run(run_settings(folder / "out"), timeout=240)
     return outcome, folder / "procs", audit.read_text().splitlines()

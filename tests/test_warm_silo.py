@@ -189,7 +189,10 @@ def test_warm_silos_serve_every_message_from_one_warm_server(tmp_path):
     unsigned caller is refused their tasks; a silo's server killed between runs is
     restarted, said so, and the next run completes."""
     with Federation(tmp_path / "procs") as federation:
-        nodes = federation.add_silos({f"silo-{i}": silo_config(i) for i in range(2)}, warm=True)
+        # a fork per message (what this tests), also on a GPU machine (auto: resident there)
+        nodes = federation.add_silos(
+            {f"silo-{i}": silo_config(i) for i in range(2)}, warm=True, resident="off"
+        )
         servers = [warm_server(node) for node in nodes]
         warm_server(federation.link)
         for node in [*nodes, federation.link]:  # Flower's SuperNode (SuperLink), forked
@@ -266,7 +269,7 @@ def test_a_task_lost_mid_round_fails_at_once_and_the_silo_stays_in(tmp_path):
 
     with Federation(tmp_path / "procs") as federation:
         configs = {f"silo-{i}": {**silo_config(i), "emulated-speed": 20.0} for i in range(2)}
-        nodes = federation.add_silos(configs, warm=True)
+        nodes = federation.add_silos(configs, warm=True, resident="off")  # forks, also on a GPU
         failures = ClientAppFailures(nodes[0].log_path)
 
         def kill() -> None:  # round 1: the warm server; round 3: the task's own process

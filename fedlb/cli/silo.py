@@ -140,6 +140,16 @@ def silo(
             "(--cold: Flower's own fresh process per message). Default warm.",
         ),
     ] = None,
+    resident: Annotated[
+        bool | None,
+        typer.Option(
+            "--resident/--no-resident",
+            help="Run the warm ClientApps one after another in one resident worker, which "
+            "keeps its CUDA context and model between rounds (--no-resident: a fork per "
+            "message, each isolated from the last). Default: resident where it trains on "
+            "a GPU.",
+        ),
+    ] = None,
     connect_timeout: Annotated[
         float,
         typer.Option(
@@ -167,6 +177,7 @@ def silo(
             "root-certificates": root_certificates,
             "auth-key": auth_key,
             "warm": warm,
+            "resident": None if resident is None else ("on" if resident else "off"),
         }
     )
     if not connect_timeout >= 0:  # NaN too

@@ -228,6 +228,7 @@ class Federation:
         auth_keys: Mapping[str, Path] | None = None,
         warm: bool = True,
         preload: Sequence[str] = (),
+        resident: str = "auto",
     ) -> list[processes.FlowerProcess]:
         """`add_silo` for several silos (name -> node config, name -> private key), all
         started before any is waited for: their start-ups (torch imported, the SuperNode
@@ -254,6 +255,7 @@ class Federation:
                         extra_args=["--auth-supernode-private-key", str(key)] if key else None,
                         warm=warm,
                         preload=preload,
+                        resident=resident,
                     )
                 )
             for node in launched:

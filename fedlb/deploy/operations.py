@@ -390,6 +390,7 @@ def start_silo(
                 root_certificates=ca,
                 extra_args=["--auth-supernode-private-key", str(key)] if key else None,
                 warm=settings.warm,
+                resident=settings.resident,
             )
             wait_joined(
                 node, settings.server, ca is not None, connect_timeout, on_wait, since=began

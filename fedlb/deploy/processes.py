@@ -27,12 +27,14 @@ from typing import Any
 
 import psutil
 
+from fedlb.flower.protocol import NODE_DEVICE
 from fedlb.security import TlsFiles
 
 from .console_scripts import bin_dir, console_scripts, say_in_process
 from .errors import DeployError
 from .gate import CONTROL_HOST, gated_command
 from .join import SUPERNODE_START, diagnose, supernode_join
+from .resident import wanted as resident_wanted
 from .warm import launcher_command, make_secret
 from .warm import unsupported as warm_unsupported
 from .warm_tasks import SERVERAPP, SIMULATION
@@ -335,11 +337,14 @@ def start_supernode(
     root_certificates: Path | None = None,
     warm: bool = False,
     preload: Sequence[str] = (),
+    resident: str = "auto",
 ) -> FlowerProcess:
     """A SuperNode for one silo; `port` is its local runtime API (distinct per node).
     `warm`: its ClientApps start warm (fedlb.deploy.warm: torch and fedlb imported once,
     a fork per message; `preload`: more modules to import once), else Flower's own
-    process per message.
+    process per message. `resident` (auto, on, off): a warm silo runs its ClientApps one
+    after another in one resident worker (fedlb.deploy.resident: a GPU keeps its CUDA
+    context and model between rounds); auto: where it trains on a GPU.
     With `root_certificates` (the federation's ca.crt) it talks TLS to the SuperLink and
     refuses one whose certificate that CA did not sign; without, plain HTTP. Returns once
     its local API is up, connected or not (`wait_joined` waits for that); a SuperNode
@@ -356,6 +361,7 @@ def start_supernode(
         root_certificates,
         warm,
         preload,
+        resident,
     )
     supernode_ready(node)
     return node
@@ -372,6 +378,7 @@ def launch_supernode(
     root_certificates: Path | None = None,
     warm: bool = False,
     preload: Sequence[str] = (),
+    resident: str = "auto",
 ) -> FlowerProcess:
     """`start_supernode` without waiting for its API: the process, started."""
     if port:
@@ -399,7 +406,11 @@ def launch_supernode(
     if warm:  # Flower's SuperNode in fedlb's launcher: no console script runs
         say_in_process("flower-supernode")
         secret = make_secret(workdir / f"home-{name}" / "superexec.secret")
-        command = launcher_command(f"127.0.0.1:{port}", secret, command, preload)
+        # decided here, not in the launcher or its server: they must not touch CUDA
+        device = str(node_config.get(NODE_DEVICE, "auto"))
+        if on := resident_wanted(resident, device):
+            log.info("silo %s: a resident worker runs its ClientApps (device %s)", name, device)
+        command = launcher_command(f"127.0.0.1:{port}", secret, command, preload, resident=on)
     else:  # the SuperNode starts flower-superexec, which starts flwr-clientapp: from PATH
         scripts = ("flower-supernode", "flower-superexec", "flwr-clientapp")
         command[0] = str(console_scripts(scripts, f"silo {name} runs cold")[0])

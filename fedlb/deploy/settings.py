@@ -34,6 +34,7 @@ from fedlb.flower.protocol import (
 from fedlb.security import TlsError, TlsFiles
 from fedlb.training import BASE_SPEED
 
+from .resident import RESIDENT_SETTINGS
 from .run_config import ConfigError, RunConfig, dataclass_arguments, read_toml
 from .silo_app import SiloConfigError, node_settings
 from .task import check_partition
@@ -248,6 +249,11 @@ class SiloSettings:
     auth_key: this silo's private key (`fedlb silo-key`) when the server checks keys.
     warm: its ClientApps start warm: torch and fedlb imported once, a fork per message
         (fedlb.deploy.warm); false: Flower's own fresh process per message.
+    resident: auto, on or off: a warm silo runs its ClientApps one after another in one
+        resident worker, which keeps its CUDA context and model between rounds
+        (fedlb.deploy.resident), instead of a fork per message; auto: where it trains on a
+        GPU (device cuda, cuda:N, or auto on a machine with one). It gives up the fork's
+        isolation of one message from the next, cheap on a CPU.
     """
 
     server: str = "127.0.0.1:8000"
@@ -266,6 +272,7 @@ class SiloSettings:
     root_certificates: str = ""
     auth_key: str = ""
     warm: bool = True
+    resident: str = "auto"
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> SiloSettings:
@@ -338,6 +345,10 @@ class SiloSettings:
             raise ConfigError(f"port must be in 0..65535 (0: a free one), got {self.port}")
         if self.slowdown is not None and not (math.isfinite(self.slowdown) and self.slowdown >= 1):
             raise ConfigError(f"slowdown must be >= 1 and finite, got {self.slowdown}")
+        if self.resident not in RESIDENT_SETTINGS:
+            raise ConfigError(
+                f"resident must be one of {', '.join(RESIDENT_SETTINGS)}, got {self.resident!r}"
+            )
         if not (math.isfinite(self.base_speed) and self.base_speed > 0):
             raise ConfigError(f"base-speed must be > 0, got {self.base_speed}")
         if not (math.isfinite(self.emulated_speed) and self.emulated_speed >= 0):

@@ -43,8 +43,9 @@ from fedlb.training import (
     train_epoch,
 )
 
+from .model_cache import cpu_state, resident_model
 from .run_config import RunConfig
-from .task import SiloData, model_for, silo_data, silo_data_from_file
+from .task import SiloData, silo_data, silo_data_from_file
 
 log = logging.getLogger("fedlb.flower")
 
@@ -200,9 +201,23 @@ def train_reply(msg: Message, context: Context, config: RunConfig | None = None)
         raise SiloConfigError(f"the server sent {LEARNING_RATE}={lr!r}, not a finite number > 0")
 
     device = _device(node)
-    model = model_for(config, data.train)
-    model.load_state_dict(next(iter(msg.content.array_records.values())).to_torch_state_dict())
-    model.to(device)
+    weights = next(iter(msg.content.array_records.values())).to_torch_state_dict()
+    with resident_model(config, data.train, device, weights) as model:
+        return _train(msg, context, config, data, node, orders, lr, device, model)
+
+
+def _train(
+    msg: Message,
+    context: Context,
+    config: RunConfig,
+    data: SiloData,
+    node: NodeSettings,
+    orders: Orders,
+    lr: float,
+    device: torch.device,
+    model: torch.nn.Module,
+) -> Message:
+    """train_reply's round with the global model loaded on `device`."""
     evaluation: dict[str, float | int] = {}
     if orders.evaluate_first and len(data.test):
         # The server asks for the incoming global model's evaluation with this update:
@@ -221,11 +236,11 @@ def train_reply(msg: Message, context: Context, config: RunConfig | None = None)
         msg, DataLoader(dataset, batch_size=config.batch_size, shuffle=True), carry
     )
     train_loss = train_epoch(model, loader, lr, config.momentum, device=device)
-    model.to("cpu")  # the update travels (and is encrypted) from host memory
+    # the update travels (and is encrypted) from host memory; the model stays on its device
+    # for the next message this process serves (fedlb.deploy.model_cache)
+    update = ArrayRecord(cpu_state(model))
     metrics = MetricRecord({"num-examples": len(data.train), TRAIN_LOSS: train_loss, **evaluation})
-    return Message(
-        RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg
-    )
+    return Message(RecordDict({"arrays": update, "metrics": metrics}), reply_to=msg)
 
 
 def evaluate_reply(msg: Message, context: Context, config: RunConfig | None = None) -> Message:
@@ -234,9 +249,8 @@ def evaluate_reply(msg: Message, context: Context, config: RunConfig | None = No
     if len(data.test) == 0:
         raise SiloConfigError("this silo has no held-out samples: raise silo-test-fraction")
     device = _device(node)
-    model = model_for(config, data.test)
-    model.load_state_dict(next(iter(msg.content.array_records.values())).to_torch_state_dict())
-    model.to(device)
-    loss, accuracy = evaluate(model, tensor_dataset(data.test.x, data.test.y), device=device)
+    weights = next(iter(msg.content.array_records.values())).to_torch_state_dict()
+    with resident_model(config, data.test, device, weights) as model:
+        loss, accuracy = evaluate(model, tensor_dataset(data.test.x, data.test.y), device=device)
     metrics = MetricRecord({"num-examples": len(data.test), EVAL_LOSS: loss, EVAL_ACC: accuracy})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)

@@ -15,6 +15,14 @@ reply, exit) with every import already done. One process per message keeps Flowe
 isolation (a crash, a leak or a module-level global of one message does not reach the
 next; a fresh FAB loads fresh), and costs a fork (milliseconds) instead of a start.
 
+A GPU silo (`--resident`, the default where a silo trains on a GPU: decided by the
+process that starts the silo, never here) runs its tasks instead in one resident worker
+(fedlb.deploy.resident): a child forked once, at the same fork-safe point, that runs
+Flower's `run_clientapp` task after task and so keeps its CUDA context and model
+between rounds (a fresh fork paid ~0.5 s a round for them on an H200 machine). It gives
+up the isolation of one message from the next; a worker lost mid-task fails that task at
+once, and the next gets a fresh worker.
+
 Fork safety (fedlb.deploy.fork_safety): a process that forks ClientApps must never create
 a CUDA context nor run autograd (PyTorch's fork rules: on a CUDA build with a GPU, the
 old warm-up's one backward made every forked ClientApp fail, GPU and CPU silos alike:
@@ -88,6 +96,7 @@ from pathlib import Path
 from . import fork_safety
 from .forked import Forked
 from .prompt import IDLE_PULL_S, fast_object_pulls, node_entry, supernode_command
+from .resident import ResidentWorker
 from .warm_tasks import (
     CLIENTAPP,
     SERVERAPP,
@@ -145,6 +154,7 @@ def _this_module(
     preload: Sequence[str],
     task: str = CLIENTAPP,
     root_certificates: Path | None = None,
+    resident: bool = False,
 ) -> list[str]:
     """`python -m fedlb.deploy.warm` with the launcher's options."""
     return [
@@ -159,6 +169,7 @@ def _this_module(
         task,
         *(["--root-certificates", str(root_certificates)] if root_certificates else []),
         *[arg for module in preload for arg in ("--preload", module)],
+        *(["--resident"] if resident else []),
     ]
 
 
@@ -170,13 +181,15 @@ def launcher_command(
     idle_pull_s: float = IDLE_PULL_S,
     task: str = CLIENTAPP,
     root_certificates: Path | None = None,
+    resident: bool = False,
 ) -> list[str]:
     """The command that runs `supernode` (flower-supernode and its arguments) warm, its
     idle pull every `idle_pull_s`; with `task=SERVERAPP` (or SIMULATION), `supernode` is
     a SuperLink's command (flower-superlink ...) and `root_certificates` the CA its
-    runtime API's TLS certificate is signed by (None: plain HTTP)."""
+    runtime API's TLS certificate is signed by (None: plain HTTP). `resident`: a silo's
+    ClientApp tasks run in one resident worker (fedlb.deploy.resident), not a fork each."""
     return [
-        *_this_module(runtime_api_address, secret, preload, task, root_certificates),
+        *_this_module(runtime_api_address, secret, preload, task, root_certificates, resident),
         "--idle-pull",
         repr(idle_pull_s),
         "--",
@@ -204,10 +217,12 @@ def serve(
     poll_s: float = POLL_S,
     task: str = CLIENTAPP,
     root_certificates: Path | None = None,
+    resident: bool = False,
 ) -> None:
     """Import what a `task` (ClientApp or ServerApp) needs once, then run each task in a
     fork of this process while that is safe (fedlb.deploy.fork_safety), else cold;
-    `root_certificates`: the CA of a TLS runtime API (None: plain HTTP)."""
+    `root_certificates`: the CA of a TLS runtime API (None: plain HTTP); `resident`: a
+    ClientApp task runs in the resident worker (fedlb.deploy.resident) when it is idle."""
     started = time.perf_counter()
     fork_safety.arm()  # first: nothing here may reach autograd or CUDA unseen
     modules = (*PRELOAD[task], *preload)
@@ -252,10 +267,21 @@ def serve(
     running: dict[int, tuple[int, str]] = {}  # child pid -> task id, token
     request = AcquireTaskRequest(supported_task_types=[TaskType(TASK_TYPES[task]).value])
     failed = functools.partial(report_failed, runtime_api_address, root_certificates)
+    worker = ResidentWorker(runtime_api_address, failed) if resident and task == CLIENTAPP else None
     while True:
         reap(running, failed)
+        if worker is not None:
+            worker.poll()
         reply = client.AcquireTask(request)
         if reply.HasField("task") and reply.token:
+            if worker is not None and not worker.busy and starter.forks():
+                worker.run(reply.task.task_id, reply.token, reply.task.run_id)
+                continue
+            if worker is not None and worker.busy:
+                log.info(
+                    "warm: the resident worker is busy: task %s runs in a fork of its own",
+                    reply.task.task_id,
+                )
             child = starter.start(reply.task.task_id, reply.token)
             if child is not None:
                 running[child] = (reply.task.task_id, reply.token)
@@ -271,6 +297,7 @@ def launch(
     idle_pull_s: float = IDLE_PULL_S,
     task: str = CLIENTAPP,
     root_certificates: Path | None = None,
+    resident: bool = False,
 ) -> int:
     """Run the SuperNode (prompt; or the SuperLink, for SERVERAPP tasks) and the warm
     server; restart the server if it dies; return the SuperNode's exit code."""
@@ -311,6 +338,7 @@ def launch(
             preload,
             task=task,
             root_certificates=root_certificates,
+            resident=resident,
         )
 
     server = Forked(serving, SERVER_NAME, own_logging=True)
@@ -365,6 +393,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--preload", action="append", default=[])
     parser.add_argument("--task", choices=tuple(PRELOAD), default=CLIENTAPP)
     parser.add_argument("--root-certificates", type=Path)
+    parser.add_argument(
+        "--resident",
+        action="store_true",
+        help="run a silo's ClientApp tasks in one resident worker (a GPU silo keeps its "
+        "CUDA context and model between rounds), not a fork per task",
+    )
     if "--" not in arguments:
         parser.error("give the SuperNode's command after --")
     parser.add_argument(
@@ -385,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.idle_pull,
         args.task,
         args.root_certificates,
+        args.resident,
     )
 
 

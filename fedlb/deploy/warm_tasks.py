@@ -205,16 +205,18 @@ def reap(
 ) -> None:
     """Collect finished tasks; say which ended badly (Flower reports an app's own
     exception; a killed process only this says, in this process's log) and report a
-    killed one's task as failed (`failed(token, details)`)."""
-    while running:
+    killed one's task as failed (`failed(token, details)`). Only the tasks' own processes
+    are waited for: the server's other children (a resident worker) are waited for by
+    their owners."""
+    for pid in list(running):
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            running.clear()
-            return
-        if pid == 0:
-            return
-        task, token = running.pop(pid, (None, ""))
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not this process's child (any more)
+            running.pop(pid)
+            continue
+        if done == 0:
+            continue
+        task, token = running.pop(pid)
         if os.WIFSIGNALED(status):
             name = signal.Signals(os.WTERMSIG(status)).name
             log.warning(

@@ -32,8 +32,8 @@ torch.__version__, 'flwr', flwr.__version__, 'cuda', torch.cuda.is_available())"
 
 port() { "$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 
-run() {  # NAME TUNER WARM(--warm|--cold)
-  local name=$1 tuner=$2 warm=$3 dir=/tmp/gpu-fed/$1 p
+run() {  # NAME TUNER WARM(--warm|--cold) [a flag for every silo]
+  local name=$1 tuner=$2 warm=$3 extra=${4:-} dir=/tmp/gpu-fed/$1 p
   p=$(port)
   rm -rf "$dir"; mkdir -p "$dir"
   local started=$(date +%s.%N)
@@ -50,7 +50,8 @@ run() {  # NAME TUNER WARM(--warm|--cold)
   for spec in "0 $GPU_DEVICE 4" "1 cpu 4" "2 cpu 1"; do
     set -- $spec
     "$PY" -m fedlb.cli silo --server "127.0.0.1:$p" --partition-id "$1" --num-partitions 3 \
-      --device "$2" --threads "$3" --workdir "$dir/silo-$1" "$warm" > "$dir/silo-$1.out" 2>&1 &
+      --device "$2" --threads "$3" --workdir "$dir/silo-$1" "$warm" $extra \
+      > "$dir/silo-$1.out" 2>&1 &
     silos+=($!)
   done
   wait "$server"; local rc=$?
@@ -85,8 +86,15 @@ for name in ${RUNS:-warm-fedavg warm-default cold-fedavg cold-default}; do
   case $name in
     warm-fedavg) run warm-fedavg static --warm ;;
     warm-default) run warm-default curve --warm ;;
+    # the GPU silo is resident by default (its device is cuda); here the CPU silos too
+    warm-default-all-resident) run warm-default-all-resident curve --warm --resident ;;
+    warm-default-forked) run warm-default-forked curve --warm --no-resident ;;
     cold-fedavg) run cold-fedavg static --cold ;;
     cold-default) run cold-default curve --cold ;;
-    *) echo "unknown run $name (warm-fedavg, warm-default, cold-fedavg, cold-default)"; exit 2 ;;
+    *) echo "unknown run $name (warm-fedavg, warm-default, warm-default-all-resident,"\
+         "warm-default-forked, cold-fedavg, cold-default)"; exit 2 ;;
   esac
 done
+# every run's silo logs (the resident worker's lines: "resident: task T runs in worker
+# pid P (its task N; CUDA initialised: yes|no)") and server output, in one file
+tar czf "$OUT/logs.tgz" --exclude=apps -C /tmp/gpu-fed . 2>/dev/null

@@ -624,7 +624,9 @@ def test_a_malformed_update_is_rejected_and_the_server_lives_on(tamper):
 
     grid.intercept = corrupt
     strategy = LoadBalancedFedAvg(
-        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3)
+        min_available_nodes=3,
+        balancing=Balancing(batch_size=16, local_steps=3),
+        pack_model=False,  # the arrays as the app sent them: each tampered on its own
     )
     result = start(strategy, grid, rounds=3)
     assert result.arrays is not None
@@ -829,3 +831,61 @@ def test_the_strategy_reads_like_fedavg_and_its_option_groups_refuse_bad_values(
         LoadBalancedFedAvg(evaluate_every=0)
     assert LoadBalancedFedAvg(balancing=Balancing(guard=False)).guard is None
     assert LoadBalancedFedAvg().guard is not LoadBalancedFedAvg().guard  # one guard each
+
+
+def test_the_model_travels_packed_and_ends_where_an_unpacked_run_does():
+    """fedlb.flower.packing: one float32 array on the wire (and its layout in the
+    config), the app and the server seeing the usual arrays; the same model, bit for
+    bit, as a run that sends every array on its own. A packed reply of the wrong size
+    is rejected like any malformed update."""
+    from fedlb.flower.packing import LAYOUT, PACKED
+
+    results = {}
+    for packed in (True, False):
+        grid = make_grid()
+        replied = []
+
+        def look(reply, replied=replied):
+            if reply.content.array_records:  # a train reply (evaluation: metrics only)
+                replied.append(list(reply.content["arrays"].keys()))
+            return reply
+
+        grid.intercept = look
+        strategy = LoadBalancedFedAvg(
+            min_available_nodes=3,
+            balancing=Balancing(batch_size=16, local_steps=3),
+            pack_model=packed,
+        )
+        results[packed] = start(strategy, grid, rounds=3).arrays
+        sent = [m for m in grid.sent if m.metadata.message_type == "train"]
+        assert sent
+        assert all((LAYOUT in m.content["config"]) == packed for m in sent)
+        assert len(replied) == 9
+        assert all((keys == [PACKED]) == packed for keys in replied)
+    for key, array in results[False].items():
+        assert np.array_equal(array.numpy(), results[True][key].numpy()), key
+
+    grid = make_grid()
+
+    def shorten(reply):
+        if not is_train_from(reply, 102):
+            return reply
+        flat = reply.content["arrays"][PACKED].numpy()
+        return Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({PACKED: _arr(flat[:-1])}),
+                    "metrics": reply.content["metrics"],
+                }
+            ),
+            reply_to=_original(reply),
+        )
+
+    grid.intercept = shorten
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3)
+    )
+    assert start(strategy, grid, rounds=2).arrays is not None
+    for record in strategy.reporter.records:
+        assert [f for f in record.failed if f.startswith("node-102: update rejected")]
+        assert {s.node for s in record.silos} == {100, 101}

@@ -51,6 +51,7 @@ from fedlb.training import (
 
 from .emulation import SiloClock, emulated_timing
 from .identity import node_label, silo_label
+from .packing import pack_in_place, sent_layout, unpack_in_place
 from .profiles import (
     PROFILE_OF,
     SiloProfile,
@@ -207,6 +208,18 @@ class BalanceMod:
         self.clock = clock
 
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        layout = sent_layout(msg.content) if msg.has_content() else None
+        if layout is None:
+            return self._handle(msg, context, call_next)
+        # The server packed the model (fedlb.flower.packing): the app sees its arrays, and
+        # a train reply of the same model goes back packed.
+        unpack_in_place(msg, layout)
+        reply = self._handle(msg, context, call_next)
+        if msg.metadata.message_type == MessageType.TRAIN:
+            pack_in_place(reply, layout)
+        return reply
+
+    def _handle(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         if msg.metadata.message_type == MessageType.TRAIN and PROFILE_OF in sent_config(msg):
             # the server's question before round 1, answered without the app (a train
             # message, as Flower runs a mod only around a handler the app registered)

@@ -35,6 +35,7 @@ from .he import EncryptedAggregation, EncryptedModel
 from .identity import by_node, node_label, worker_name
 from .membership import Membership, say
 from .options import Balancing, Joining, Keeping
+from .packing import LAYOUT, Layout, pack, packable, read_layout, unpack_in_place
 from .profiles import ask_partitions, model_key
 from .protocol import EVAL_EXAMPLES, Orders, SiloReport
 from .records import RoundRecord, balance_line, round_record
@@ -115,6 +116,7 @@ class LoadBalancedFedAvg(FedAvg):
         poll_interval: float | None = 0.1,
         seed: int = 0,
         he: EncryptedAggregation | None = None,
+        pack_model: bool = True,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -144,6 +146,9 @@ class LoadBalancedFedAvg(FedAvg):
         self.checkpoint_dir = keeping.checkpoint_dir
         self.run_settings = dict(keeping.run_settings)
         self.he = he
+        # the model on the wire as one array (fedlb.flower.packing): plaintext only
+        self.pack_model = pack_model and he is None
+        self._layout: tuple[Layout, str] | None = None  # this round's packing, as text too
         self.members = Membership(
             joining.expected_silos or min_available_nodes,
             joining.join_timeout,
@@ -285,17 +290,18 @@ class LoadBalancedFedAvg(FedAvg):
                 INFO, "configure_train: Sampled %s nodes (out of %s)", len(nodes), len(present)
             )
             self.updates.new_round(arrays)
+            wire, self._layout = self._on_the_wire(arrays)
             messages = []
             self._sent = {}
             for node in nodes:
                 orders = self._orders(server_round, node)
                 self._sent[node] = (orders.batch_size, orders.local_steps)
+                node_config = self._node_config(node, orders, config)
+                if self._layout is not None:
+                    node_config = ConfigRecord({**node_config, LAYOUT: self._layout[1]})
                 # A new RecordDict per node: Message does not copy its content.
                 content = RecordDict(
-                    {
-                        self.arrayrecord_key: arrays,
-                        self.configrecord_key: self._node_config(node, orders, config),
-                    }
+                    {self.arrayrecord_key: wire, self.configrecord_key: node_config}
                 )
                 messages.append(
                     Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
@@ -304,12 +310,24 @@ class LoadBalancedFedAvg(FedAvg):
             self._started = time.monotonic()
             return messages
 
+    def _on_the_wire(self, arrays: ArrayRecord) -> tuple[ArrayRecord, tuple[Layout, str] | None]:
+        """(the model as sent, (its layout, as text) where it travels packed)."""
+        if not self.pack_model or not packable(arrays):
+            return arrays, None
+        packed, text = pack(arrays)
+        layout = read_layout(text)
+        assert layout is not None
+        return packed, (layout, text)
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round = self._round(server_round)
         with self.rounds.server_time():
             replies = list(replies)
+            if self._layout is not None:  # before anything reads them
+                for msg in replies:
+                    unpack_in_place(msg, self._layout[0])
             self._check_and_log_replies(replies, is_train=True, validate=False)
             valid, record = self._collect(server_round, replies)
             if self.evaluate_with_train and self.rounds.pending is not None:
@@ -438,7 +456,10 @@ class LoadBalancedFedAvg(FedAvg):
             self.rounds.evaluation_sent()
             eval_config = ConfigRecord(dict(config))
             eval_config["server-round"] = server_round
-            record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: eval_config})
+            wire, layout = self._on_the_wire(arrays)
+            if layout is not None:
+                eval_config[LAYOUT] = layout[1]
+            record = RecordDict({self.arrayrecord_key: wire, self.configrecord_key: eval_config})
             return self._construct_messages(record, nodes, MessageType.EVALUATE)
 
     def aggregate_evaluate(

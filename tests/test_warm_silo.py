@@ -72,6 +72,26 @@ def test_the_flower_runtime_it_drives_has_the_shape_it_expects():
         runtime.pull_and_inflate_object_from_tree = before
 
 
+def test_a_warm_serverapps_grid_retries_a_replys_objects_after_20_ms():
+    """Flower's ServerApp grid pulls a reply's objects through its module's
+    `pull_objects`, which takes `initial_backoff` (Flower's default: 1 s, paid whenever a
+    poll finds a reply whose objects are still arriving); fast_reply_pulls binds 0.02 s."""
+    from flwr.superlink.grid import http_grid
+
+    from fedlb.deploy.prompt import fast_reply_pulls
+
+    assert "initial_backoff" in inspect.signature(http_grid.pull_objects).parameters
+    assert "pull_objects(" in inspect.getsource(http_grid.HttpGrid.pull_messages)
+    before = http_grid.pull_objects
+    try:
+        fast_reply_pulls()
+        fast_reply_pulls()
+        assert http_grid.pull_objects.keywords == {"initial_backoff": 0.02}
+        assert not isinstance(http_grid.pull_objects.func, functools.partial)
+    finally:
+        http_grid.pull_objects = before
+
+
 def test_the_supernode_loop_it_shortens_sleeps_where_it_expects():
     """Flower's SuperNode loop pauses 3 s after an empty pull and 0.5 s while a reply is
     not there yet, through its module's `time`; prompt_supernode shortens those two only."""

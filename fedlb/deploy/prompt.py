@@ -257,6 +257,16 @@ def fast_object_pulls(backoff: float = PULL_BACKOFF_S) -> None:
     _first_retry_after(runtime, "pull_and_inflate_object_from_tree", backoff)
 
 
+def fast_reply_pulls(backoff: float = PULL_BACKOFF_S) -> None:
+    """Make a ServerApp's grid retry a reply's object pulls after `backoff` s instead of
+    1 s. A reply's message reaches the SuperLink a few ms before its objects; a poll that
+    falls in between found the message and then slept Flower's 1 s before pulling the
+    objects again: ~1 s added to one round in several (docs/benchmarks.md)."""
+    from flwr.superlink.grid import http_grid
+
+    _first_retry_after(http_grid, "pull_objects", backoff)
+
+
 def _first_retry_after(module: object, name: str, backoff: float) -> None:
     """Bind `initial_backoff=backoff` to Flower's pull function that `module` imported by
     `name` (once: a second call replaces the first binding, never nests it)."""

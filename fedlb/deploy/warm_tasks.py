@@ -26,7 +26,7 @@ from pathlib import Path
 from . import fork_safety
 from .console_scripts import MissingScriptError, console_script
 from .forked import Forked
-from .prompt import flush_without_pause
+from .prompt import fast_reply_pulls, flush_without_pause
 
 CLIENTAPP, SERVERAPP, SIMULATION = "clientapp", "serverapp", "simulation"  # kinds of task
 TASK_TYPES = {  # Flower's name of each kind (flwr.supercore.constant.TaskType), its command
@@ -147,6 +147,7 @@ def _run_server_side(
     if task == SERVERAPP:
         runtime = importlib.import_module("flwr.superlink.runtime.run_serverapp")
         run = runtime.run_serverapp
+        fast_reply_pulls()
     else:
         runtime = importlib.import_module("flwr.simulation.app")
         run = runtime.run_simulation_process

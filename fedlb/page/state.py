@@ -16,6 +16,7 @@ from dataclasses import asdict
 from typing import Any
 
 from fedlb.flower import RoundRecord, accuracy_of
+from fedlb.flower.identity import node_label
 
 
 def _clean(value: Any) -> Any:
@@ -87,7 +88,13 @@ class PageState:
             self._policies[name] = []
             self._rounds = []
             self._seen = {}
-            self._run = {**self._run, "name": name, "status": "running"}
+            experiment = self._run.get("experiment") or self._run.get("name", "")
+            self._run = {
+                **self._run,
+                "experiment": experiment,
+                "name": f"{experiment}: {name}" if experiment else name,
+                "status": "running",
+            }
             self._version += 1
 
     def add_round(self, record: RoundRecord) -> None:
@@ -162,7 +169,8 @@ class PageState:
             rows.append(
                 {
                     "silo": label,
-                    "node": seen.get("node"),
+                    # text: a Flower node id (64 bits) is more than a JS number holds
+                    "node": node_label(seen["node"]) if "node" in seen else None,
                     "device": device.get(label, ""),
                     "last_round": seen.get("round"),
                     "last_seen": seen.get("time"),

@@ -45,7 +45,7 @@ function chart(id, labels, data, yLabel) {
 
 function drawHeader(state) {
   const run = state.run || {};
-  document.getElementById("title").textContent = `fedlb — ${run.name || state.title}`;
+  document.getElementById("title").textContent = run.name || state.title;
   const bits = [];
   if (run.address) bits.push(`SuperLink ${run.address}`);
   if (run.num_silos) bits.push(`${run.num_silos} silos`);

@@ -33,7 +33,7 @@ function chart(id, labels, data, yLabel) {
       points: { show: true, size: 5 },
     })));
     const opts = {
-      width, height: 220, series,
+      width, height: 170, series,
       scales: { x: { time: false } },
       axes: [{ label: labels[0], incrs: labels[0] === "round" ? [1, 2, 5, 10, 20, 50, 100] : undefined }, { label: yLabel }],
     };

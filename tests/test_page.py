@@ -155,3 +155,34 @@ def test_the_cli_refuses_an_exposed_page_without_a_token():
     said = CliRunner().invoke(app, ["demo", "--page-host", "0.0.0.0", "--num-rounds", "1"])
     assert said.exit_code == 2
     assert "--page-token" in " ".join(said.output.split())
+
+
+def test_the_guards_verdict_joins_the_round_records_events():
+    """The page shows the stability guard's verdicts: guard_round tells its `note` what it
+    logs (an update left out as diverged)."""
+    from fedlb.balance import StabilityGuard
+    from fedlb.flower.protocol import SiloReport
+    from fedlb.flower.stability import guard_round
+
+    said = {
+        node: SiloReport(16, 1, 0.1, 0.0, update_norm=norm)
+        for node, norm in ((1, 1.0), (2, 1.2), (3, 6.0))  # node 3: 5.5x the others' median
+    }
+    notes: list[str] = []
+    found = guard_round(
+        StabilityGuard(), None, 0.0, 4, said, {}, [], lambda n: f"silo-{n}", notes.append
+    )
+    assert list(found) == [3]
+    assert notes == [f"silo-3's update diverged and is left out of the average: {found[3]}"]
+
+
+def test_a_poll_between_rounds_gets_only_the_version():
+    state = PageState()
+    state.add_round(record(1))
+    client = TestClient(make_app(state))
+    version = client.get("/api/state").json()["version"]
+    answer = client.get("/api/state", params={"since": version}).json()
+    assert answer["unchanged"] is True
+    assert "rounds" not in answer
+    state.add_round(record(2))
+    assert len(client.get("/api/state", params={"since": version}).json()["rounds"]) == 2

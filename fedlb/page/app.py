@@ -15,6 +15,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from importlib.resources import files
 from typing import Any
 
@@ -92,9 +93,17 @@ def make_app(state: PageState, token: str | None = None, loopback: bool = True) 
         return Response(_static("index.html"), media_type="text/html; charset=utf-8")
 
     async def api_state(request: Request) -> Response:
+        """The page's data; `?since=V` where the page already drew version V: only the
+        version and the time, until a round changes it (a poll between rounds costs
+        next to nothing, however many rounds the run has)."""
         if not allowed(request):
             return refused()
-        body = json.dumps(state.snapshot(), allow_nan=False)
+        since = request.query_params.get("since", "")
+        version = state.version
+        if since.isdigit() and int(since) == version:
+            body = json.dumps({"version": version, "unchanged": True, "now": time.time()})
+        else:
+            body = json.dumps(state.snapshot(), allow_nan=False)
         return Response(body, media_type="application/json", headers=NO_STORE)
 
     class Guarded(StaticFiles):

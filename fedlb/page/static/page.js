@@ -5,6 +5,7 @@
 const COLORS = ["#2e7dd7", "#d1495b", "#00a36c", "#f3a712", "#7b3fc4", "#1b998b", "#8d6a9f", "#c05746"];
 const charts = {};
 let shown = -1;
+let last = null;  // the state drawn
 
 const el = (tag, attrs = {}, text = "") => {
   const node = document.createElement(tag);
@@ -179,15 +180,23 @@ function draw(state) {
 
 async function poll() {
   try {
-    const response = await fetch("api/state" + window.location.search, { cache: "no-store" });
+    // the token, if any, rides along; since: the version drawn (unchanged: a tiny answer)
+    const query = new URLSearchParams(window.location.search);
+    if (last !== null) query.set("since", String(shown));
+    const response = await fetch("api/state?" + query.toString(), { cache: "no-store" });
     if (response.ok) {
       const state = await response.json();
-      if (state.version !== shown) { draw(state); shown = state.version; }
+      if (state.unchanged && last !== null) {
+        last.now = state.now;
+        drawSilos(last);  // "last seen ... ago" moves on
+      } else if (!state.unchanged) {
+        draw(state); shown = state.version; last = state;
+      }
     }
   } catch (error) {
     document.body.dataset.status = "unreachable";  // the run ended: keep what was drawn
   }
   setTimeout(poll, 1000);
 }
-document.getElementById("timeline-round").addEventListener("change", () => { shown = -1; });
+document.getElementById("timeline-round").addEventListener("change", () => { if (last) drawTimeline(last.rounds); });
 poll();

@@ -1,5 +1,6 @@
 """What the live page costs a round: the same short `fedlb demo` without the page, with
-it, with it and an HTTP client polling its data four times a second, and with it open in
+it, with it and an HTTP client polling its whole data four times a second (a worst case:
+the page itself asks once a second, for the version only between rounds), and with it open in
 a headless chromium (its script polling and redrawing every second), side by side in one
 run (clock: wall, the ServerApp's round wall: train and evaluation phases). Beside it,
 the CPU seconds of the `fedlb demo` process itself (the page's thread runs there, not in

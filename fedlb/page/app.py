@@ -168,7 +168,12 @@ class LivePage:
         self._port = sock.getsockname()[1]
         app = make_app(self.state, self.token, loopback=is_loopback(self.host))
         config = uvicorn.Config(
-            app, log_level="warning", lifespan="off", access_log=False, loop="asyncio"
+            app,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            loop="asyncio",
+            ws="none",  # GET pages only: no websockets (nor their import)
         )
         self._server = uvicorn.Server(config)
         server = self._server

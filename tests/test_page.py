@@ -186,3 +186,18 @@ def test_a_poll_between_rounds_gets_only_the_version():
     assert "rounds" not in answer
     state.add_round(record(2))
     assert len(client.get("/api/state", params={"since": version}).json()["rounds"]) == 2
+
+
+def test_a_resumed_servers_page_starts_with_the_rounds_it_kept(tmp_path):
+    from fedlb.cli.federation import page_rounds_before
+
+    path = tmp_path / "rounds.jsonl"
+    path.write_text("".join(line + "\n" for n in (1, 2) for line in record(n).json_lines()))
+    state = PageState()
+    state.start_run("fedlb server", num_rounds=5)
+    page_rounds_before(state, path)
+    page_rounds_before(state, tmp_path / "none.jsonl")  # a fresh run: nothing, no error
+    shot = state.snapshot()
+    assert [r["round"] for r in shot["rounds"]] == [1, 2]
+    assert shot["silos"][0]["last_round"] == 2
+    assert shot["silos"][0]["last_seen"] is None  # not seen by this process

@@ -30,7 +30,14 @@ from fedlb.deploy import (
     run_server,
     server_settings,
 )
-from fedlb.flower import RUN_FILES, CheckpointError, RoundRecord, compare_runs, load_checkpoint
+from fedlb.flower import (
+    RUN_FILES,
+    CheckpointError,
+    RoundRecord,
+    compare_runs,
+    load_checkpoint,
+    records_from_json_lines,
+)
 from fedlb.page import PageState
 from fedlb.training import BASE_SPEED, STEP_CURVES, step_curve
 
@@ -117,6 +124,7 @@ def serve(
                 num_silos=where.run.num_silos,
                 local_silos=where.local_silos,
             )
+            page_rounds_before(page, where.out_dir / RUN_FILES.rounds)
 
     def shown(record: RoundRecord) -> None:
         console.print(record)
@@ -152,6 +160,16 @@ def serve(
         page.finish("completed" if outcome.problem is None else f"failed: {outcome.problem}")
     finish(outcome)
     return outcome
+
+
+def page_rounds_before(page: PageState, path: Path) -> None:
+    """A resumed run's page starts with the rounds its stopped server finished (the run
+    has kept them in rounds.jsonl by now; a fresh run's file is empty)."""
+    try:
+        for record in records_from_json_lines(path.read_text().splitlines(), True):
+            page.add_round(record, live=False)
+    except (OSError, ValueError):  # none, or damaged: the run itself says so
+        return
 
 
 def announce(ready: ServerReady) -> None:

@@ -97,9 +97,10 @@ class PageState:
             }
             self._version += 1
 
-    def add_round(self, record: RoundRecord) -> None:
-        """A round finished (called as rounds.jsonl gets it)."""
-        now = time.time()
+    def add_round(self, record: RoundRecord, live: bool = True) -> None:
+        """A round finished (called as rounds.jsonl gets it); `live` False: one finished
+        before this process started (a resumed run's), with no time it was seen."""
+        now = time.time() if live else None
         row = record_json(record)
         row["seen"] = now  # when this process read it: the silos' "last seen"
         with self._lock:

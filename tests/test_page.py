@@ -201,3 +201,11 @@ def test_a_resumed_servers_page_starts_with_the_rounds_it_kept(tmp_path):
     assert [r["round"] for r in shot["rounds"]] == [1, 2]
     assert shot["silos"][0]["last_round"] == 2
     assert shot["silos"][0]["last_seen"] is None  # not seen by this process
+
+
+def test_a_loopback_page_answers_loopbacks_host_names_with_their_ports():
+    client = TestClient(make_app(PageState()))
+    for host in ("127.0.0.1:8050", "localhost:8050", "[::1]:8050", "LOCALHOST"):
+        assert client.get("/api/state", headers={"host": host}).status_code == 200, host
+    for host in ("evil.example:8050", "127.0.0.1.evil.example", "[::2]:8050"):
+        assert client.get("/api/state", headers={"host": host}).status_code == 400, host

@@ -21,8 +21,6 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
@@ -32,7 +30,8 @@ from .state import PageState
 
 log = logging.getLogger("fedlb.page")
 
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+# the Host names a loopback page answers ("testserver": starlette's TestClient)
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "testserver"})
 MIN_TOKEN = 12  # characters: a token anyone could guess protects nothing
 
 
@@ -66,6 +65,13 @@ def check_binding(host: str, token: str | None) -> None:
         raise PageError(f"--page-token must have at least {MIN_TOKEN} characters")
 
 
+def host_name(header: str) -> str:
+    """A Host header's name without its port: "[::1]:8050" -> "[::1]"."""
+    if header.startswith("["):
+        return header.split("]", 1)[0] + "]"
+    return header.split(":", 1)[0].lower()
+
+
 def _static(name: str) -> bytes:
     return files("fedlb.page").joinpath("static", name).read_bytes()
 
@@ -75,29 +81,32 @@ def make_app(state: PageState, token: str | None = None, loopback: bool = True) 
     the vendored chart library. With `token`, every request must carry it; with
     `loopback`, only loopback Host names are answered."""
 
-    def allowed(request: Request) -> bool:
+    def refused(request: Request) -> Response | None:
+        """Why this request gets nothing (None: it may have the page): a Host that is
+        not loopback's on a loopback page, or no token where the page has one."""
+        if loopback and host_name(request.headers.get("host", "")) not in LOOPBACK_HOSTS:
+            return PlainTextResponse("Invalid host header", status_code=400)
         if not token:
-            return True
+            return None
         given = request.query_params.get("token", "")
         header = request.headers.get("authorization", "")
         if header.lower().startswith("bearer "):
             given = header[7:].strip()
-        return hmac.compare_digest(given.encode(), token.encode())
-
-    def refused() -> Response:
+        if hmac.compare_digest(given.encode(), token.encode()):
+            return None
         return PlainTextResponse("this page needs its token: ?token=...", status_code=401)
 
     async def index(request: Request) -> Response:
-        if not allowed(request):
-            return refused()
+        if (no := refused(request)) is not None:
+            return no
         return Response(_static("index.html"), media_type="text/html; charset=utf-8")
 
     async def api_state(request: Request) -> Response:
         """The page's data; `?since=V` where the page already drew version V: only the
         version and the time, until a round changes it (a poll between rounds costs
         next to nothing, however many rounds the run has)."""
-        if not allowed(request):
-            return refused()
+        if (no := refused(request)) is not None:
+            return no
         since = request.query_params.get("since", "")
         version = state.version
         if since.isdigit() and int(since) == version:
@@ -108,21 +117,16 @@ def make_app(state: PageState, token: str | None = None, loopback: bool = True) 
 
     class Guarded(StaticFiles):
         async def get_response(self, path: str, scope: Any) -> Response:
-            if not allowed(Request(scope)):
-                return refused()
+            if (no := refused(Request(scope))) is not None:
+                return no
             return await super().get_response(path, scope)
 
-    middleware = []
-    if loopback:
-        hosts = ["127.0.0.1", "localhost", "[::1]", "::1", "testserver"]
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=hosts))
     return Starlette(
         routes=[
             Route("/", index, methods=["GET"]),
             Route("/api/state", api_state, methods=["GET"]),
             Mount("/static", Guarded(directory=str(files("fedlb.page").joinpath("static")))),
         ],
-        middleware=middleware,
     )
 
 

@@ -32,6 +32,20 @@ quiet() {  # pip, without this machine's index-location chatter; fails when pip 
   "$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; }
 }
 
+# The live page's browser test (tests/test_page_browser.py) drives Debian's chromium;
+# root with apt installs it (set FEDLB_NO_CHROMIUM=1 not to); elsewhere, or when apt
+# cannot, that test skips saying so, and the set-up goes on.
+if [[ ",$extras," == *",dev,"* ]] && [ -z "${FEDLB_NO_CHROMIUM:-}" ] \
+    && ! command -v chromium >/dev/null 2>&1 \
+    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing chromium (apt) for the live page's browser test"
+  if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 \
+           && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; then
+    echo "setup: could not install chromium; the live page's browser test will skip" >&2
+  fi
+fi
+
 stamp="$venv/.fedlb-setup-$( (cat pyproject.toml "$0"; echo "$extras") | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && "$venv/bin/python" -c 'import fedlb, torch' 2>/dev/null; then
   echo "setup: $venv is up to date"

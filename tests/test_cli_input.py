@@ -155,7 +155,7 @@ def test_port_0_means_a_free_port(tmp_path, monkeypatch):
         fedlb.cli.federation, "run_server", lambda settings, run, **kw: handed.append(settings)
     )
     monkeypatch.setattr(fedlb.cli.federation, "finish", lambda outcome: None)
-    result = runner.invoke(app, ["server", "--port", "0", "--out-dir", str(tmp_path)])
+    result = runner.invoke(app, ["server", "--port", "0", "--out-dir", str(tmp_path), "--no-page"])
     assert result.exit_code == 0, result.output
     assert handed[0].port == 0
     asked = []

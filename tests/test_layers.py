@@ -22,6 +22,7 @@ LAYERS = {
     "flower": 3,
     "cluster": 3,
     "deploy": 4,
+    "page": 4,
     "experiments": 5,
     "cli": 6,
 }

@@ -29,6 +29,7 @@ from fedlb.models import MODELS
 from fedlb.training import STEP_CURVES
 
 from .common import UsageError, app, console
+from .live import PageHost, PageOn, PagePort, PageToken, live_page
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -167,6 +168,10 @@ def experiment(
             "--target-accuracy) from its rounds.jsonl, without rerunning it."
         ),
     ] = None,
+    page: PageOn = True,
+    page_host: PageHost = "127.0.0.1",
+    page_port: PagePort = 0,
+    page_token: PageToken = None,
 ) -> None:
     """Run every policy on the same federation (same seed, partition, initial model, τ, X,
     η) and write rounds.jsonl, summary.json, partition.json and PNG plots."""
@@ -225,14 +230,24 @@ def experiment(
     )
 
     runs = len(chosen.policy_names()) * chosen.repeats
-    with Progress(
-        TextColumn("  {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
+    with (
+        live_page(page, page_host, page_port, page_token, "fedlb experiment") as state,
+        Progress(
+            TextColumn("  {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress,
+    ):
+        if state is not None:
+            state.start_run(
+                f"fedlb experiment {chosen.name}",
+                out_dir=str(folder),
+                num_rounds=chosen.rounds,
+                num_silos=chosen.silos,
+            )
         rounds = progress.add_task("starting Flower's simulation", total=runs * chosen.rounds)
 
         def round_done(record: RoundRecord) -> None:
@@ -240,6 +255,8 @@ def experiment(
             progress.update(
                 rounds, advance=1, description=f"round {record.round}: E = {efficiency}"
             )
+            if state is not None:
+                state.add_round(record)
 
         def done(name: str, result: PolicyResult) -> None:
             summary = result.summary(chosen.target_accuracy)
@@ -251,13 +268,20 @@ def experiment(
 
         try:  # its data checks (files, the split for every seed) come before any policy runs
             summary = run_experiment(
-                chosen, folder, on_policy=done, on_round=round_done, overwrite=overwrite
+                chosen,
+                folder,
+                on_policy=done,
+                on_round=round_done,
+                overwrite=overwrite,
+                on_start=state.start_policy if state is not None else None,
             )
         except ScenarioError as error:
             raise UsageError(str(error)) from error
         except RuntimeError as error:  # a policy's run failed: its message names the log
             console.print(f"[red]experiment stopped:[/] {escape(str(error))}")
             raise typer.Exit(1) from error
+        if state is not None:
+            state.finish("completed")
     print_summary(chosen, summary)
     if any(folder.glob(f"**/{RUN_FILES.tensorboard}")):  # one per policy (and seed)
         console.print(f"each round's scalars, per policy: tensorboard --logdir {folder}")

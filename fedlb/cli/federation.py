@@ -30,10 +30,19 @@ from fedlb.deploy import (
     run_server,
     server_settings,
 )
-from fedlb.flower import RUN_FILES, CheckpointError, RoundRecord, compare_runs, load_checkpoint
+from fedlb.flower import (
+    RUN_FILES,
+    CheckpointError,
+    RoundRecord,
+    compare_runs,
+    load_checkpoint,
+    records_from_json_lines,
+)
+from fedlb.page import PageState
 from fedlb.training import BASE_SPEED, STEP_CURVES, step_curve
 
 from .common import UsageError, app, console, holding
+from .live import PageHost, PageOn, PagePort, PageToken, live_page
 
 RUN_TYPES = {"int": int, "float": float, "str": str}
 CLI_OWNED = {"out_dir", "resume"}  # run settings the commands set themselves
@@ -92,15 +101,35 @@ def serve(
     run: RunConfig,
     silos: list[SiloSettings] | None = None,
     overwrite: bool = False,
+    page: PageState | None = None,
+    name: str = "fedlb server",
 ) -> RunOutcome:
-    """Run the server (and local silos), show every round, exit non-zero unless it
-    completed every round. SIGTERM stops everything it started."""
+    """Run the server (and local silos), show every round (on the console and on the
+    live `page`, where there is one), exit non-zero unless it completed every round.
+    SIGTERM stops everything it started."""
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     ready: list[ServerReady] = []
+    if page is not None:
+        page.start_run(name, num_rounds=run.num_rounds, num_silos=run.num_silos)
 
     def announced(where: ServerReady) -> None:
         ready.append(where)
         announce(where)
+        if page is not None:
+            page.start_run(
+                name,
+                address=where.address,
+                out_dir=str(where.out_dir),
+                num_rounds=where.run.num_rounds,
+                num_silos=where.run.num_silos,
+                local_silos=where.local_silos,
+            )
+            page_rounds_before(page, where.out_dir / RUN_FILES.rounds)
+
+    def shown(record: RoundRecord) -> None:
+        console.print(record)
+        if page is not None:
+            page.add_round(record)
 
     try:
         outcome = run_server(
@@ -108,10 +137,12 @@ def serve(
             run,
             local_silos=silos or [],
             on_ready=announced,
-            on_round=console.print,
+            on_round=shown,
             overwrite=overwrite,
         )
     except KeyboardInterrupt:
+        if page is not None:
+            page.finish("stopped")
         if ready:  # the SuperLink was up: a run may have checkpointed rounds to go on from
             console.print(
                 f"stopped (Ctrl-C); everything it started is stopped. `fedlb server --resume "
@@ -125,8 +156,20 @@ def serve(
         raise typer.Exit(1) from error
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if page is not None:
+        page.finish("completed" if outcome.problem is None else f"failed: {outcome.problem}")
     finish(outcome)
     return outcome
+
+
+def page_rounds_before(page: PageState, path: Path) -> None:
+    """A resumed run's page starts with the rounds its stopped server finished (the run
+    has kept them in rounds.jsonl by now; a fresh run's file is empty)."""
+    try:
+        for record in records_from_json_lines(path.read_text().splitlines(), True):
+            page.add_round(record, live=False)
+    except (OSError, ValueError):  # none, or damaged: the run itself says so
+        return
 
 
 def announce(ready: ServerReady) -> None:
@@ -224,6 +267,10 @@ def server(
             "the default), or --cold: Flower's own fresh process per run.",
         ),
     ] = None,
+    page: PageOn = True,
+    page_host: PageHost = "127.0.0.1",
+    page_port: PagePort = 0,
+    page_token: PageToken = None,
     *,
     run_flags: dict[str, Any],
 ) -> None:
@@ -263,7 +310,8 @@ def server(
             settings, run = server_settings(config, flags, run_flags)
     except (ConfigError, CheckpointError) as error:
         raise UsageError(str(error)) from error
-    serve(settings, run, overwrite=overwrite)
+    with live_page(page, page_host, page_port, page_token, "fedlb server") as state:
+        serve(settings, run, overwrite=overwrite, page=state)
 
 
 def given(flags: dict[str, Any]) -> dict[str, Any]:
@@ -322,6 +370,10 @@ def demo(
             "accuracy); results in out-dir/fedavg and out-dir/fedlb.",
         ),
     ] = False,
+    page: PageOn = True,
+    page_host: PageHost = "127.0.0.1",
+    page_port: PagePort = 0,
+    page_token: PageToken = None,
     *,
     run_flags: dict[str, Any],
 ) -> None:
@@ -345,8 +397,11 @@ def demo(
         if not factors:
             raise UsageError(f"--slowdowns must be numbers >= 1, got {slowdowns!r}")
     folder = (out_dir or ServerSettings().results_dir()).resolve()
-    with holding(folder, "--out-dir"):  # the whole demo: its reuse check, keys and runs
-        _demo_in(folder, factors, names, base_speed, he, overwrite, warm, compare, run_flags)
+    with (
+        holding(folder, "--out-dir"),  # the whole demo: its reuse check, keys and runs
+        live_page(page, page_host, page_port, page_token, "fedlb demo") as state,
+    ):
+        _demo_in(folder, factors, names, base_speed, he, overwrite, warm, compare, run_flags, state)
 
 
 def _curves_and_model(curves: str, run_flags: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
@@ -386,8 +441,9 @@ def _demo_in(
     warm: bool,
     compare: bool,
     run_flags: dict[str, Any],
+    page: PageState | None = None,
 ) -> None:
-    """`fedlb demo` in `folder`, which it holds."""
+    """`fedlb demo` in `folder`, which it holds; its rounds also on the live `page`."""
     try:  # before fresh keys would replace those an earlier run's model needs
         settings = ServerSettings.from_mapping({"port": 0, "out-dir": str(folder), "warm": warm})
         check_run_folder(folder, overwrite)
@@ -413,7 +469,7 @@ def _demo_in(
         given = "--curves" if curves else "--slowdowns"
         raise UsageError(f"--num-silos {run.num_silos} but {count} {given}")
     if not compare:
-        serve(settings, run, silos, overwrite)
+        serve(settings, run, silos, overwrite, page, "fedlb demo")
         return
     runs: dict[str, list[RoundRecord]] = {}
     for name, where, changes, warm_silos in (
@@ -436,5 +492,7 @@ def _demo_in(
             + ("Flower's own silos, every silo at B0" if where == "fedavg" else "fedlb's default")
             + ("" if where == "fedavg" or warm else ", cold silos")
         )
-        runs[name] = serve(each, each_run, each_silos, overwrite).records
+        runs[name] = serve(
+            each, each_run, each_silos, overwrite, page, f"fedlb demo: {name}"
+        ).records
     console.print(compare_runs(runs))

@@ -87,6 +87,7 @@ def run_experiment(
     on_policy: Callable[[str, PolicyResult], None] | None = None,
     on_round: Callable[[RoundRecord], None] | None = None,
     overwrite: bool = False,
+    on_start: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Every policy of the scenario, then the results and plots in `out`; with repeats,
     every seed's in `out/seed-S` and their combination in `out`. Flower's processes and
@@ -100,7 +101,7 @@ def run_experiment(
     except (ConfigError, FolderInUseError) as error:
         raise ScenarioError(str(error)) from None
     with stack:
-        return _run_claimed(scenario, out, on_policy, on_round, overwrite)
+        return _run_claimed(scenario, out, on_policy, on_round, overwrite, on_start)
 
 
 def _run_claimed(
@@ -109,8 +110,10 @@ def _run_claimed(
     on_policy: Callable[[str, PolicyResult], None] | None,
     on_round: Callable[[RoundRecord], None] | None,
     overwrite: bool,
+    on_start: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """run_experiment's runs, `out` claimed."""
+    """run_experiment's runs, `out` claimed; `on_start` is told each policy's name (with
+    its seed under repeats) before it runs, so that its rounds can be told apart."""
     held = [name for name in (RUN_FILES.rounds, RUN_FILES.summary) if (out / name).exists()]
     if held and not overwrite:
         raise ScenarioError(
@@ -138,11 +141,13 @@ def _run_claimed(
                 folder.mkdir(parents=True, exist_ok=True)
                 results: dict[str, PolicyResult] = {}
                 for name in one.policy_names():
+                    label = name if scenario.repeats == 1 else f"{name} seed {seed}"
+                    if on_start is not None:
+                        on_start(label)
                     results[name] = run_policy(
                         one, name, folder / "policies" / name, federation, he, on_round
                     )
                     if on_policy is not None:
-                        label = name if scenario.repeats == 1 else f"{name} seed {seed}"
                         on_policy(label, results[name])
                 summaries[seed] = write_results(one, results, folder)
                 plot_results(one, results, folder)

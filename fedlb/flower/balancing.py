@@ -173,23 +173,27 @@ class StoredProfiles:
         )
 
     def check(
-        self, said: Mapping[int, SiloReport], label: Callable[[int], str], keep: bool
+        self,
+        said: Mapping[int, SiloReport],
+        label: Callable[[int], str],
+        keep: bool,
+        note: Callable[[str], None] | None = None,
     ) -> None:
         """After round 1: say which stored profiles the measurement contradicts (the
-        estimator follows the measurement from here, as after any change of speed); with
-        `keep`, remember that this server balanced the model."""
+        estimator follows the measurement from here, as after any change of speed), also
+        to `note` (the round record's events); with `keep`, remember that this server
+        balanced the model."""
         for node, profile in self._used.items():
             report = said.get(node)
             ratio = stale(profile, report) if report is not None else None
             if ratio is not None:
-                say(
-                    WARNING,
-                    "%s's stored speed profile was stale: it ran at %.2fx the stored %.0f "
-                    "samples/s; re-measured from now on",
-                    label(node),
-                    ratio,
-                    profile.speed,
+                text = (
+                    f"{label(node)}'s stored speed profile was stale: it ran at {ratio:.2f}x "
+                    f"the stored {profile.speed:.0f} samples/s; re-measured from now on"
                 )
+                say(WARNING, "%s", text)
+                if note is not None:
+                    note(text)
         self._used = {}
         if keep and self.model is not None:
             remember_model(self.model)

@@ -30,9 +30,13 @@ def guard_round(
     app_numbers: Mapping[int, Mapping[str, float]],
     blown_up: list[int],
     label: Callable[[int], str],
+    note: Callable[[str], None] | None = None,
 ) -> dict[int, str]:
     """The guard's verdict on the round: the diverged updates (node -> why), to leave out;
-    the manager's floor moved (and the sizes with it) when the verdict says so."""
+    the manager's floor moved (and the sizes with it) when the verdict says so. `note`
+    also gets each verdict said, for the round record's events (the live page shows
+    them)."""
+    tell = note or (lambda text: None)
     # Per local step: a silo with more steps (a bigger dataset, τ = len(its loader))
     # moves the model further without diverging.
     norms = {
@@ -51,24 +55,24 @@ def guard_round(
     verdict = guard.check(norms, losses, sizes)
     found = {n: why for n, why in by_node(verdict.diverged).items() if n not in blown_up}
     for node, why in found.items():
-        say(
-            WARNING,
-            "round %d: %s's update diverged and is left out of the average: %s",
-            server_round,
-            label(node),
-            why,
-        )
+        text = f"{label(node)}'s update diverged and is left out of the average: {why}"
+        say(WARNING, "round %d: %s", server_round, text)
+        tell(text)
     if manager is not None:
         floor = least_share(guard, user_floor)
         if getattr(manager.tuner, "min_share", floor) != floor:
             manager.set_min_share(floor)
+            dispersion = "–" if verdict.dispersion is None else f"{verdict.dispersion:.2f}"
+            text = (
+                f"the stability guard: {verdict.look} round (dispersion of the silos' "
+                f"updates {dispersion}): every silo gets at least {100 * floor:.0f}% of the "
+                "mean batch from now on"
+            )
             say(
                 WARNING if floor > verdict.floor_before else INFO,
-                "round %d: %s round (dispersion of the silos' updates %s): every silo "
-                "gets at least %.0f%% of the mean batch from now on",
+                "round %d: %s",
                 server_round,
-                verdict.look,
-                "–" if verdict.dispersion is None else f"{verdict.dispersion:.2f}",
-                100 * floor,
+                text,
             )
+            tell(text)
     return found

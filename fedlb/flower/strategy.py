@@ -235,7 +235,9 @@ class LoadBalancedFedAvg(FedAvg):
 
     def _check_profiles(self, said: Mapping[int, SiloReport]) -> None:
         """After round 1: say which stored profiles the measurement contradicts."""
-        self.stored_profiles.check(said, self.members.label, self.profiles)
+        self.stored_profiles.check(
+            said, self.members.label, self.profiles, self.members.events.append
+        )
 
     # Hooks the experiment-only variants (fedlb.experiments) override ------------------
     def _orders(self, server_round: int, node: int) -> Orders:
@@ -433,6 +435,7 @@ class LoadBalancedFedAvg(FedAvg):
             app_numbers,
             blown_up,
             self.members.label,
+            self.members.events.append,
         )
 
     # ---- evaluation --------------------------------------------------------------------

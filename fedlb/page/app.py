@@ -1,0 +1,212 @@
+"""The live page's web server: a read-only starlette app (Flower brings starlette and
+uvicorn) served by uvicorn on a thread of the process that runs the federation, so a
+round costs the run nothing: the page reads the records that process already has.
+
+Safe by default: it listens on loopback only and answers only the Host names of loopback
+(a web page elsewhere cannot reach it through DNS rebinding); any other address needs a
+token, which every request must then carry (`?token=` or `Authorization: Bearer`). It has
+GET routes only, and shows no key, weight or token."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import socket
+import threading
+import time
+from importlib.resources import files
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from .state import PageState
+
+log = logging.getLogger("fedlb.page")
+
+# the Host names a loopback page answers ("testserver": starlette's TestClient)
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "testserver"})
+MIN_TOKEN = 12  # characters: a token anyone could guess protects nothing
+
+
+class PageError(ValueError):
+    """Page settings that would expose it (another address without a token) or a port
+    it cannot listen on: the message says what to do."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address) is this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_binding(host: str, token: str | None) -> None:
+    """PageError unless the page may listen on `host`: loopback needs nothing; any other
+    address needs a token of at least MIN_TOKEN characters."""
+    if is_loopback(host):
+        return
+    if not token:
+        raise PageError(
+            f"the live page on {host} would show the run to anyone who can reach it: give "
+            f"--page-token (at least {MIN_TOKEN} characters) with --page-host, or leave "
+            "--page-host out (this machine only)"
+        )
+    if len(token) < MIN_TOKEN:
+        raise PageError(f"--page-token must have at least {MIN_TOKEN} characters")
+
+
+def host_name(header: str) -> str:
+    """A Host header's name without its port: "[::1]:8050" -> "[::1]"."""
+    if header.startswith("["):
+        return header.split("]", 1)[0] + "]"
+    return header.split(":", 1)[0].lower()
+
+
+def _static(name: str) -> bytes:
+    return files("fedlb.page").joinpath("static", name).read_bytes()
+
+
+def make_app(state: PageState, token: str | None = None, loopback: bool = True) -> Starlette:
+    """The page's app: `/` the page, `/api/state` its data, `/static/` its scripts and
+    the vendored chart library. With `token`, every request must carry it; with
+    `loopback`, only loopback Host names are answered."""
+
+    def refused(request: Request) -> Response | None:
+        """Why this request gets nothing (None: it may have the page): a Host that is
+        not loopback's on a loopback page, or no token where the page has one."""
+        if loopback and host_name(request.headers.get("host", "")) not in LOOPBACK_HOSTS:
+            return PlainTextResponse("Invalid host header", status_code=400)
+        if not token:
+            return None
+        given = request.query_params.get("token", "")
+        header = request.headers.get("authorization", "")
+        if header.lower().startswith("bearer "):
+            given = header[7:].strip()
+        if hmac.compare_digest(given.encode(), token.encode()):
+            return None
+        return PlainTextResponse("this page needs its token: ?token=...", status_code=401)
+
+    async def index(request: Request) -> Response:
+        if (no := refused(request)) is not None:
+            return no
+        return Response(_static("index.html"), media_type="text/html; charset=utf-8")
+
+    async def api_state(request: Request) -> Response:
+        """The page's data; `?since=V` where the page already drew version V: only the
+        version and the time, until a round changes it (a poll between rounds costs
+        next to nothing, however many rounds the run has)."""
+        if (no := refused(request)) is not None:
+            return no
+        since = request.query_params.get("since", "")
+        version = state.version
+        if since.isdigit() and int(since) == version:
+            body = json.dumps({"version": version, "unchanged": True, "now": time.time()})
+        else:
+            body = json.dumps(state.snapshot(), allow_nan=False)
+        return Response(body, media_type="application/json", headers=NO_STORE)
+
+    class Guarded(StaticFiles):
+        async def get_response(self, path: str, scope: Any) -> Response:
+            if (no := refused(Request(scope))) is not None:
+                return no
+            return await super().get_response(path, scope)
+
+    return Starlette(
+        routes=[
+            Route("/", index, methods=["GET"]),
+            Route("/api/state", api_state, methods=["GET"]),
+            Mount("/static", Guarded(directory=str(files("fedlb.page").joinpath("static")))),
+        ],
+    )
+
+
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+class LivePage:
+    """The page served on a thread until `stop()`: `LivePage(state).start()` returns once it
+    listens; `url` is its address (with the token, where it has one).
+
+    Args:
+        state: what it shows.
+        host: where it listens; loopback unless a token is given (check_binding).
+        port: its port (0: a free one).
+        token: the token every request must carry (None: none, loopback only).
+    """
+
+    def __init__(
+        self, state: PageState, host: str = "127.0.0.1", port: int = 0, token: str | None = None
+    ) -> None:
+        check_binding(host, token)
+        self.state = state
+        self.host, self.token = host, token or None
+        self._port = port
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+
+    def start(self) -> LivePage:
+        family = socket.AF_INET6 if ":" in self.host.strip("[]") else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host.strip("[]"), self._port))
+        except OSError as error:
+            sock.close()
+            raise PageError(
+                f"the live page cannot listen on {self.host}:{self._port} ({error.strerror}): "
+                "give another --page-port (0: a free one), or --no-page"
+            ) from None
+        sock.listen(16)
+        self._socket = sock
+        self._port = sock.getsockname()[1]
+        app = make_app(self.state, self.token, loopback=is_loopback(self.host))
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            loop="asyncio",
+            ws="none",  # GET pages only: no websockets (nor their import)
+        )
+        self._server = uvicorn.Server(config)
+        server = self._server
+        self._thread = threading.Thread(
+            target=lambda: server.run(sockets=[sock]), name="fedlb-page", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host.strip('[]')}]" if ":" in self.host.strip("[]") else self.host
+        return f"http://{host}:{self._port}/" + (f"?token={self.token}" if self.token else "")
+
+    def stop(self) -> None:
+        """Stop serving (the run's end); a page open then keeps what it last showed."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._socket is not None:
+            self._socket.close()
+
+    def __enter__(self) -> LivePage:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

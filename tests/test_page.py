@@ -1,0 +1,211 @@
+"""The live page (fedlb.page): its state from round records, its JSON and its safety
+(loopback only by default, a token for anywhere else); in-process, no browser."""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.request
+
+import pytest
+from starlette.testclient import TestClient
+
+from fedlb.flower import RoundRecord
+from fedlb.flower.records import SiloRound
+from fedlb.page import LivePage, PageError, PageState, check_binding, is_loopback, make_app
+
+TOKEN = "a-secret-of-some-length"
+
+
+def record(number: int, silos: tuple[str, ...] = ("silo-0", "silo-1"), **fields) -> RoundRecord:
+    rows = [
+        SiloRound(
+            label,
+            2**63 + i,
+            16 * (i + 1),
+            5,
+            0.5,
+            0.1,
+            0.6,
+            0.2,
+            2.3,
+            100,
+            0.0,
+            16,
+            start_s=0.1,
+            wall_s=1.0,
+        )
+        for i, label in enumerate(silos)
+    ]
+    values = {"accuracy": 0.1 * number, "server_accuracy": math.nan, **fields}
+    return RoundRecord(number, "measured", rows, 0.8, 0.6, 0.75, 0.25, 1.2, **values)
+
+
+def test_the_state_holds_rounds_silos_and_events_as_json():
+    state = PageState()
+    state.start_run(
+        "fedlb demo",
+        address="127.0.0.1:1",
+        num_rounds=4,
+        num_silos=3,
+        local_silos=[("silo-2", "emulated 50 samples/s")],
+    )
+    state.add_round(record(1))
+    state.add_round(
+        record(2, ("silo-0",), failed=["silo-1: no reply in 60 s"], events=["silo-1 left"])
+    )
+    shot = json.loads(json.dumps(state.snapshot(), allow_nan=False))  # NaN became null
+    assert [r["round"] for r in shot["rounds"]] == [1, 2]
+    assert shot["rounds"][0]["server_accuracy"] is None
+    silos = {s["silo"]: s for s in shot["silos"]}
+    assert silos["silo-1"]["missed"] == 1
+    assert silos["silo-1"]["missed_rounds"] == [2]
+    assert silos["silo-1"]["last_round"] == 1
+    assert silos["silo-0"]["node"] == f"node-{2**63}"  # text: more than a JS number holds
+    assert silos["silo-2"]["device"] == "emulated 50 samples/s"  # announced, not seen yet
+    assert shot["current"] == {
+        "round": 3,
+        "running": True,
+        "last_round": 2,
+        "replied": ["silo-0"],
+        "failed": ["silo-1"],
+    }
+    kinds = [(e["round"], e["kind"]) for e in shot["events"]]
+    assert kinds == [(2, "no update"), (2, "event")]
+    state.finish("completed")
+    assert state.snapshot()["current"]["running"] is False
+
+
+def test_a_resumed_round_replaces_the_one_it_runs_again():
+    state = PageState()
+    state.start_run("run", num_rounds=3)
+    for number in (1, 2, 2, 3):
+        state.add_round(record(number))
+    assert [r["round"] for r in state.snapshot()["rounds"]] == [1, 2, 3]
+
+
+def test_an_experiments_policies_each_get_their_accuracy_against_the_clock():
+    state = PageState()
+    state.start_run("fedlb experiment x", num_rounds=2)
+    for policy in ("fedavg", "fedlb"):
+        state.start_policy(policy)
+        state.add_round(record(1, server_accuracy=None))
+        state.add_round(record(2, server_accuracy=None))
+    shot = state.snapshot()
+    assert shot["policies"]["fedlb"] == [[0.8, 0.1], [1.6, 0.2]]
+    assert shot["run"]["name"] == "fedlb experiment x: fedlb"
+
+
+def test_the_app_serves_the_page_its_data_and_the_vendored_chart_library():
+    state = PageState()
+    state.add_round(record(1))
+    client = TestClient(make_app(state))
+    page = client.get("/")
+    assert page.status_code == 200
+    assert "page.js" in page.text
+    assert client.get("/api/state").json()["rounds"][0]["round"] == 1
+    assert client.get("/static/vendor/uPlot.iife.min.js").status_code == 200
+    assert client.get("/static/vendor/uPlot-LICENSE").status_code == 200
+    assert client.post("/api/state").status_code == 405  # read-only
+    # loopback answers loopback's names only: a rebound DNS name gets nothing
+    assert client.get("/", headers={"host": "evil.example"}).status_code == 400
+
+
+def test_a_token_is_required_on_every_request_once_given():
+    client = TestClient(make_app(PageState(), token=TOKEN, loopback=False))
+    for path in ("/", "/api/state", "/static/page.js"):
+        assert client.get(path).status_code == 401
+        assert client.get(path, params={"token": "wrong-token-here"}).status_code == 401
+        assert client.get(path, params={"token": TOKEN}).status_code == 200
+    bearer = {"authorization": f"Bearer {TOKEN}"}
+    assert client.get("/api/state", headers=bearer).status_code == 200
+
+
+def test_another_address_than_loopback_needs_a_token():
+    assert is_loopback("127.0.0.1")
+    assert is_loopback("localhost")
+    assert is_loopback("::1")
+    assert not is_loopback("0.0.0.0")
+    check_binding("127.0.0.1", None)
+    with pytest.raises(PageError, match="--page-token"):
+        check_binding("0.0.0.0", None)
+    with pytest.raises(PageError, match="at least 12"):
+        check_binding("0.0.0.0", "short")
+    check_binding("0.0.0.0", TOKEN)
+    with pytest.raises(PageError):
+        LivePage(PageState(), "0.0.0.0")
+
+
+def test_the_page_serves_on_a_thread_and_stops():
+    state = PageState()
+    state.add_round(record(1))
+    with LivePage(state) as page:
+        assert page.url == f"http://127.0.0.1:{page.port}/"
+        with urllib.request.urlopen(page.url + "api/state", timeout=10) as answer:
+            assert json.loads(answer.read())["rounds"][0]["round"] == 1
+    with LivePage(state, token=TOKEN) as page:
+        assert page.url.endswith(f"?token={TOKEN}")
+
+
+def test_the_cli_refuses_an_exposed_page_without_a_token():
+    from typer.testing import CliRunner
+
+    from fedlb.cli import app
+
+    said = CliRunner().invoke(app, ["demo", "--page-host", "0.0.0.0", "--num-rounds", "1"])
+    assert said.exit_code == 2
+    assert "--page-token" in " ".join(said.output.split())
+
+
+def test_the_guards_verdict_joins_the_round_records_events():
+    """The page shows the stability guard's verdicts: guard_round tells its `note` what it
+    logs (an update left out as diverged)."""
+    from fedlb.balance import StabilityGuard
+    from fedlb.flower.protocol import SiloReport
+    from fedlb.flower.stability import guard_round
+
+    said = {
+        node: SiloReport(16, 1, 0.1, 0.0, update_norm=norm)
+        for node, norm in ((1, 1.0), (2, 1.2), (3, 6.0))  # node 3: 5.5x the others' median
+    }
+    notes: list[str] = []
+    found = guard_round(
+        StabilityGuard(), None, 0.0, 4, said, {}, [], lambda n: f"silo-{n}", notes.append
+    )
+    assert list(found) == [3]
+    assert notes == [f"silo-3's update diverged and is left out of the average: {found[3]}"]
+
+
+def test_a_poll_between_rounds_gets_only_the_version():
+    state = PageState()
+    state.add_round(record(1))
+    client = TestClient(make_app(state))
+    version = client.get("/api/state").json()["version"]
+    answer = client.get("/api/state", params={"since": version}).json()
+    assert answer["unchanged"] is True
+    assert "rounds" not in answer
+    state.add_round(record(2))
+    assert len(client.get("/api/state", params={"since": version}).json()["rounds"]) == 2
+
+
+def test_a_resumed_servers_page_starts_with_the_rounds_it_kept(tmp_path):
+    from fedlb.cli.federation import page_rounds_before
+
+    path = tmp_path / "rounds.jsonl"
+    path.write_text("".join(line + "\n" for n in (1, 2) for line in record(n).json_lines()))
+    state = PageState()
+    state.start_run("fedlb server", num_rounds=5)
+    page_rounds_before(state, path)
+    page_rounds_before(state, tmp_path / "none.jsonl")  # a fresh run: nothing, no error
+    shot = state.snapshot()
+    assert [r["round"] for r in shot["rounds"]] == [1, 2]
+    assert shot["silos"][0]["last_round"] == 2
+    assert shot["silos"][0]["last_seen"] is None  # not seen by this process
+
+
+def test_a_loopback_page_answers_loopbacks_host_names_with_their_ports():
+    client = TestClient(make_app(PageState()))
+    for host in ("127.0.0.1:8050", "localhost:8050", "[::1]:8050", "LOCALHOST"):
+        assert client.get("/api/state", headers={"host": host}).status_code == 200, host
+    for host in ("evil.example:8050", "127.0.0.1.evil.example", "[::2]:8050"):
+        assert client.get("/api/state", headers={"host": host}).status_code == 400, host

@@ -889,3 +889,35 @@ def test_the_model_travels_packed_and_ends_where_an_unpacked_run_does():
     for record in strategy.reporter.records:
         assert [f for f in record.failed if f.startswith("node-102: update rejected")]
         assert {s.node for s in record.silos} == {100, 101}
+
+
+def test_the_round_under_way_is_written_as_its_replies_arrive(tmp_path):
+    """RoundReporter.progress gets each train round as it goes: sent to every silo,
+    nobody replied right after the push, every silo once the replies are in (what the
+    live page shows before the round's record); an evaluation does not overwrite it."""
+    import json as json_module
+
+    from fedlb.flower import RUN_FILES
+
+    reporter = RoundReporter(tmp_path)
+    calls = []
+    written = reporter.progress
+
+    def progress(server_round, sent, replied):
+        calls.append((server_round, sorted(sent), sorted(replied)))
+        written(server_round, sent, replied)
+
+    reporter.progress = progress
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3,
+        balancing=Balancing(batch_size=16, local_steps=3),
+        keeping=Keeping(reporter=reporter),
+    )
+    start(strategy, make_grid(), rounds=2)
+    silos = ["silo-0", "silo-1", "silo-2"]
+    nodes = ["node-100", "node-101", "node-102"]  # round 1: no silo has said its partition
+    assert calls == [(1, nodes, []), (1, nodes, nodes), (2, silos, []), (2, silos, silos)]
+    last = json_module.loads((tmp_path / RUN_FILES.progress).read_text())
+    assert last["round"] == 2
+    assert sorted(last["replied"]) == silos
+    assert all(s >= 0 for s in last["replied"].values())

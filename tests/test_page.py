@@ -66,6 +66,7 @@ def test_the_state_holds_rounds_silos_and_events_as_json():
     assert shot["current"] == {
         "round": 3,
         "running": True,
+        "in_flight": None,  # no out-dir, no progress file
         "last_round": 2,
         "replied": ["silo-0"],
         "failed": ["silo-1"],
@@ -209,3 +210,28 @@ def test_a_loopback_page_answers_loopbacks_host_names_with_their_ports():
         assert client.get("/api/state", headers={"host": host}).status_code == 200, host
     for host in ("evil.example:8050", "127.0.0.1.evil.example", "[::2]:8050"):
         assert client.get("/api/state", headers={"host": host}).status_code == 400, host
+
+
+def test_who_has_replied_within_the_round_comes_from_the_progress_file(tmp_path):
+    """The ServerApp replaces round-progress.json as replies arrive; the page shows
+    round 3's replies so far and who is still training, and its version moves with the
+    file so that a page polling `?since=` redraws."""
+    from fedlb.flower import RUN_FILES, RoundReporter
+
+    state = PageState()
+    state.start_run("fedlb server", out_dir=str(tmp_path), num_rounds=5)
+    state.add_round(record(1))
+    state.add_round(record(2))
+    reporter = RoundReporter(tmp_path)
+    reporter.progress(2, ["silo-0", "silo-1"], {"silo-0": 1.0, "silo-1": 1.2})  # stale
+    assert state.snapshot()["current"]["in_flight"] is None
+    before = state.version
+    reporter.progress(3, ["silo-0", "silo-1"], {"silo-1": 0.8})
+    assert state.version > before
+    assert state.snapshot()["current"]["in_flight"] == {
+        "sent": ["silo-0", "silo-1"],
+        "replied": {"silo-1": 0.8},
+        "waiting": ["silo-0"],
+    }
+    (tmp_path / RUN_FILES.progress).write_text("{half")  # being replaced: no error
+    assert state.snapshot()["current"]["in_flight"] is None

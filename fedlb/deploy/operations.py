@@ -139,6 +139,7 @@ def _run_claimed(
     first_round = 1
     if run.resume:
         stop_left_behind(out_dir)
+        (out_dir / RUN_FILES.progress).unlink(missing_ok=True)  # the stopped run's round
         try:
             checkpoint = load_checkpoint(Path(run.resume))
             first_round = checkpoint.first_unpublished_round
@@ -240,7 +241,7 @@ def check_run_folder(out_dir: Path, overwrite: bool = False) -> None:
 
 def clear_run_folder(out_dir: Path) -> None:
     """Remove an earlier run's results (and their digests) and its SuperLink state."""
-    for name in (*RUN_RESULTS, SERVER_FILE):
+    for name in (*RUN_RESULTS, SERVER_FILE, RUN_FILES.progress):
         (out_dir / name).unlink(missing_ok=True)
         digest_path(out_dir / name).unlink(missing_ok=True)
 

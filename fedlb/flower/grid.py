@@ -9,7 +9,7 @@ interval. Everything else is delegated to the wrapped grid.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from flwr.app import Message
@@ -27,6 +27,8 @@ class PollingGrid(Grid):
         # the last send_and_receive: each reply's arrival, seconds after the push, by the
         # message it answers (the server's clock: what a round's wall is made of)
         self.replied_s: dict[str, float] = {}
+        # told the arrivals so far after the push and after each pull that brought one
+        self.on_reply: Callable[[dict[str, float]], None] | None = None
 
     def set_run(self, run: Any) -> None:
         self.inner.set_run(run)
@@ -58,12 +60,16 @@ class PollingGrid(Grid):
         deadline = None if timeout is None else pushed + timeout
         replies: list[Message] = []
         self.replied_s = {}
+        if self.on_reply is not None:
+            self.on_reply({})
         while pending:
             received = list(self.pull_messages(pending))
             replies.extend(received)
             answered = {m.metadata.reply_to_message_id for m in received}
             self.replied_s.update(dict.fromkeys(answered, time.monotonic() - pushed))
             pending -= answered
+            if answered and self.on_reply is not None:
+                self.on_reply(dict(self.replied_s))
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break
             time.sleep(self.interval)

@@ -5,10 +5,12 @@ resumed run's lines kept, dropped or said incomplete by its checkpoint's round; 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import re
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -390,6 +392,24 @@ class RoundReporter:
             self.scalars.write(record)
         if self.console is not None:
             self.console.print(record)
+
+    def progress(self, server_round: int, sent: list[str], replied: dict[str, float]) -> None:
+        """The round under way as its replies arrive (`replied`: silo -> seconds after the
+        push), in `out_dir/round-progress.json`, replaced whole each time: what a live
+        page shows before the round's record exists. A failed write loses only that."""
+        if self.out_dir is None:
+            return
+        path = self.out_dir / RUN_FILES.progress
+        temporary = path.with_suffix(".tmp")
+        try:
+            temporary.write_text(
+                json.dumps(
+                    {"round": server_round, "sent": sent, "replied": replied, "time": time.time()}
+                )
+            )
+            temporary.replace(path)
+        except OSError as error:
+            log.debug("round progress not written: %s", error)
 
     def close(self) -> None:
         """Close the event files (rounds.jsonl is closed after every round)."""

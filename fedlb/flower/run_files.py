@@ -18,6 +18,8 @@ class RunFiles:
     checkpoint: str = "checkpoint.npz"
     run: str = "run.json"  # the run a folder holds: {"run-id", "settings-digest", "started"}
     tensorboard: str = "tensorboard"  # a folder: each round's scalars as TensorBoard events
+    # the round under way: who was sent it and who has replied, seconds after the push
+    progress: str = "round-progress.json"
 
 
 RUN_FILES = RunFiles()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
@@ -310,7 +310,23 @@ class LoadBalancedFedAvg(FedAvg):
                 )
             self._messages = messages
             self._started = time.monotonic()
+            if self._polling is not None:
+                self._polling.on_reply = self._progress(server_round, messages)
             return messages
+
+    def _progress(
+        self, server_round: int, messages: list[Message]
+    ) -> Callable[[dict[str, float]], None]:
+        """What the polling grid tells as replies arrive: the round's progress file (its
+        silos by label; in round 1, before any silo said its partition, node-<id>)."""
+
+        def write(replied: dict[str, float]) -> None:
+            to = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
+            sent = [self.members.label(node) for node in to.values()]
+            by_silo = {self.members.label(to[i]): s for i, s in replied.items() if i in to}
+            self.reporter.progress(server_round, sent, by_silo)
+
+        return write
 
     def _on_the_wire(self, arrays: ArrayRecord) -> tuple[ArrayRecord, tuple[Layout, str] | None]:
         """(the model as sent, (its layout, as text) where it travels packed)."""
@@ -327,6 +343,8 @@ class LoadBalancedFedAvg(FedAvg):
         server_round = self._round(server_round)
         with self.rounds.server_time():
             replies = list(replies)
+            if self._polling is not None:  # an evaluation or a query is not the round
+                self._polling.on_reply = None
             if self._layout is not None:  # before anything reads them
                 for msg in replies:
                     unpack_in_place(msg, self._layout[0])

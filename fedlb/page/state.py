@@ -4,18 +4,22 @@ and the events derived from them. Only what that process already holds: no messa
 a silo for it, and nothing secret (no keys, no weights, no token) is ever put in it.
 
 The state is written by the run's thread (a round's callback) and read by the page's
-server thread, so every access holds one lock; a read is a JSON-ready copy."""
+server thread, so every access holds one lock; a read is a JSON-ready copy. Within a round,
+who has replied so far comes from the ServerApp's `round-progress.json` in the run's
+out-dir (fedlb.flower's RoundReporter.progress), read when the page asks."""
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
-from fedlb.flower import RoundRecord, accuracy_of
+from fedlb.flower import RUN_FILES, RoundRecord, accuracy_of
 from fedlb.flower.identity import node_label
 
 
@@ -51,6 +55,7 @@ class PageState:
         self._policies: dict[str, list[list[float | None]]] = {}  # name -> [clock, acc]
         self._policy: str | None = None
         self._clock_s = 0.0  # the running policy's clock
+        self._progress_stamp: int | None = None  # the progress file's mtime, last seen
 
     def start_run(
         self,
@@ -121,8 +126,42 @@ class PageState:
 
     @property
     def version(self) -> int:
+        """Grows with every change, a reply arriving within a round included."""
         with self._lock:
+            stamp = self._progress_file_stamp()
+            if stamp != self._progress_stamp:
+                self._progress_stamp = stamp
+                self._version += 1
             return self._version
+
+    def _progress_path(self) -> Path | None:
+        out_dir = self._run.get("out_dir")
+        return Path(out_dir) / RUN_FILES.progress if out_dir else None
+
+    def _progress_file_stamp(self) -> int | None:
+        path = self._progress_path()
+        try:
+            return None if path is None else path.stat().st_mtime_ns
+        except OSError:
+            return None
+
+    def _in_flight(self, number: int) -> dict[str, Any] | None:
+        """Round `number`'s progress file: sent to, replied so far (seconds after the
+        push), still waiting for; None where it holds another round or none."""
+        path = self._progress_path()
+        try:
+            progress = json.loads(path.read_text()) if path is not None else None
+        except (OSError, ValueError):
+            return None  # not written yet, or being replaced: the next read has it
+        if not isinstance(progress, dict) or progress.get("round") != number:
+            return None
+        sent = [str(s) for s in progress.get("sent") or []]
+        replied = {str(k): v for k, v in (progress.get("replied") or {}).items()}
+        return {
+            "sent": sent,
+            "replied": replied,
+            "waiting": [s for s in sent if s not in replied],
+        }
 
     def snapshot(self) -> dict[str, Any]:
         """Everything the page shows, as plain JSON-ready data."""
@@ -183,8 +222,8 @@ class PageState:
         return rows
 
     def _current(self, rounds: list[dict[str, Any]]) -> dict[str, Any]:
-        """The round under way and who replied in the last one that finished (a round's
-        replies reach this process together, with its record)."""
+        """The round under way (who has replied so far, who is still training) and who
+        replied in the last one that finished."""
         last = rounds[-1] if rounds else None
         planned = self._run.get("num_rounds")
         running = self._run.get("status") == "running"
@@ -194,6 +233,7 @@ class PageState:
         return {
             "round": number if running else (last["round"] if last else None),
             "running": running,
+            "in_flight": self._in_flight(number) if running else None,
             "last_round": last["round"] if last else None,
             "replied": [s["silo"] for s in last["silos"]] if last else [],
             "failed": [f.split(": ", 1)[0] for f in last["failed"]] if last else [],

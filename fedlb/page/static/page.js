@@ -56,6 +56,11 @@ function drawHeader(state) {
   document.getElementById("run").textContent = bits.join(" · ");
   const cur = state.current;
   let text = cur.running ? `round ${cur.round} running` : (cur.last_round ? `ended after round ${cur.last_round}` : "waiting for the silos");
+  const flight = cur.in_flight;
+  if (cur.running && flight) {
+    const done = Object.entries(flight.replied).map(([silo, s]) => `${silo} (${Number(s).toFixed(1)} s)`);
+    text += `: replied ${done.join(", ") || "none yet"}; training ${flight.waiting.join(", ") || "none"}`;
+  }
   if (cur.last_round) {
     text += `; round ${cur.last_round}: replied ${cur.replied.join(", ") || "none"}`;
     if (cur.failed.length) text += `; no update: ${cur.failed.join(", ")}`;
@@ -64,6 +69,8 @@ function drawHeader(state) {
   cur_el.textContent = text;
   cur_el.dataset.round = raw(cur.round);
   cur_el.dataset.replied = cur.replied.join(",");
+  cur_el.dataset.repliedSoFar = flight ? Object.keys(flight.replied).join(",") : "";
+  cur_el.dataset.waiting = flight ? flight.waiting.join(",") : "";
 }
 
 function drawSilos(state) {

@@ -31,44 +31,51 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from fedlb.deploy.processes import free_port
+
 VARIANTS = ("no page", "page", "page + poller", "page + browser")
 POLL_EVERY_S = 0.25
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+@contextlib.contextmanager
+def every(period_s: float, step: Callable[[], None]) -> Iterator[None]:
+    """`step()` on a thread every `period_s` while the block runs."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            step()
+            stop.wait(period_s)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
 
 
 @contextlib.contextmanager
 def poller(url: str) -> Iterator[list[float]]:
     """GET the page's data every POLL_EVERY_S while the block runs; the seconds each took."""
     took: list[float] = []
-    stop = threading.Event()
 
-    def loop() -> None:
-        while not stop.is_set():
-            started = time.perf_counter()
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(url + "api/state", timeout=5) as answer:
-                    answer.read()
-                took.append(time.perf_counter() - started)
-            stop.wait(POLL_EVERY_S)
+    def get() -> None:
+        started = time.perf_counter()
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url + "api/state", timeout=5) as answer:
+                answer.read()
+            took.append(time.perf_counter() - started)
 
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
+    with every(POLL_EVERY_S, get):
         yield took
-    finally:
-        stop.set()
-        thread.join(10)
 
 
 @contextlib.contextmanager
@@ -76,23 +83,15 @@ def cpu_of(pid: int) -> Iterator[list[float]]:
     """The process's own CPU seconds (user + system, its children not included), read
     every 0.2 s while the block runs: the last reading is its total before it ended."""
     last: list[float] = [0.0]
-    stop = threading.Event()
+    process = psutil.Process(pid)
 
-    def loop() -> None:
-        process = psutil.Process(pid)
-        while not stop.is_set():
-            with contextlib.suppress(psutil.Error):
-                times = process.cpu_times()
-                last[0] = times.user + times.system
-            stop.wait(0.2)
+    def read() -> None:
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            last[0] = times.user + times.system
 
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
+    with every(0.2, read):
         yield last
-    finally:
-        stop.set()
-        thread.join(10)
 
 
 @contextlib.contextmanager

@@ -102,18 +102,22 @@ def without_measured_seconds(path):
     return rows
 
 
-def test_a_resumed_run_ends_with_the_same_model_as_an_uninterrupted_one(tmp_path):
+def whole_and_stopped(tmp_path):
+    """An uninterrupted 6-round run (its grid, its Result) and one whose server died
+    before round 4 (its grid, its checkpoint)."""
     config = RunConfig.from_mapping(SETTINGS)
     pool, _ = federation_data(config)
     initial = ArrayRecord(model_for(config, pool).state_dict())
-
     whole = CrashingGrid()
     expected = run(strategy_for(tmp_path / "whole"), whole, initial)
-
     stopped = CrashingGrid(crash_before=4)
     with pytest.raises(CrashError):
         run(strategy_for(tmp_path / "stopped"), stopped, initial)
-    checkpoint = load_checkpoint(tmp_path / "stopped")
+    return whole, expected, stopped, load_checkpoint(tmp_path / "stopped")
+
+
+def test_a_resumed_run_ends_with_the_same_model_as_an_uninterrupted_one(tmp_path):
+    whole, expected, stopped, checkpoint = whole_and_stopped(tmp_path)
     assert checkpoint.round == 3
     # what the operator is told matches what rounds.jsonl holds
     rows = (tmp_path / "stopped" / "rounds.jsonl").read_text().splitlines()
@@ -155,16 +159,7 @@ def test_silos_that_rejoin_a_restarted_server_under_new_node_ids_keep_their_stat
     carries the old node's balance state over to it, so the run still ends exactly where
     an uninterrupted one does (ids chosen in the same order: the sampling RNG draws from
     the sorted ids)."""
-    config = RunConfig.from_mapping(SETTINGS)
-    pool, _ = federation_data(config)
-    initial = ArrayRecord(model_for(config, pool).state_dict())
-    whole = CrashingGrid()
-    expected = run(strategy_for(tmp_path / "whole"), whole, initial)
-
-    stopped = CrashingGrid(crash_before=4)
-    with pytest.raises(CrashError):
-        run(strategy_for(tmp_path / "stopped"), stopped, initial)
-    checkpoint = load_checkpoint(tmp_path / "stopped")
+    whole, expected, _, checkpoint = whole_and_stopped(tmp_path)
     new_ids = (9_000_000_007, 9_000_000_011, 9_000_000_013, 9_000_000_017)
     resumed_grid = CrashingGrid(node_ids=new_ids)
     resumed = strategy_for(tmp_path / "stopped", keep_before=checkpoint.first_unpublished_round)

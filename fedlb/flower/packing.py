@@ -21,7 +21,7 @@ import json
 from collections import OrderedDict
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 
 PACKED = "fedlb.packed"  # the one array's key in a packed ArrayRecord
 LAYOUT = "fedlb.packed-layout"  # ConfigRecord: JSON [[key, [shape...]], ...]
@@ -38,13 +38,18 @@ def packable(arrays: ArrayRecord) -> bool:
     )
 
 
-def pack(arrays: ArrayRecord) -> tuple[ArrayRecord, str]:
-    """(one ArrayRecord holding every array's values end to end, its layout as text)."""
-    layout = [[key, list(a.shape)] for key, a in arrays.items()]
+def pack(arrays: ArrayRecord) -> tuple[ArrayRecord, Layout]:
+    """(one ArrayRecord holding every array's values end to end, its layout)."""
+    layout = [(key, tuple(a.shape)) for key, a in arrays.items()]
     flat = np.concatenate([a.numpy().reshape(-1) for a in arrays.values()]).astype(
         np.float32, copy=False
     )
-    return ArrayRecord(OrderedDict({PACKED: Array(flat)})), json.dumps(layout)
+    return ArrayRecord(OrderedDict({PACKED: Array(flat)})), layout
+
+
+def layout_text(layout: Layout) -> str:
+    """A layout as the LAYOUT value a ConfigRecord carries."""
+    return json.dumps([[key, list(shape)] for key, shape in layout])
 
 
 def read_layout(text: object) -> Layout | None:
@@ -84,21 +89,6 @@ def sent_layout(content: RecordDict) -> Layout | None:
         if LAYOUT in config:
             return read_layout(config[LAYOUT])
     return None
-
-
-def with_packed(content: RecordDict, arrays_key: str, config_key: str) -> RecordDict:
-    """`content` with its `arrays_key` record packed and the layout in `config_key`'s
-    ConfigRecord, where the record is packable; else `content` unchanged."""
-    arrays = content.array_records.get(arrays_key)
-    if arrays is None or not packable(arrays):
-        return content
-    packed, layout = pack(arrays)
-    config = ConfigRecord(dict(content.config_records.get(config_key, ConfigRecord())))
-    config[LAYOUT] = layout
-    out = RecordDict(dict(content))
-    out[arrays_key] = packed
-    out[config_key] = config
-    return out
 
 
 def unpack_in_place(msg: Message, layout: Layout) -> bool:

@@ -35,7 +35,7 @@ from .he import EncryptedAggregation, EncryptedModel
 from .identity import by_node, node_label, worker_name
 from .membership import Membership, say
 from .options import Balancing, Joining, Keeping
-from .packing import LAYOUT, Layout, pack, packable, read_layout, unpack_in_place
+from .packing import LAYOUT, Layout, layout_text, pack, packable, unpack_in_place
 from .profiles import ask_partitions, model_key
 from .protocol import EVAL_EXAMPLES, Orders, SiloReport
 from .records import RoundRecord, balance_line, round_record
@@ -332,10 +332,8 @@ class LoadBalancedFedAvg(FedAvg):
         """(the model as sent, (its layout, as text) where it travels packed)."""
         if not self.pack_model or not packable(arrays):
             return arrays, None
-        packed, text = pack(arrays)
-        layout = read_layout(text)
-        assert layout is not None
-        return packed, (layout, text)
+        packed, layout = pack(arrays)
+        return packed, (layout, layout_text(layout))
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -13,9 +13,10 @@ from fedlb.flower.protocol import NOTICE, UPDATE_NORM
 from tests.test_flower_strategy import make_grid, sent_sizes, start, train_messages
 
 
-def test_the_default_is_half_the_mean_batch_and_rises_only_on_a_blow_up():
-    guard = StabilityGuard()
+def test_a_fixed_floor_is_half_the_mean_batch_and_rises_only_on_a_blow_up():
+    guard = StabilityGuard(probe=0.0)  # the probe off: the default before it
     assert guard.floor == 0.5
+    assert guard.regime == "fixed"
     calm = {"a": 1.0, "b": 1.1, "c": 0.9}
     for _ in range(5):  # calm rounds, or scattered ones, do not move the default floor
         verdict = guard.check(calm, {"a": 2.0, "b": 2.1, "c": 1.9}, {"a": 16, "b": 26, "c": 54})
@@ -32,6 +33,69 @@ def test_the_default_is_half_the_mean_batch_and_rises_only_on_a_blow_up():
     assert "training loss is inf" in verdict.diverged["a"]
     assert guard.floor == 1.0  # the top: uniform sizes
     assert guard.check({"a": 1.0, "b": 99.0}).floor == 1.0
+    assert guard.regime == "fixed"
+
+
+EQUAL = {"a": 32, "b": 32, "c": 32}
+UNEQUAL = {"a": 16, "b": 26, "c": 54}
+
+
+def test_the_default_probe_judges_each_silo_against_itself_at_equal_sizes():
+    """Non-IID silos move the model by different amounts whatever their batch (here 2x
+    and 0.5x silo a's): the probe divides that out, so a round that scales every silo
+    alike is calm, and one where the silos move apart is the edge."""
+    own = {"a": 1.0, "b": 2.0, "c": 0.5}  # round 1, equal sizes: raw dispersion 0.54
+    stable = StabilityGuard()
+    assert (stable.regime, stable.floor) == ("undecided", 0.5)
+    verdict = stable.check(own, None, EQUAL)
+    assert (verdict.probe, verdict.regime, verdict.floor) == (None, "undecided", 0.5)
+    verdict = stable.check({n: 0.8 * v for n, v in own.items()}, None, UNEQUAL)
+    assert verdict.probe == pytest.approx(0.0, abs=1e-12)
+    assert (verdict.look, verdict.regime, verdict.floor) == ("calm", "stable", 0.0)
+
+    edge = StabilityGuard()
+    edge.check(own, None, EQUAL)
+    verdict = edge.check({"a": 0.6, "b": 2.0, "c": 0.9}, None, UNEQUAL)  # a 0.6x, c 1.8x
+    assert verdict.probe is not None and verdict.probe > 0.12
+    assert (verdict.regime, verdict.floor) == ("edge", 0.5)
+    # decided once: a calm round later does not take the floor off
+    assert edge.check({n: 0.8 * v for n, v in own.items()}, None, UNEQUAL).floor == 0.5
+    assert edge.regime == "edge"
+
+
+def test_a_blow_up_before_the_probe_means_the_edge():
+    guard = StabilityGuard()
+    verdict = guard.check({"a": 1.0, "b": 1.1, "c": 9.0}, None, EQUAL)
+    assert set(verdict.diverged) == {"c"}
+    assert (verdict.regime, verdict.floor) == ("edge", 0.75)
+    assert guard.check({"a": 1.0, "b": 1.0, "c": 1.0}, None, UNEQUAL).floor == 0.75
+
+
+def test_without_a_round_at_equal_sizes_the_probe_reads_the_raw_norms():
+    """A run started from stored speed profiles is unequal from round 1."""
+    guard = StabilityGuard()
+    verdict = guard.check({"a": 1.0, "b": 1.02, "c": 0.98}, None, UNEQUAL)
+    assert verdict.regime == "stable" and verdict.probe == pytest.approx(0.0163, abs=1e-3)
+
+
+def test_with_partial_participation_the_probe_waits_for_two_silos_it_can_compare():
+    guard = StabilityGuard()
+    guard.check({"a": 1.0, "b": 2.0}, None, {"a": 32, "b": 32})  # c not sampled
+    # a newcomer beside one silo with a yardstick: nothing to compare yet
+    verdict = guard.check({"a": 1.0, "c": 5.0}, None, {"a": 20, "c": 32})
+    assert (verdict.probe, verdict.regime) == (None, "undecided")
+    verdict = guard.check({"a": 0.9, "b": 1.8}, None, {"a": 20, "b": 44})
+    assert verdict.probe == pytest.approx(0.0, abs=1e-12)
+    assert verdict.regime == "stable"
+
+
+def test_renamed_silos_keep_their_yardsticks():
+    guard = StabilityGuard()
+    guard.check({"a": 1.0, "b": 2.0, "c": 0.5}, None, EQUAL)
+    guard.rename_workers({"a": "x", "b": "y", "c": "z"})
+    sizes = {"x": 16, "y": 26, "z": 54}
+    verdict = guard.check({"x": 0.8, "y": 1.6, "z": 0.4}, None, sizes)
+    assert verdict.regime == "stable"
 
 
 def test_a_silo_is_also_judged_against_its_own_recent_updates():
@@ -66,10 +130,12 @@ def test_the_probe_takes_the_floor_off_after_a_calm_first_unequal_round_only():
 
 def test_state_round_trips_and_bad_arguments_are_refused():
     guard = StabilityGuard()
-    guard.check({"a": 1.0, "b": 9.0})
+    guard.check({"a": 1.0, "b": 1.5}, None, {"a": 32, "b": 32})
+    guard.check({"a": 1.0, "b": 1.52}, None, {"a": 20, "b": 44})
     copy = StabilityGuard()
     copy.load_state_dict(guard.state_dict())
     assert copy.state_dict() == guard.state_dict()
+    assert (copy.regime, copy.floor, copy.probed) == ("stable", 0.0, True)
     for bad, why in (
         ({"floors": (0.5, 0.25)}, "floors must rise"),
         ({"floors": (0.5, 1.5)}, "within"),
@@ -112,7 +178,7 @@ def test_the_strategy_leaves_a_blown_up_update_out_and_raises_the_floor(tmp_path
     assert [len(r.failed) for r in records] == [0, 1, 0]
     assert "silo-1: update diverged, left out of the average" in records[1].failed[0]
     sizes = sent_sizes(grid)
-    assert min(sizes[1].values()) == 8  # round 2: the default floor, half of 16
+    assert min(sizes[1].values()) == 8  # round 2: the floor, half of 16, before the probe
     assert min(sizes[2].values()) == 12  # round 3: raised to 0.75
     assert strategy.guard is not None
     assert strategy.guard.floor == 0.75
@@ -216,3 +282,28 @@ def test_a_resumed_run_goes_on_at_the_floor_it_had_reached():
     assert guard.floor == 0.75
     guard.resume_at(0.0)  # a run without the guard's floor: the lowest step
     assert guard.floor == 0.0
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_the_verdict_is_in_every_round_record_and_the_summary(tmp_path, caplog):
+    caplog.set_level("INFO")
+    grid = make_grid()  # silos at speeds 4:2:1 (model clock)
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3,
+        balancing=Balancing(batch_size=16, local_steps=3),
+        keeping=Keeping(reporter=RoundReporter(tmp_path)),
+    )
+    start(strategy, grid, rounds=3)
+    records = strategy.reporter.records
+    assert records[0].guard == "undecided" and records[0].guard_probe is None
+    assert records[1].guard in ("stable", "edge") and records[1].guard_probe is not None
+    assert records[2].guard == records[1].guard and records[2].guard_probe is None
+    assert any("the stability guard's probe" in e for e in records[1].events)
+    assert "the stability guard's probe" in caplog.text
+    stability = strategy.reporter.summary()["stability"]
+    assert stability == {
+        "regime": records[1].guard,
+        "decided_in_round": 2,
+        "probe_dispersion": records[1].guard_probe,
+        "final_floor": 0.0 if records[1].guard == "stable" else 0.5,
+    }

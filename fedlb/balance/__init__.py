@@ -11,7 +11,7 @@ workers on curves too (`curves=` of ideal_sizes, ideal_round_time, balance_effic
 from . import defaults
 from .curves import StepCurve
 from .estimators import EMA, ChangePointMean, Memoryless, SpeedEstimator
-from .guard import StabilityGuard
+from .guard import PROBE, StabilityGuard, Verdict
 from .ideal import (
     balance_efficiency,
     ideal_round_time,
@@ -46,6 +46,7 @@ __all__ = [
     "ESTIMATORS",
     "LONGEST_S",
     "NARX",
+    "PROBE",
     "TUNERS",
     "BatchSizeManager",
     "ChangePointMean",
@@ -60,6 +61,7 @@ __all__ = [
     "StepCurve",
     "Tuner",
     "TuningInput",
+    "Verdict",
     "WorkerReport",
     "balance_efficiency",
     "choices",

@@ -11,22 +11,26 @@ mean batch (16/26/54) 0.62 ± 0.21 with 4. At that edge the outcome is chaotic: 
 sample more or less in one silo's batch re-rolls a run, so only distributions over many
 seeds say anything.
 
-So by default every silo gets at least half the mean batch (`floors[start]`), and an
-update that *diverged* (its norm per step not finite, or more than `ratio` times the
-larger of its peers' median and its own recent median; or a non-finite training loss)
-is left out of the round's average and the floor goes up one step (0.75, then uniform
-sizes). Guards that moved the floor with the training did no better at the edge (any
-change of sizes re-rolls the dice there), but one round tells a stable run apart: the
-first at unequal sizes, early in training where a step follows the gradient more than
-its noise. At a stable learning rate the silos then move the model by about the same
-amount per step whatever their batch (coefficient of variation of their update norms per
-step ≤ 0.13 at η = 0.03 on the quickstart, 60 seeds); at the edge their local runs
-scatter (median 0.32 at η = 0.1, the big batches' momentum running away from the small
-ones'). With `probe` set, a first unequal round calmer than `probe` takes the floor off
-(full balance, as LB-BSP publishes it). Later rounds do not move it: once gradient noise
-dominates a step (a step then scales as 1/√B), the dispersion grows with unequal sizes at
-every learning rate. It is not the default: at η = 0.03 full balance costs 0.02 of
-final accuracy after 8 rounds (docs/experiments.md).
+So every silo starts at ≥ half the mean batch (`floors[start]`), and an update that
+*diverged* (its norm per step not finite, or more than `ratio` times the larger of its
+peers' median and its own recent median; or a non-finite training loss) is left out of the
+round's average and the floor goes up one step (0.75, then uniform sizes). Guards that
+moved the floor with the training did no better at the edge (any change of sizes re-rolls
+the dice there), but one round tells a stable run apart: the first at unequal sizes, early
+in training, where a step follows the gradient more than its noise. At a stable learning
+rate each silo then moves the model by about as much per step as it did in round 1 at
+equal sizes, whatever its new batch; at the edge the silos' local runs scatter (the big
+batches' momentum running away from the small ones', or the small ones' noise blowing up).
+The probe measures that scatter as the coefficient of variation, over the silos, of each
+silo's update norm per step in that round divided by its own in the last round at equal
+sizes: dividing by its own removes what non-IID data does to one silo's updates whatever
+its batch (on classes:2 the raw norms differ by 0.5 between silos at equal sizes). Below
+`probe` the run is *stable* and the floor comes off (full balance, LB-BSP as published);
+otherwise it is at the *edge* and keeps the floor. Later rounds do not move the verdict:
+once gradient noise dominates a step (a step then scales as 1/√B), the dispersion grows
+with unequal sizes at every learning rate. Measured on Flower's quickstart
+(docs/experiments.md, "The adaptive default"): `probe = 0.12` calls 95% of IID runs at
+η = 0.03 stable and 5% of those at η = 0.1; on classes:2 and Dirichlet 0.5 at η = 0.1 none.
 
 The silos report their update norm (`balance_mod`) and their loss (the app's own metric);
 both travel in the clear, so the guard works under HE too.
@@ -41,6 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HISTORY = 5  # a silo's own recent update norms kept for its reference
+PROBE = 0.12  # the default probe threshold (docs/experiments.md, "The adaptive default")
+REGIMES = ("undecided", "stable", "edge", "fixed")  # fixed: probe 0, the floor kept
 
 
 @dataclass
@@ -50,6 +56,8 @@ class Verdict:
     diverged: dict[str, str] = field(default_factory=dict)  # silo -> why
     dispersion: float | None = None  # coefficient of variation of the norms per step
     look: str = "steady"  # calm (the probe took the floor off), steady or diverged
+    probe: float | None = None  # the probe's dispersion when this round was the probe
+    regime: str = "undecided"  # the run's after this round: one of REGIMES
     floor_before: float = 0.0
     floor: float = 0.0  # the floor from now on
 
@@ -61,14 +69,10 @@ class StabilityGuard:
         floors: the floor's steps, each a share of the mean batch, rising. Default
             (0.0, 0.25, 0.5, 0.75, 1.0): from full balance to uniform sizes.
         start: the step a run starts at. Default 2 (0.5).
-        probe: the first round at unequal sizes with a dispersion (coefficient of
-            variation of the silos' update norms per step) below `probe` lowers the floor
-            to `floors[0]`. Default 0.0: never. Measured on the quickstart (60 seeds,
-            1:2:4): `probe=0.15` gives E 0.980 at η = 0.03 (0.904 ± 0.028 final accuracy
-            against the fixed floor's 0.911 ± 0.024, stock's 0.925 ± 0.020), and at the
-            edge (η = 0.1) 4 of 60 dead against the fixed floor's 3.
-    The defaults are a fixed floor of half the mean batch that rises only when an update
-    diverges.
+        probe: the first round at unequal sizes whose dispersion (above) is below
+            `probe` lowers the floor to `floors[0]` (the run is stable); one at or above
+            it keeps the floor (the edge). Default `PROBE` (0.12). 0.0: never, a fixed
+            floor that rises only when an update diverges.
         ratio: an update diverged when its norm per local step exceeds `ratio` times its
             reference (the larger of its peers' median this round and its own recent
             median). Default 5.0: balanced silos' updates run up to ~2x their peers'
@@ -81,7 +85,7 @@ class StabilityGuard:
         floors: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
         start: int = 2,
         ratio: float = 5.0,
-        probe: float = 0.0,
+        probe: float = PROBE,
     ) -> None:
         if not floors or any(not 0.0 <= f <= 1.0 for f in floors):
             raise ValueError(f"floors must lie within [0, 1], got {list(floors)}")
@@ -98,7 +102,11 @@ class StabilityGuard:
         self.ratio = ratio
         self.probe = probe
         self.probed = False  # the first round at unequal sizes has been judged
+        self.regime = "undecided" if probe > 0 else "fixed"
         self.norms: dict[str, list[float]] = {}
+        # each silo's update norm per step in the last round at equal sizes: the probe's
+        # yardstick for that silo
+        self.baseline: dict[str, float] = {}
 
     @property
     def floor(self) -> float:
@@ -117,20 +125,44 @@ class StabilityGuard:
         for name, loss in (losses or {}).items():
             if not math.isfinite(loss):
                 verdict.diverged.setdefault(name, f"its training loss is {loss}")
-        kept = [v for n, v in norms.items() if n not in verdict.diverged]
-        mean = statistics.fmean(kept) if len(kept) >= 2 else 0.0
-        verdict.dispersion = statistics.pstdev(kept) / mean if mean > 0 else None
-        unequal = bool(sizes) and len(set((sizes or {}).values())) > 1
-        probing = unequal and not self.probed  # round 1, at equal sizes, says nothing
-        self.probed = self.probed or unequal
+        kept = {n: v for n, v in norms.items() if n not in verdict.diverged}
+        verdict.dispersion = dispersion(list(kept.values()))
+        sizes = dict(sizes or {})
+        probing = not self.probed and self.probe > 0
+        if probing and not verdict.diverged:
+            verdict.probe = self._probe(kept, sizes)
+        if len(set(sizes.values())) == 1:  # equal sizes: the yardstick for a later probe
+            self.baseline.update({n: v for n, v in kept.items() if v > 0})
         if verdict.diverged:
             verdict.look = "diverged"
             self.level = min(self.level + 1, len(self.floors) - 1)
-        elif probing and verdict.dispersion is not None and verdict.dispersion < self.probe:
-            verdict.look = "calm"
-            self.level = 0
+            if probing:  # a blow-up before the probe: the edge, whatever comes
+                self.probed, self.regime = True, "edge"
+        elif verdict.probe is not None:
+            self.probed = True
+            if verdict.probe < self.probe:
+                verdict.look, self.regime, self.level = "calm", "stable", 0
+            else:
+                self.regime = "edge"
+        verdict.regime = self.regime
         verdict.floor = self.floor
         return verdict
+
+    def _probe(self, norms: Mapping[str, float], sizes: Mapping[str, int]) -> float | None:
+        """The probe's dispersion if this round is the probe, else None: the first round
+        in which at least two silos with a yardstick (a norm from an earlier round at
+        equal sizes) ran unequal sizes, over those silos' norms each divided by its
+        yardstick. A run whose first rounds were all unequal (started from stored speed
+        profiles) has no yardstick: its first unequal round is judged on the raw norms."""
+        measured = {n: v for n, v in norms.items() if n in sizes}
+        if len(measured) < 2 or len({sizes[n] for n in measured}) < 2:
+            return None
+        with_yardstick = [n for n in measured if n in self.baseline]
+        if len({sizes[n] for n in with_yardstick}) >= 2:
+            return dispersion([measured[n] / self.baseline[n] for n in with_yardstick])
+        if self.baseline:  # some silos have one: wait for a round that compares them
+            return None
+        return dispersion(list(measured.values()))
 
     def _diverged(self, norms: Mapping[str, float]) -> dict[str, str]:
         diverged: dict[str, str] = {}
@@ -162,14 +194,32 @@ class StabilityGuard:
             (i for i, f in enumerate(self.floors) if f >= share - 1e-9), len(self.floors) - 1
         )
 
+    def rename_workers(self, names: Mapping[str, str]) -> None:
+        """Silos that rejoined under new names (a resumed run) keep their history."""
+        self.norms = {names.get(n, n): h for n, h in self.norms.items()}
+        self.baseline = {names.get(n, n): v for n, v in self.baseline.items()}
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "level": self.level,
             "norms": {n: list(h) for n, h in self.norms.items()},
             "probed": self.probed,
+            "regime": self.regime,
+            "baseline": dict(self.baseline),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.level = min(int(state["level"]), len(self.floors) - 1)
         self.norms = {n: [float(v) for v in h] for n, h in state["norms"].items()}
         self.probed = bool(state.get("probed", False))
+        regime = state.get("regime", self.regime)
+        self.regime = regime if regime in REGIMES else self.regime
+        self.baseline = {n: float(v) for n, v in state.get("baseline", {}).items()}
+
+
+def dispersion(values: Sequence[float]) -> float | None:
+    """Coefficient of variation (population sd over mean) of two or more values."""
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    return statistics.pstdev(values) / mean if mean > 0 else None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
-from fedlb.balance import ESTIMATORS, TUNERS, choices, defaults
+from fedlb.balance import ESTIMATORS, PROBE, TUNERS, choices, defaults
 from fedlb.data import DATASETS, NATURAL_DATASETS, PARTITIONERS, parse_partition
 from fedlb.models import MODELS
 from fedlb.training import model_dataset_problem
@@ -39,8 +39,11 @@ RUN_SETTING_HELP = {
     "min-share": "Tuner pooled: no silo below min-share x the mean batch, whatever the "
     "guard does (the guard's own floor is 0.5; with guard 0, min-share alone).",
     "max-batch": "Largest B any silo gets (0: no limit).",
-    "guard": "1: the stability guard (no silo below half the mean batch; a blown-up update is "
-    "left out and the floor raised; docs/experiments.md); 0: none, full balance (LB-BSP).",
+    "guard": "1: the stability guard (no silo below half the mean batch until its probe finds "
+    "the run stable; a blown-up update is left out and the floor raised; "
+    "docs/experiments.md); 0: none, full balance (LB-BSP).",
+    "guard-probe": "The guard's probe threshold: the first unequal round's dispersion of the "
+    "silos' updates below it takes the floor off (0: never, a fixed floor).",
     "profiles": "1: a federation that has run this model before starts round 1 balanced, from "
     "the speed profiles its silos stored; 0: round 1 at every silo's B0.",
     "evaluate-every": "Federated evaluation every k rounds and after the last.",
@@ -109,7 +112,10 @@ class RunConfig:
     min_batch, max_batch: bounds on any silo's B (max_batch 0: none).
     min_share: with tuner 'pooled', no silo below min_share × X/n (0: no floor).
     guard: 1 (default): LoadBalancedFedAvg's StabilityGuard (no silo below half the mean
-        batch, blown-up updates left out); 0: none (sizes fully balanced from round 2).
+        batch until its probe finds the run stable, blown-up updates left out); 0: none
+        (sizes fully balanced from round 2).
+    guard_probe: the guard's probe threshold (fedlb.balance.guard.PROBE); 0: a fixed
+        floor that rises only when an update blows up (the default before the probe).
     profiles: 1 (default): when this server has balanced this model before, it asks the
         silos for their stored speed profiles before round 1 and starts balanced
         (fedlb.flower.profiles); 0: round 1 at every silo's B0.
@@ -151,6 +157,7 @@ class RunConfig:
     max_batch: int = 0
     min_share: float = 0.0
     guard: int = 1
+    guard_probe: float = PROBE
     profiles: int = 1
     evaluate_every: int = 1
     evaluate_mode: str = "with-train"
@@ -203,6 +210,8 @@ class RunConfig:
             problems.append("poll-interval must be a finite number >= 0")
         if self.guard not in (0, 1):
             problems.append("guard must be 0 or 1")
+        if not (math.isfinite(self.guard_probe) and 0 <= self.guard_probe < 1):
+            problems.append("guard-probe must be in [0, 1) (0: a fixed floor)")
         if self.profiles not in (0, 1):
             problems.append("profiles must be 0 or 1")
         if self.keep_updates not in (0, 1):

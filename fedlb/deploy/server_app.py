@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from rich.console import Console
 
-from fedlb.balance import BatchSizeManager, make_estimator, make_tuner
+from fedlb.balance import BatchSizeManager, StabilityGuard, make_estimator, make_tuner
 from fedlb.flower import (
     RUN_FILES,
     Balancing,
@@ -63,7 +63,7 @@ def build_strategy(
         batch_size=config.batch_size,
         local_steps=config.local_steps,
         balancer=make_balancer(config),
-        guard=bool(config.guard),
+        guard=StabilityGuard(probe=config.guard_probe) if config.guard else False,
         profiles=bool(config.profiles),
     )
     return strategy_class(

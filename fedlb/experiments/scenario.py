@@ -39,6 +39,7 @@ class Policy:
     tuner: str = defaults.TUNER  # the run setting `tuner` (fedlb.balance.defaults)
     extra: tuple[tuple[str, Any], ...] = ()  # the strategy's own other arguments
     guard: bool = True  # the stability guard (where the run's settings have it on)
+    guard_probe: float | None = None  # its probe threshold (None: the run's setting)
     asynchronous: bool = False  # no rounds: its records are server updates (asynchronous.py)
 
     def strategy_args(self) -> dict[str, Any]:
@@ -46,8 +47,13 @@ class Policy:
 
 
 POLICIES: dict[str, Policy] = {
-    "fedavg": Policy("FedAvg: every silo at B0", tuner="static"),
+    # FedAvg as published: no guard (it would leave a blown-up update out of the average)
+    "fedavg": Policy("FedAvg: every silo at B0", tuner="static", guard=False),
     "lb": Policy("fedlb: B tuned, τ and η fixed (the default balancer and stability guard)"),
+    "lb-floor": Policy(
+        "fedlb with the guard's floor always on (its probe off): the default before the probe",
+        guard_probe=0.0,
+    ),
     "lb-full": Policy(
         "fedlb without its stability guard: full balance from round 2 (LB-BSP as published)",
         guard=False,

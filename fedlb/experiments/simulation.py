@@ -86,6 +86,8 @@ def _server(grid: Grid, context: Context) -> None:
     policy = POLICIES[str(context.run_config[POLICY])]
     # round 1 from stored profiles would make a seed's run depend on the runs before it
     config = dataclasses.replace(config, profiles=0, guard=int(policy.guard and bool(config.guard)))
+    if policy.guard_probe is not None:
+        config = dataclasses.replace(config, guard_probe=policy.guard_probe)
     run_app(grid, config, policy.strategy_class, policy.strategy_args())
 
 

@@ -75,6 +75,12 @@ class RoundRecord:
     server_s: float | None = None  # the strategy's own seconds (not waiting for silos)
     balancer_s: float | None = None  # of server_s: the balancer's step (estimators, tuner)
     server_rss_mb: float | None = None  # the server process's resident memory at round end
+    # the stability guard after this round (None: no guard): the run's regime (undecided,
+    # stable, edge, fixed), the floor (share of the mean batch) and, in the round that
+    # decided the regime, the probe's dispersion
+    guard: str | None = None
+    guard_floor: float | None = None
+    guard_probe: float | None = None
 
     @property
     def total_wall_s(self) -> float:
@@ -216,6 +222,22 @@ def summarise_rounds(records: list[RoundRecord]) -> dict[str, Any]:
         "best_accuracy": max(accuracies) if accuracies else None,
         "final_federated_accuracy": federated[-1] if federated else None,
         "final_mean_silo_accuracy": per_silo[-1] if per_silo else None,
+        "stability": stability_of(records),
+    }
+
+
+def stability_of(records: list[RoundRecord]) -> dict[str, Any] | None:
+    """The stability guard's verdict on the run (None: no guard): its regime at the end,
+    the round the probe decided it in and the probe's dispersion, and the final floor."""
+    guarded = [r for r in records if r.guard is not None]
+    if not guarded:
+        return None
+    probe = next((r for r in guarded if r.guard_probe is not None), None)
+    return {
+        "regime": guarded[-1].guard,
+        "decided_in_round": None if probe is None else probe.round,
+        "probe_dispersion": None if probe is None else probe.guard_probe,
+        "final_floor": guarded[-1].guard_floor,
     }
 
 

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Mapping
 from logging import INFO, WARNING
 
-from fedlb.balance import BatchSizeManager, StabilityGuard
+from fedlb.balance import BatchSizeManager, StabilityGuard, Verdict
 
 from .identity import by_node, worker_name
 from .membership import say
@@ -31,11 +31,11 @@ def guard_round(
     blown_up: list[int],
     label: Callable[[int], str],
     note: Callable[[str], None] | None = None,
-) -> dict[int, str]:
-    """The guard's verdict on the round: the diverged updates (node -> why), to leave out;
-    the manager's floor moved (and the sizes with it) when the verdict says so. `note`
-    also gets each verdict said, for the round record's events (the live page shows
-    them)."""
+) -> tuple[dict[int, str], Verdict]:
+    """The guard's verdict on the round, and the diverged updates (node -> why) to leave
+    out; the manager's floor moved (and the sizes with it) when the verdict says so.
+    `note` also gets each verdict said, for the round record's events (the live page
+    shows them)."""
     tell = note or (lambda text: None)
     # Per local step: a silo with more steps (a bigger dataset, τ = len(its loader))
     # moves the model further without diverging.
@@ -58,6 +58,10 @@ def guard_round(
         text = f"{label(node)}'s update diverged and is left out of the average: {why}"
         say(WARNING, "round %d: %s", server_round, text)
         tell(text)
+    if verdict.probe is not None:  # the run's regime is decided: say why, once
+        text = regime_text(verdict, guard.probe)
+        say(INFO, "round %d: %s", server_round, text)
+        tell(text)
     if manager is not None:
         floor = least_share(guard, user_floor)
         if getattr(manager.tuner, "min_share", floor) != floor:
@@ -75,4 +79,21 @@ def guard_round(
                 text,
             )
             tell(text)
-    return found
+    return found, verdict
+
+
+def regime_text(verdict: Verdict, threshold: float) -> str:
+    """The probe's verdict in words: the evidence, the threshold and what follows."""
+    evidence = (
+        f"the silos' update per step, each against its own at equal sizes, varies by "
+        f"{verdict.probe:.2f} (coefficient of variation; threshold {threshold:.2f})"
+    )
+    if verdict.regime == "stable":
+        return (
+            f"the stability guard's probe: stable at this learning rate: {evidence}; "
+            "full balance from now on (an update that blows up still raises the floor)"
+        )
+    return (
+        f"the stability guard's probe: at the edge of stability: {evidence}; every silo "
+        f"keeps at least {100 * verdict.floor:.0f}% of the mean batch"
+    )

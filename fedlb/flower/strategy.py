@@ -18,7 +18,7 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
-from fedlb.balance import BatchSizeManager, StabilityGuard, WorkerReport
+from fedlb.balance import BatchSizeManager, StabilityGuard, Verdict, WorkerReport
 
 from .aggregation import (
     MetricsAggregation,
@@ -231,7 +231,11 @@ class LoadBalancedFedAvg(FedAvg):
         if not newcomers or known <= set(present):
             return
         said = ask_partitions(grid, newcomers, self.stored_profiles.model or "")
-        self.members.carry_over(self.manager, present, said)
+        successors = self.members.carry_over(self.manager, present, said)
+        if self.guard is not None:
+            self.guard.rename_workers(
+                {worker_name(o): worker_name(n) for o, n in successors.items()}
+            )
 
     def _check_profiles(self, said: Mapping[int, SiloReport]) -> None:
         """After round 1: say which stored profiles the measurement contradicts."""
@@ -392,7 +396,9 @@ class LoadBalancedFedAvg(FedAvg):
         if self.manager is None and read.said:  # the first reports: each silo's own B0 and τ
             self._start_balancing(read.said)
         # The guard first: the floor it sets bounds this step's sizes.
-        diverged = self._guard_round(server_round, read.said, read.app_numbers, triage.blown_up)
+        diverged, verdict = self._guard_round(
+            server_round, read.said, read.app_numbers, triage.blown_up
+        )
         for node, why in {**triage.rejected, **diverged}.items():  # told in its next message
             self._notices[node] = (
                 f"its update of round {server_round} was left out of the average: {why}"
@@ -429,6 +435,10 @@ class LoadBalancedFedAvg(FedAvg):
         record.rejected = read.rejected
         record.events = self.members.take_events()
         record.balancer_s = balancer_s if self.manager is not None else None
+        if verdict is not None:
+            record.guard = verdict.regime
+            record.guard_floor = verdict.floor
+            record.guard_probe = verdict.probe
         return kept, record
 
     def _guard_round(
@@ -437,11 +447,12 @@ class LoadBalancedFedAvg(FedAvg):
         said: Mapping[int, SiloReport],
         app_numbers: Mapping[int, Mapping[str, float]],
         blown_up: list[int],
-    ) -> dict[int, str]:
-        """The stability guard's verdict on the round: the diverged updates (node -> why),
-        to leave out; the silos' floor moved (and the sizes with it) when it says so."""
+    ) -> tuple[dict[int, str], Verdict | None]:
+        """The stability guard's verdict on the round (None: no guard) and the diverged
+        updates (node -> why), to leave out; the silos' floor moved (and the sizes with
+        it) when it says so."""
         if self.guard is None:
-            return {}
+            return {}, None
         return guard_round(
             self.guard,
             self.manager,
@@ -568,7 +579,10 @@ class LoadBalancedFedAvg(FedAvg):
     # ---- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs of this strategy (JSON-serialisable)."""
-        return strategy_state(self.manager, self._rng, self.members, self.rounds)
+        state = strategy_state(self.manager, self._rng, self.members, self.rounds)
+        if self.guard is not None:
+            state["guard"] = self.guard.state_dict()
+        return state
 
     def restore(self, checkpoint: Checkpoint) -> ArrayRecord:
         """Take up a checkpointed run: the balancer with its estimators and tuner, the
@@ -580,6 +594,9 @@ class LoadBalancedFedAvg(FedAvg):
         if self.guard is not None and self.manager is not None:
             # the floor the run had reached is in the tuner's state: the guard goes on there
             share = float(getattr(self.manager.tuner, "min_share", 0.0))
-            self.guard.resume_at(share)
+            if "guard" in checkpoint.strategy:  # its regime, floor and yardsticks
+                self.guard.load_state_dict(checkpoint.strategy["guard"])
+            else:  # a checkpoint from before the guard's state was kept
+                self.guard.resume_at(share)
         self.progress.offset = checkpoint.round
         return checkpoint.arrays

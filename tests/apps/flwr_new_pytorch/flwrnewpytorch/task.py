@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from fedlb.data import load_digits, load_fashion_mnist
+from fedlb.data import load_digits, load_fashion_mnist, partition
 
 
 class Net(nn.Module):
@@ -41,7 +41,9 @@ class Net(nn.Module):
 # ---- fedlb: offline data, replacing the FederatedDataset / CIFAR-10 section ----------------
 # Digits embedded in fedlb (default) or, with FEDLB_APP_DATA=fashion-mnist, Fashion-MNIST,
 # as 3x32x32 images normalised like the original transform, served as dict batches
-# {"img", "label"}. FEDLB_APP_PARTITION_WEIGHTS="1,2,3" gives IID partitions of unequal sizes.
+# {"img", "label"}. FEDLB_APP_PARTITION_WEIGHTS="1,2,3" gives IID partitions of unequal sizes;
+# FEDLB_APP_PARTITION="dirichlet:0.5" or "classes:2" non-IID ones (Flower Datasets'
+# DirichletPartitioner / PathologicalPartitioner's job, done by fedlb.data.partition).
 
 fds = None  # Cache: (partition pool, central test set), each (images, labels)
 
@@ -83,15 +85,23 @@ def _offline_data():
 
 
 def _load_partition(partition_id: int, num_partitions: int):
-    """IID partition `partition_id` (sizes by FEDLB_APP_PARTITION_WEIGHTS), split 80/20."""
+    """IID partition `partition_id` (sizes by FEDLB_APP_PARTITION_WEIGHTS), or a non-IID
+    one (FEDLB_APP_PARTITION), split 80/20."""
     (x, y), _ = _offline_data()
-    weights = os.environ.get("FEDLB_APP_PARTITION_WEIGHTS")
-    w = [float(v) for v in weights.split(",")] if weights else [1.0] * num_partitions
-    if len(w) != num_partitions or not 0 <= partition_id < num_partitions:
-        raise ValueError(f"partition {partition_id} of {num_partitions}, weights {w}")
-    ends = [round(len(y) * c / sum(w)) for c in itertools.accumulate(w)]
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    part = order[[0, *ends][partition_id] : ends[partition_id]]
+    scheme = os.environ.get("FEDLB_APP_PARTITION", "iid")
+    if scheme != "iid":  # label skew, seed 0 like the IID permutation
+        if not 0 <= partition_id < num_partitions:
+            raise ValueError(f"partition {partition_id} of {num_partitions}")
+        parts = partition(y.numpy(), num_partitions, scheme, seed=0)
+        part = torch.from_numpy(parts[partition_id]).long()
+    else:
+        weights = os.environ.get("FEDLB_APP_PARTITION_WEIGHTS")
+        w = [float(v) for v in weights.split(",")] if weights else [1.0] * num_partitions
+        if len(w) != num_partitions or not 0 <= partition_id < num_partitions:
+            raise ValueError(f"partition {partition_id} of {num_partitions}, weights {w}")
+        ends = [round(len(y) * c / sum(w)) for c in itertools.accumulate(w)]
+        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+        part = order[[0, *ends][partition_id] : ends[partition_id]]
     part = part[torch.randperm(len(part), generator=torch.Generator().manual_seed(42))]
     n_test = math.ceil(0.2 * len(part))  # as Dataset.train_test_split(test_size=0.2)
     train, test = part[n_test:], part[:n_test]

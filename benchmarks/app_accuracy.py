@@ -8,7 +8,10 @@ messages the apps exchange are Flower's own; only the transport is short-circuit
 - `default`: the three-line drop-in (tests/apps/adopt.py) with fedlb's defaults;
 - `unguarded`: the same without the StabilityGuard (`Balancing(guard=False)`);
 - `floor:F`: a fixed floor of F x the mean batch, without the guard's reaction;
-- `guard:k=v,...`: the drop-in with `StabilityGuard(k=v, ...)` (e.g. guard:probe=0.15).
+- `guard:k=v,...`: the drop-in with `StabilityGuard(k=v, ...)` (`guard:probe=0`: the
+  guard's floor always on, the default before its probe).
+`--partition dirichlet:0.5` or `classes:2` splits the quickstart's and `flwr new` app's
+data by label instead of IID (their fixtures' FEDLB_APP_PARTITION).
 Silos have the emulated speeds given (`--speeds`, samples/s by partition-id) on the
 model clock (no sleeping: each silo reports τ·B/v; the sizes depend on the speeds alone),
 so a run's sizes are what a deployment with those speeds would give, and runs are fast.
@@ -243,6 +246,7 @@ def run_once(
         row["excluded"] = [[f for f in r.failed if "diverged" in f] for r in records]
         manager = made[0].manager
         row["floor"] = float(getattr(manager.tuner, "min_share", 0.0)) if manager else 0.0
+        row["regime"] = records[-1].guard if records else None  # the guard's verdict
     else:  # stock: its uniform sizes' E at these speeds, per round
         by_round: dict[int, list[int]] = {}  # FedAvg shares one config: count pushes
         phase = 0
@@ -341,6 +345,9 @@ def main() -> None:
         "--policies", nargs="+", default=list(POLICIES), help=f"{', '.join(POLICIES)}, floor:F"
     )
     parser.add_argument("--speeds", help="samples/s by partition-id, e.g. 400,200,100")
+    parser.add_argument(
+        "--partition", default="iid", help="quickstart, flwr-new: iid, dirichlet:A, classes:K"
+    )
     parser.add_argument("--set", nargs="*", default=[], help="run config overrides key=value")
     parser.add_argument("--json", type=Path, help="append one JSON line per run here")
     parser.add_argument("--from-json", type=Path, nargs="*", help="only print the table")
@@ -354,6 +361,9 @@ def main() -> None:
         return
     logging.getLogger("flwr").setLevel(logging.WARNING)
     torch.set_num_threads(1)
+    if args.partition != "iid" and args.app == "advanced":
+        raise SystemExit("advanced-pytorch has its own partition (Dirichlet 1.0): no --partition")
+    os.environ["FEDLB_APP_PARTITION"] = args.partition  # read by the fixtures' load_data
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     speeds = [float(v) for v in (args.speeds or APPS[args.app][1]).split(",")]
     overrides = dict(item.split("=", 1) for item in args.set)
@@ -362,6 +372,7 @@ def main() -> None:
     for seed in parse_seeds(args.seeds):
         for policy in args.policies:
             row = run_once(args.app, policy, seed, args.rounds, overrides, speeds)
+            row["partition"] = args.partition
             rows.append(row)
             print(
                 f"{args.app} {overrides} seed {seed} {policy}: final accuracy "

@@ -52,15 +52,45 @@ def test_the_default_probe_judges_each_silo_against_itself_at_equal_sizes():
     verdict = stable.check({n: 0.8 * v for n, v in own.items()}, None, UNEQUAL)
     assert verdict.probe == pytest.approx(0.0, abs=1e-12)
     assert (verdict.look, verdict.regime, verdict.floor) == ("calm", "stable", 0.0)
+    # the next round, at full balance, confirms it: the silos still move alike
+    verdict = stable.check({n: 0.7 * v for n, v in own.items()}, None, {"a": 9, "b": 30, "c": 57})
+    assert (verdict.stage, verdict.regime, verdict.floor) == ("confirm", "stable", 0.0)
+    assert stable.check({"a": 0.5, "b": 2.0, "c": 0.9}, None, UNEQUAL).probe is None  # done
 
     edge = StabilityGuard()
     edge.check(own, None, EQUAL)
     verdict = edge.check({"a": 0.6, "b": 2.0, "c": 0.9}, None, UNEQUAL)  # a 0.6x, c 1.8x
-    assert verdict.probe is not None and verdict.probe > 0.12
+    assert verdict.probe is not None
+    assert verdict.probe > 0.12
     assert (verdict.regime, verdict.floor) == ("edge", 0.5)
     # decided once: a calm round later does not take the floor off
     assert edge.check({n: 0.8 * v for n, v in own.items()}, None, UNEQUAL).floor == 0.5
     assert edge.regime == "edge"
+
+
+def test_a_calm_probe_that_full_balance_does_not_confirm_puts_the_floor_back():
+    own = {"a": 1.0, "b": 2.0, "c": 0.5}
+    guard = StabilityGuard()
+    guard.check(own, None, EQUAL)
+    assert guard.check({n: 0.8 * v for n, v in own.items()}, None, UNEQUAL).floor == 0.0
+    verdict = guard.check({"a": 0.4, "b": 1.6, "c": 0.6}, None, {"a": 9, "b": 30, "c": 57})
+    assert verdict.probe is not None
+    assert verdict.probe >= 0.15
+    assert (verdict.stage, verdict.look, verdict.regime) == ("confirm", "scattered", "edge")
+    assert verdict.floor == 0.5
+    unconfirmed = StabilityGuard(confirm=0.0)  # no confirming round
+    unconfirmed.check(own, None, EQUAL)
+    unconfirmed.check({n: 0.8 * v for n, v in own.items()}, None, UNEQUAL)
+    assert unconfirmed.check({"a": 0.4, "b": 1.6, "c": 0.6}, None, UNEQUAL).floor == 0.0
+
+
+def test_a_blow_up_right_after_a_calm_probe_means_the_edge():
+    guard = StabilityGuard()
+    guard.check({"a": 1.0, "b": 1.1, "c": 0.9}, None, EQUAL)
+    guard.check({"a": 1.0, "b": 1.1, "c": 0.9}, None, UNEQUAL)
+    verdict = guard.check({"a": 1.0, "b": 1.1, "c": 9.0}, None, UNEQUAL)
+    assert (verdict.look, verdict.regime) == ("diverged", "edge")
+    assert verdict.floor == 0.5  # back to the start at least, not one step above 0
 
 
 def test_a_blow_up_before_the_probe_means_the_edge():
@@ -75,7 +105,8 @@ def test_without_a_round_at_equal_sizes_the_probe_reads_the_raw_norms():
     """A run started from stored speed profiles is unequal from round 1."""
     guard = StabilityGuard()
     verdict = guard.check({"a": 1.0, "b": 1.02, "c": 0.98}, None, UNEQUAL)
-    assert verdict.regime == "stable" and verdict.probe == pytest.approx(0.0163, abs=1e-3)
+    assert verdict.regime == "stable"
+    assert verdict.probe == pytest.approx(0.0163, abs=1e-3)
 
 
 def test_with_partial_participation_the_probe_waits_for_two_silos_it_can_compare():
@@ -87,6 +118,10 @@ def test_with_partial_participation_the_probe_waits_for_two_silos_it_can_compare
     verdict = guard.check({"a": 0.9, "b": 1.8}, None, {"a": 20, "b": 44})
     assert verdict.probe == pytest.approx(0.0, abs=1e-12)
     assert verdict.regime == "stable"
+    # confirming: the next round's pair, one of them new, is not comparable; the one
+    # after is
+    assert guard.check({"a": 0.9, "c": 5.0}, None, {"a": 20, "c": 44}).probe is None
+    assert guard.check({"a": 0.8, "b": 1.6}, None, {"a": 20, "b": 44}).regime == "stable"
 
 
 def test_renamed_silos_keep_their_yardsticks():
@@ -114,8 +149,9 @@ def test_the_probe_takes_the_floor_off_after_a_calm_first_unequal_round_only():
     verdict = guard.check(even, None, unequal)
     assert (verdict.look, verdict.floor) == ("calm", 0.0)
     verdict = guard.check({"a": 1.0, "b": 1.2, "c": 6.0}, None, unequal)
-    assert (verdict.look, verdict.floor) == ("diverged", 0.25)  # a blow-up still raises it
-    assert guard.check(even, None, unequal).floor == 0.25  # judged once: no second probe
+    # a blow-up in the confirming round: the edge, back to the start's floor
+    assert (verdict.look, verdict.floor) == ("diverged", 0.5)
+    assert guard.check(even, None, unequal).floor == 0.5  # judged once: no second probe
 
     scattered = StabilityGuard(probe=0.15)  # the edge: a first unequal round that scatters
     scattered.check(even, None, {"a": 32, "b": 32, "c": 32})
@@ -135,13 +171,14 @@ def test_state_round_trips_and_bad_arguments_are_refused():
     copy = StabilityGuard()
     copy.load_state_dict(guard.state_dict())
     assert copy.state_dict() == guard.state_dict()
-    assert (copy.regime, copy.floor, copy.probed) == ("stable", 0.0, True)
+    assert (copy.regime, copy.floor, copy.probed, copy.confirming) == ("stable", 0.0, True, True)
     for bad, why in (
         ({"floors": (0.5, 0.25)}, "floors must rise"),
         ({"floors": (0.5, 1.5)}, "within"),
         ({"start": 9}, "start must index floors"),
         ({"ratio": 1.0}, "ratio must be"),
         ({"probe": 1.0}, "probe must lie"),
+        ({"confirm": -0.1}, "confirm must lie"),
     ):
         with pytest.raises(ValueError, match=why):
             StabilityGuard(**bad)
@@ -295,15 +332,19 @@ def test_the_verdict_is_in_every_round_record_and_the_summary(tmp_path, caplog):
     )
     start(strategy, grid, rounds=3)
     records = strategy.reporter.records
-    assert records[0].guard == "undecided" and records[0].guard_probe is None
-    assert records[1].guard in ("stable", "edge") and records[1].guard_probe is not None
-    assert records[2].guard == records[1].guard and records[2].guard_probe is None
+    assert records[0].guard == "undecided"
+    assert records[0].guard_probe is None
+    assert records[1].guard in ("stable", "edge")
+    assert records[1].guard_probe is not None
+    # round 3 confirms a calm probe (or says nothing after the edge)
+    assert (records[2].guard_probe is None) == (records[1].guard == "edge")
     assert any("the stability guard's probe" in e for e in records[1].events)
     assert "the stability guard's probe" in caplog.text
+    judged = records[2] if records[2].guard_probe is not None else records[1]
     stability = strategy.reporter.summary()["stability"]
     assert stability == {
-        "regime": records[1].guard,
-        "decided_in_round": 2,
-        "probe_dispersion": records[1].guard_probe,
-        "final_floor": 0.0 if records[1].guard == "stable" else 0.5,
+        "regime": records[2].guard,
+        "decided_in_round": judged.round,
+        "probe_dispersion": judged.guard_probe,
+        "final_floor": 0.0 if records[2].guard == "stable" else 0.5,
     }

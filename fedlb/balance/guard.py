@@ -26,7 +26,11 @@ silo's update norm per step in that round divided by its own in the last round a
 sizes: dividing by its own removes what non-IID data does to one silo's updates whatever
 its batch (on classes:2 the raw norms differ by 0.5 between silos at equal sizes). Below
 `probe` the run is *stable* and the floor comes off (full balance, LB-BSP as published);
-otherwise it is at the *edge* and keeps the floor. Later rounds do not move the verdict:
+otherwise it is at the *edge* and keeps the floor. The next round, the first at full
+balance, must confirm it (the same dispersion below `confirm`), or the floor comes back:
+one calm round among three silos is weak evidence (on the quickstart at η = 0.1, 10 of 60
+runs at the edge looked calm, and the confirming round sends 7 of them back). Later
+rounds do not move the verdict:
 once gradient noise dominates a step (a step then scales as 1/√B), the dispersion grows
 with unequal sizes at every learning rate. Measured on Flower's quickstart
 (docs/experiments.md, "The adaptive default"): `probe = 0.12` calls 95% of IID runs at
@@ -46,6 +50,7 @@ from typing import Any
 
 HISTORY = 5  # a silo's own recent update norms kept for its reference
 PROBE = 0.12  # the default probe threshold (docs/experiments.md, "The adaptive default")
+CONFIRM = 0.15  # the round after a calm probe, at full balance, must stay below this
 REGIMES = ("undecided", "stable", "edge", "fixed")  # fixed: probe 0, the floor kept
 
 
@@ -55,8 +60,9 @@ class Verdict:
 
     diverged: dict[str, str] = field(default_factory=dict)  # silo -> why
     dispersion: float | None = None  # coefficient of variation of the norms per step
-    look: str = "steady"  # calm (the probe took the floor off), steady or diverged
-    probe: float | None = None  # the probe's dispersion when this round was the probe
+    look: str = "steady"  # calm (the floor came off), scattered (it came back), steady, diverged
+    probe: float | None = None  # the dispersion, in a round that judged the regime
+    stage: str = ""  # which judgement: "probe" or "confirm" (the round after a calm probe)
     regime: str = "undecided"  # the run's after this round: one of REGIMES
     floor_before: float = 0.0
     floor: float = 0.0  # the floor from now on
@@ -73,6 +79,9 @@ class StabilityGuard:
             `probe` lowers the floor to `floors[0]` (the run is stable); one at or above
             it keeps the floor (the edge). Default `PROBE` (0.12). 0.0: never, a fixed
             floor that rises only when an update diverges.
+        confirm: the round after a calm probe (at full balance) whose dispersion is at
+            or above `confirm` puts the floor back (the edge). Default `CONFIRM` (0.15).
+            0.0: no confirming round.
         ratio: an update diverged when its norm per local step exceeds `ratio` times its
             reference (the larger of its peers' median this round and its own recent
             median). Default 5.0: balanced silos' updates run up to ~2x their peers'
@@ -86,6 +95,7 @@ class StabilityGuard:
         start: int = 2,
         ratio: float = 5.0,
         probe: float = PROBE,
+        confirm: float = CONFIRM,
     ) -> None:
         if not floors or any(not 0.0 <= f <= 1.0 for f in floors):
             raise ValueError(f"floors must lie within [0, 1], got {list(floors)}")
@@ -95,13 +105,18 @@ class StabilityGuard:
             raise ValueError(f"start must index floors (0..{len(floors) - 1}), got {start}")
         if not 0.0 <= probe < 1.0:
             raise ValueError(f"probe must lie within [0, 1), got {probe}")
+        if not 0.0 <= confirm < 1.0:
+            raise ValueError(f"confirm must lie within [0, 1), got {confirm}")
         if not (math.isfinite(ratio) and ratio > 1.0):
             raise ValueError(f"ratio must be a finite number > 1, got {ratio}")
         self.floors = list(floors)
         self.level = start
         self.ratio = ratio
         self.probe = probe
+        self.confirm = confirm
+        self.start = start
         self.probed = False  # the first round at unequal sizes has been judged
+        self.confirming = False  # a calm probe took the floor off: the next round checks
         self.regime = "undecided" if probe > 0 else "fixed"
         self.norms: dict[str, list[float]] = {}
         # each silo's update norm per step in the last round at equal sizes: the probe's
@@ -129,36 +144,48 @@ class StabilityGuard:
         verdict.dispersion = dispersion(list(kept.values()))
         sizes = dict(sizes or {})
         probing = not self.probed and self.probe > 0
-        if probing and not verdict.diverged:
-            verdict.probe = self._probe(kept, sizes)
+        confirming = self.confirming
+        if (probing or confirming) and not verdict.diverged:
+            verdict.probe = self._probe(kept, sizes, need_unequal=probing)
+            verdict.stage = "probe" if probing else "confirm"
         if len(set(sizes.values())) == 1:  # equal sizes: the yardstick for a later probe
             self.baseline.update({n: v for n, v in kept.items() if v > 0})
         if verdict.diverged:
             verdict.look = "diverged"
             self.level = min(self.level + 1, len(self.floors) - 1)
-            if probing:  # a blow-up before the probe: the edge, whatever comes
-                self.probed, self.regime = True, "edge"
-        elif verdict.probe is not None:
+            if probing or confirming:  # a blow-up before the verdict: the edge
+                self.probed, self.confirming, self.regime = True, False, "edge"
+                self.level = max(self.level, self.start)
+        elif verdict.probe is not None and probing:
             self.probed = True
             if verdict.probe < self.probe:
                 verdict.look, self.regime, self.level = "calm", "stable", 0
+                self.confirming = self.confirm > 0
             else:
                 self.regime = "edge"
+        elif verdict.probe is not None:  # the round after a calm probe, at full balance
+            self.confirming = False
+            if verdict.probe >= self.confirm:
+                verdict.look, self.regime, self.level = "scattered", "edge", self.start
         verdict.regime = self.regime
         verdict.floor = self.floor
         return verdict
 
-    def _probe(self, norms: Mapping[str, float], sizes: Mapping[str, int]) -> float | None:
-        """The probe's dispersion if this round is the probe, else None: the first round
-        in which at least two silos with a yardstick (a norm from an earlier round at
-        equal sizes) ran unequal sizes, over those silos' norms each divided by its
-        yardstick. A run whose first rounds were all unequal (started from stored speed
-        profiles) has no yardstick: its first unequal round is judged on the raw norms."""
+    def _probe(
+        self, norms: Mapping[str, float], sizes: Mapping[str, int], need_unequal: bool
+    ) -> float | None:
+        """The probe's dispersion if this round can be judged, else None: at least two
+        silos with a yardstick (a norm from an earlier round at equal sizes) that ran
+        unequal sizes (`need_unequal`: the probe; the confirming round only needs two),
+        over those silos' norms each divided by its yardstick. A run whose first rounds
+        were all unequal (started from stored speed profiles) has no yardstick: it is
+        judged on the raw norms."""
         measured = {n: v for n, v in norms.items() if n in sizes}
-        if len(measured) < 2 or len({sizes[n] for n in measured}) < 2:
+        distinct = (lambda names: len({sizes[n] for n in names})) if need_unequal else len
+        if len(measured) < 2 or distinct(measured) < 2:
             return None
         with_yardstick = [n for n in measured if n in self.baseline]
-        if len({sizes[n] for n in with_yardstick}) >= 2:
+        if len(with_yardstick) >= 2 and distinct(with_yardstick) >= 2:
             return dispersion([measured[n] / self.baseline[n] for n in with_yardstick])
         if self.baseline:  # some silos have one: wait for a round that compares them
             return None
@@ -204,6 +231,7 @@ class StabilityGuard:
             "level": self.level,
             "norms": {n: list(h) for n, h in self.norms.items()},
             "probed": self.probed,
+            "confirming": self.confirming,
             "regime": self.regime,
             "baseline": dict(self.baseline),
         }
@@ -212,6 +240,7 @@ class StabilityGuard:
         self.level = min(int(state["level"]), len(self.floors) - 1)
         self.norms = {n: [float(v) for v in h] for n, h in state["norms"].items()}
         self.probed = bool(state.get("probed", False))
+        self.confirming = bool(state.get("confirming", False))
         regime = state.get("regime", self.regime)
         self.regime = regime if regime in REGIMES else self.regime
         self.baseline = {n: float(v) for n, v in state.get("baseline", {}).items()}

@@ -228,11 +228,13 @@ def summarise_rounds(records: list[RoundRecord]) -> dict[str, Any]:
 
 def stability_of(records: list[RoundRecord]) -> dict[str, Any] | None:
     """The stability guard's verdict on the run (None: no guard): its regime at the end,
-    the round the probe decided it in and the probe's dispersion, and the final floor."""
+    the round that decided it (the probe's, or the one confirming it) with its
+    dispersion, and the final floor."""
     guarded = [r for r in records if r.guard is not None]
     if not guarded:
         return None
-    probe = next((r for r in guarded if r.guard_probe is not None), None)
+    # the last round that judged the regime: the probe, or the round confirming it
+    probe = next((r for r in reversed(guarded) if r.guard_probe is not None), None)
     return {
         "regime": guarded[-1].guard,
         "decided_in_round": None if probe is None else probe.round,

@@ -58,8 +58,8 @@ def guard_round(
         text = f"{label(node)}'s update diverged and is left out of the average: {why}"
         say(WARNING, "round %d: %s", server_round, text)
         tell(text)
-    if verdict.probe is not None:  # the run's regime is decided: say why, once
-        text = regime_text(verdict, guard.probe)
+    if verdict.probe is not None:  # the run's regime is judged: say why
+        text = regime_text(verdict, guard.probe if verdict.stage == "probe" else guard.confirm)
         say(INFO, "round %d: %s", server_round, text)
         tell(text)
     if manager is not None:
@@ -88,10 +88,20 @@ def regime_text(verdict: Verdict, threshold: float) -> str:
         f"the silos' update per step, each against its own at equal sizes, varies by "
         f"{verdict.probe:.2f} (coefficient of variation; threshold {threshold:.2f})"
     )
+    if verdict.stage == "confirm" and verdict.regime == "stable":
+        return (
+            f"the stability guard's probe, confirmed at full balance: stable: {evidence}; "
+            "full balance stays (an update that blows up still raises the floor)"
+        )
+    if verdict.stage == "confirm":
+        return (
+            f"the stability guard's probe, not confirmed at full balance: {evidence}; "
+            f"every silo gets at least {100 * verdict.floor:.0f}% of the mean batch again"
+        )
     if verdict.regime == "stable":
         return (
             f"the stability guard's probe: stable at this learning rate: {evidence}; "
-            "full balance from now on (an update that blows up still raises the floor)"
+            "full balance from now on, if the next round confirms it"
         )
     return (
         f"the stability guard's probe: at the edge of stability: {evidence}; every silo "

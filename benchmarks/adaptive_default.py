@@ -1,0 +1,259 @@
+"""The adaptive default against stock and the fixed floor: one table across settings.
+
+Reads the runs of two benchmarks and prints, per setting, what a user judges (issue 37):
+dead networks, time to the same accuracy, final accuracy at equal rounds, and E, for
+stock FedAvg, the guard's fixed floor (the default before the probe) and the default
+(the probe on), plus the probe's verdicts and full balance (no guard) where it ran.
+
+- `benchmarks/app_accuracy.py --json` lines (Flower's own apps): policies `stock`,
+  `guard:probe=0` (the floor), `default`, `unguarded`; one setting per (app, partition,
+  learning rate, speeds).
+- `fedlb experiment --repeats K` folders (their summary.json): policies `fedavg`,
+  `lb-floor`, `lb`, `lb-full`; one setting per folder.
+
+Definitions, the same for both:
+- collapsed: final central accuracy <= 0.15 (a dead network; 10-class tasks only);
+- time to target: model-clock seconds until the central accuracy first reached the
+  target, the median over the seeds, a seed that never reached it counting as longer.
+  App runs: 0.9 x stock's median final accuracy, rounded down to 0.05 (a level most
+  runs reach within the rounds run: balanced policies end their rounds in about half
+  stock's clock time, so a target only stock's last round reaches says nothing of
+  time), or `--target`; experiments: the scenario's target;
+- E: the mean over every round, round 1 (uniform sizes) included, on the model clock;
+- regime: how many of the default's runs its probe found stable.
+
+    .venv/bin/python benchmarks/adaptive_default.py --apps docs/results/adaptive-default/*.jsonl \
+        --experiments docs/results/adaptive-default/experiment-*
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+DEAD = 0.15
+# (app policy, experiment policy) -> the table's name
+ROLES = {
+    "stock": "stock",
+    "fedavg": "stock",
+    "guard:probe=0": "floor",
+    "lb-floor": "floor",
+    "default": "default",
+    "lb": "default",
+    "unguarded": "full",
+    "lb-full": "full",
+}
+COLUMNS = ("stock", "floor", "default")
+
+
+def median_time(times: list[float | None]) -> float:
+    """The median over every run, a run that never got there counting as longer."""
+    ordered = sorted(math.inf if t is None else t for t in times)
+    return ordered[len(ordered) // 2] if ordered else math.nan
+
+
+def app_time_to(row: dict[str, Any], target: float) -> float | None:
+    accuracy = row.get("accuracy_by_round") or []
+    elapsed = 0.0
+    for number, seconds in enumerate(row.get("round_s") or [], start=1):
+        elapsed += seconds or 0.0
+        if number < len(accuracy) and accuracy[number] >= target:
+            return elapsed
+    return None
+
+
+def app_regime(row: dict[str, Any]) -> str:
+    """A row's probe verdict (rows written before it was recorded: from the final floor,
+    0 only where the probe found the run stable)."""
+    if "regime" in row:
+        return str(row["regime"])
+    return "stable" if row.get("floor") == 0.0 else "edge"
+
+
+def mean_e(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.fmean(kept) if kept else None
+
+
+def app_settings(files: list[Path], target: float | None) -> list[dict[str, Any]]:
+    groups: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for path in files:
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            role = ROLES.get(row["policy"])
+            if role is None:
+                continue
+            lr = row["overrides"].get("learning-rate", "app's")
+            key = (row["app"], row.get("partition", "iid"), lr, tuple(row["speeds"]))
+            groups[key][role].append(row)
+    settings = []
+    for (app, partition, lr, speeds), by_role in sorted(groups.items(), key=str):
+        stock = [r["final_accuracy"] for r in by_role.get("stock", [])]
+        goal = target
+        if goal is None and stock:
+            goal = math.floor(0.9 * statistics.median(stock) / 0.05 + 1e-9) * 0.05
+        roles = {}
+        for role, rows in by_role.items():
+            seeds = {r["seed"]: r for r in rows}  # one run per seed (the last one)
+            rows = [seeds[s] for s in sorted(seeds)]
+            roles[role] = {
+                "runs": len(rows),
+                "collapsed": sum(r["final_accuracy"] <= DEAD for r in rows),
+                "time_to_target": median_time([app_time_to(r, goal) for r in rows])
+                if goal
+                else math.nan,
+                "reached": sum(app_time_to(r, goal) is not None for r in rows) if goal else 0,
+                "final_accuracy": [r["final_accuracy"] for r in rows],
+                "E": mean_e([e for r in rows for e in r["efficiency"]]),
+                "stable": sum(app_regime(r) == "stable" for r in rows)
+                if role == "default"
+                else None,
+            }
+        spread = max(speeds) / min(speeds)
+        settings.append(
+            {
+                "setting": f"{app}, {partition}, η {lr}, {len(speeds)} silos 1:{spread:g}, "
+                f"{rows[0]['rounds']} rounds",
+                "target": goal,
+                "roles": roles,
+            }
+        )
+    return settings
+
+
+def experiment_settings(folders: list[Path]) -> list[dict[str, Any]]:
+    settings = []
+    for folder in folders:
+        summary = json.loads((folder / "summary.json").read_text())
+        scenario = summary["scenario"]
+        ten_classes = scenario["dataset"] in ("digits", "fashion-mnist")
+        roles = {}
+        for policy, combined in summary["policies"].items():
+            role = ROLES.get(policy)
+            if role is None:
+                continue
+            runs = list(combined.get("per_seed", {"0": combined}).values())
+            finals = [r["final_accuracy"] for r in runs]
+            roles[role] = {
+                "runs": len(runs),
+                "collapsed": sum(a <= DEAD for a in finals) if ten_classes else None,
+                "time_to_target": median_time([r["time_to_target_s"] for r in runs]),
+                "reached": sum(r["time_to_target_s"] is not None for r in runs),
+                "final_accuracy": finals,
+                "E": mean_e([r["mean_balance_efficiency"] for r in runs]),
+                "stable": sum((r.get("stability") or {}).get("regime") == "stable" for r in runs)
+                if role == "default"
+                else None,
+            }
+        settings.append(
+            {
+                "setting": f"experiment {scenario.get('name') or folder.name}: "
+                f"{scenario['dataset']} {scenario['model']}, {scenario['partition']}, "
+                f"η {scenario['learning_rate']}, {scenario['silos']} silos "
+                f"{scenario['speeds']}, {scenario['rounds']} rounds",
+                "target": scenario["target_accuracy"],
+                "roles": roles,
+            }
+        )
+    return settings
+
+
+def cell(values: list[str]) -> str:
+    return " / ".join(values)
+
+
+def seconds(value: float) -> str:
+    return "never" if math.isinf(value) else f"{value:.1f}"
+
+
+def table(settings: list[dict[str, Any]]) -> str:
+    out = [
+        "| setting | seeds | collapsed (stock / floor / default) | time to target, s "
+        "(stock / floor / default) | default vs floor | final accuracy (stock / floor / "
+        "default) | E (stock / floor / default) | probe: stable | full balance: collapsed, "
+        "time, accuracy |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in settings:
+        roles = s["roles"]
+        present = [roles.get(c) for c in COLUMNS]
+        seeds = "/".join(str(r["runs"]) if r else "–" for r in present)
+        collapsed = cell(
+            ["–" if r is None or r["collapsed"] is None else str(r["collapsed"]) for r in present]
+        )
+        times = cell(
+            [
+                "–" if r is None else f"{seconds(r['time_to_target'])} ({r['reached']})"
+                for r in present
+            ]
+        )
+        floor, default = roles.get("floor"), roles.get("default")
+        ratio = "–"
+        if floor and default:
+            a, b = floor["time_to_target"], default["time_to_target"]
+            ratio = (
+                f"{a / b:.2f}x"
+                if math.isfinite(a) and math.isfinite(b)
+                else ("both never" if math.isinf(a) and math.isinf(b) else f"{a} / {b}")
+            )
+        accuracy = cell(
+            [
+                "–"
+                if r is None
+                else f"{statistics.fmean(r['final_accuracy']):.3f}"
+                + (
+                    f" ± {statistics.stdev(r['final_accuracy']):.3f}"
+                    if len(r["final_accuracy"]) > 1
+                    else ""
+                )
+                for r in present
+            ]
+        )
+        efficiency = cell(
+            ["–" if r is None or r["E"] is None else f"{r['E']:.3f}" for r in present]
+        )
+        stable = f"{default['stable']}/{default['runs']}" if default else "–"
+        full = roles.get("full")
+        full_cell = (
+            "–"
+            if full is None
+            else f"{full['collapsed'] if full['collapsed'] is not None else '–'}, "
+            f"{seconds(full['time_to_target'])} ({full['reached']}), "
+            f"{statistics.fmean(full['final_accuracy']):.3f}"
+        )
+        out.append(
+            f"| {s['setting']}, target {s['target']:.2f} | {seeds} | {collapsed} | {times} "
+            f"| {ratio} | {accuracy} | {efficiency} | {stable} | {full_cell} |"
+        )
+    out.append("")
+    out.append(
+        "time to target: median over seeds (reached in how many); collapsed: final accuracy "
+        "<= 0.15; E: mean over every round, round 1 included (model clock)."
+    )
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--apps", type=Path, nargs="*", default=[], help="app_accuracy JSON lines")
+    parser.add_argument(
+        "--experiments", type=Path, nargs="*", default=[], help="fedlb experiment folders"
+    )
+    parser.add_argument("--target", type=float, help="app runs: this target, not stock's")
+    parser.add_argument("--json", type=Path, help="also write the settings' figures here")
+    args = parser.parse_args()
+    settings = app_settings(args.apps, args.target) + experiment_settings(args.experiments)
+    print(table(settings))
+    if args.json:
+        args.json.write_text(json.dumps(settings, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -128,10 +128,32 @@ def app_settings(files: list[Path], target: float | None) -> list[dict[str, Any]
     return settings
 
 
+def seeds_summary(folder: Path) -> dict[str, Any]:
+    """An experiment's summary.json, its seeds' own under `per_seed` (read from each
+    seed-S/summary.json where the combined one is missing: a run stopped early)."""
+    path = folder / "summary.json"
+    if path.exists():
+        return dict(json.loads(path.read_text()))
+    seeds = {
+        p.parent.name.removeprefix("seed-"): json.loads(p.read_text())
+        for p in sorted(folder.glob("seed-*/summary.json"))
+    }
+    if not seeds:
+        raise SystemExit(f"{folder}: no summary.json, and no seed-*/summary.json")
+    first = next(iter(seeds.values()))
+    return {
+        **first,
+        "policies": {
+            name: {"per_seed": {seed: s["policies"][name] for seed, s in seeds.items()}}
+            for name in first["policies"]
+        },
+    }
+
+
 def experiment_settings(folders: list[Path]) -> list[dict[str, Any]]:
     settings = []
     for folder in folders:
-        summary = json.loads((folder / "summary.json").read_text())
+        summary = seeds_summary(folder)
         scenario = summary["scenario"]
         ten_classes = scenario["dataset"] in ("digits", "fashion-mnist")
         roles = {}

@@ -116,17 +116,23 @@ def test_seeds_combine_into_means_with_spread_and_reach():
     scenario = Scenario.from_mapping({"policies": "fedavg,lb", "repeats": 2, "seed": 5})
     assert scenario.seeds() == [5, 6]
 
-    def one(ttt_lb, final_lb):
-        row = {"time_to_target_s": None, "final_accuracy": 0.5, "rounds": 4}
+    def one(ttt_lb, final_lb, regime):
+        row = {"time_to_target_s": None, "final_accuracy": 0.5, "rounds": 4, "stability": None}
+        verdict = {"regime": regime, "decided_in_round": 3, "probe_dispersion": 0.1}
         return {
             "speedup_ceiling": 2.0,
             "policies": {
                 "fedavg": row,
-                "lb": {**row, "time_to_target_s": ttt_lb, "final_accuracy": final_lb},
+                "lb": {
+                    **row,
+                    "time_to_target_s": ttt_lb,
+                    "final_accuracy": final_lb,
+                    "stability": verdict,
+                },
             },
         }
 
-    combined = combine_seeds(scenario, {5: one(10.0, 0.6), 6: one(20.0, 0.8)})
+    combined = combine_seeds(scenario, {5: one(10.0, 0.6, "stable"), 6: one(20.0, 0.8, "edge")})
     lb, fedavg = combined["policies"]["lb"], combined["policies"]["fedavg"]
     assert lb["time_to_target_s"] == pytest.approx(15.0)
     assert lb["final_accuracy"] == pytest.approx(0.7)
@@ -137,6 +143,8 @@ def test_seeds_combine_into_means_with_spread_and_reach():
     assert set(lb["per_seed"]) == {"5", "6"}
     assert combined["seeds"] == [5, 6]
     assert combined["speedup_ceiling"] == 2.0
+    assert lb["stability"] == {"stable": 1, "edge": 1}  # the guard's verdicts, counted
+    assert fedavg["stability"] == {}
 
 
 SPEEDS = (400.0, 200.0, 100.0)  # samples/s of silos 0, 1, 2 on the model clock

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,11 @@ def combine_seeds(scenario: Scenario, summaries: dict[int, dict[str, Any]]) -> d
             values = [run[key] for run in runs.values()]
             if any(isinstance(v, str) for v in values):  # the clock: the same for all
                 combined[key] = values[0]
+                continue
+            if key == "stability":  # the guard's verdicts: how many runs found each regime
+                combined[key] = dict(
+                    Counter(v["regime"] for v in values if isinstance(v, dict) and v)
+                )
                 continue
             known = [v for v in values if v is not None]
             combined[key] = statistics.fmean(known) if len(known) == len(values) else None

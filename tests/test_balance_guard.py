@@ -341,7 +341,12 @@ def test_the_verdict_is_in_every_round_record_and_the_summary(tmp_path, caplog):
     assert any("the stability guard's probe" in e for e in records[1].events)
     assert "the stability guard's probe" in caplog.text
     judged = records[2] if records[2].guard_probe is not None else records[1]
-    stability = strategy.reporter.summary()["stability"]
+    summary = strategy.reporter.summary()
+    # FedAvg's E at these speeds (4:2:1, uniform sizes): 7/12 of the fast silos' time idle
+    assert summary["uniform_balance_efficiency"] == pytest.approx(7 / 16, abs=0.03)
+    # the run says how a fixed number of rounds ends at stock's accuracy
+    assert "rounds instead of 3" in caplog.text
+    stability = summary["stability"]
     assert stability == {
         "regime": records[2].guard,
         "decided_in_round": judged.round,

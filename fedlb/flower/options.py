@@ -26,15 +26,20 @@ class Balancing:
     local_steps: τ for every silo instead of the steps its loop runs. Default None.
     balancer: makes the balancer from the initial sizes. Default `BatchSizeManager`
         (fedlb's default tuner and estimator: fedlb.balance.defaults).
-    guard: keeps balancing from costing the model (`StabilityGuard`): no silo below half
-        the mean batch, and an update that blew up (norm per step not finite or 5x its
-        peers' and its own, an update of NaN or infinity, or a non-finite loss) is left
-        out of the round's average and the floor rises a step (0.75, then uniform). It
-        reads the update norm `balance_mod()` reports (under HE too, with `he_mod()`
+    guard: keeps balancing from costing the model (`StabilityGuard`). Every silo starts
+        at ≥ half the mean batch; the first round at unequal sizes probes the app (each
+        silo's update per step against its own at equal sizes): calm, and confirmed by
+        the next round, the run is stable and the floor comes off (full balance);
+        scattered, it is at the edge of stability and keeps the floor. An update that
+        blew up (norm per step not finite or 5x its peers' and its own, an update of NaN
+        or infinity, or a non-finite loss) is left out of the round's average and the
+        floor rises a step (0.75, then uniform). The verdict is in the log, every round
+        record (`guard`, `guard_floor`, `guard_probe`) and summary.json (`stability`).
+        It reads the update norm `balance_mod()` reports (under HE too, with `he_mod()`
         outside it) and the app's train loss metric. A higher `min_share` of the
         balancer's tuner stays. Default True (fedlb's guard); False: none (sizes fully
-        balanced from round 2); or a `StabilityGuard` of your own (`probe=0.15`: full
-        balance when the first unequal round is calm).
+        balanced from round 2); or a `StabilityGuard` of your own (`probe=0`: the floor
+        always, whatever the probe would say).
     profiles: when this machine's server has balanced this model before, ask the silos
         for their stored speed profiles before round 1 (one train message without a
         model, answered by `balance_mod()` without the app) and start round 1 balanced;

@@ -223,7 +223,29 @@ def summarise_rounds(records: list[RoundRecord]) -> dict[str, Any]:
         "final_federated_accuracy": federated[-1] if federated else None,
         "final_mean_silo_accuracy": per_silo[-1] if per_silo else None,
         "stability": stability_of(records),
+        # uniform sizes' E at the speeds each round measured: FedAvg's, for comparison
+        "uniform_balance_efficiency": _mean(
+            [uniform_efficiency(r) for r in records if r.round >= STEADY_FROM_ROUND]
+        ),
     }
+
+
+def uniform_efficiency(record: RoundRecord) -> float | None:
+    """E that uniform sizes (X/n each: FedAvg) would have had at the speeds and fixed
+    costs this round measured (None: no usable measurement, or silos on step-time
+    curves, whose speed at another B this round did not measure)."""
+    silos = [
+        s
+        for s in record.silos
+        if s.compute_s > 0 and math.isfinite(s.compute_s) and math.isfinite(s.fixed_s)
+    ]
+    if not silos or record.ideal_s is None or not math.isfinite(record.ideal_s):
+        return None
+    if any(s.emulated_curve for s in silos):
+        return None
+    mean_batch = sum(s.batch_size for s in silos) / len(silos)
+    uniform = max(s.fixed_s + s.compute_s * mean_batch / s.batch_size for s in silos)
+    return record.ideal_s / uniform if uniform > 0 else None
 
 
 def stability_of(records: list[RoundRecord]) -> dict[str, Any] | None:

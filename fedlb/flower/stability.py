@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from logging import INFO, WARNING
+from typing import Any
 
 from fedlb.balance import BatchSizeManager, StabilityGuard, Verdict
 
@@ -106,4 +107,28 @@ def regime_text(verdict: Verdict, threshold: float) -> str:
     return (
         f"the stability guard's probe: at the edge of stability: {evidence}; every silo "
         f"keeps at least {100 * verdict.floor:.0f}% of the mean batch"
+    )
+
+
+def fixed_rounds_advice(summary: Mapping[str, Any], num_rounds: int) -> str | None:
+    """What a user who plans a fixed number of rounds should know at the end of a
+    balanced run: its rounds were shorter than FedAvg's, and smaller batches at the app's
+    learning rate can cost accuracy per round, so N rounds in FedAvg's time, or a floor,
+    is how to end at stock's accuracy (measured: docs/experiments.md). None where the run
+    gained too little for it to matter (under 1.2x per round)."""
+    balanced, uniform = (
+        summary.get("steady_balance_efficiency"),
+        summary.get("uniform_balance_efficiency"),
+    )
+    if not balanced or not uniform or balanced / uniform < 1.2:
+        return None
+    gain = balanced / uniform
+    return (
+        f"this run's rounds took about 1/{gain:.1f} of FedAvg's at the speeds measured (E "
+        f"{balanced:.2f} against uniform sizes' {uniform:.2f}). Smaller batches at the app's "
+        "learning rate can cost some accuracy per round: to end at stock FedAvg's accuracy "
+        f"in its time, run about {max(num_rounds, round(num_rounds * gain))} rounds instead "
+        f"of {num_rounds}, or keep every silo near the mean batch (guard-probe = 0, "
+        'StabilityGuard(probe=0), or min-share); docs/experiments.md, "A fixed number of '
+        "rounds that must end at stock's accuracy\""
     )

@@ -49,7 +49,7 @@ from .round_close import (
 )
 from .round_log import RoundLog, attach_evaluation
 from .rounds_file import RoundReporter
-from .stability import guard_round, least_share
+from .stability import fixed_rounds_advice, guard_round, least_share
 
 
 class LoadBalancedFedAvg(FedAvg):
@@ -545,6 +545,8 @@ class LoadBalancedFedAvg(FedAvg):
             evaluate_fn=recorded_evaluate(evaluate_fn, self.progress, self.rounds),
         )
         self._finish_round(num_rounds, result.arrays or initial_arrays, last=True)
+        if (advice := fixed_rounds_advice(self.reporter.summary(), num_rounds)) is not None:
+            say(INFO, "%s", advice)
         in_run_rounds(result, done)
         if self.he is not None:
             result.arrays = EncryptedModel(result.arrays or initial_arrays)

@@ -52,10 +52,20 @@ def test_the_default_probe_judges_each_silo_against_itself_at_equal_sizes():
     verdict = stable.check({n: 0.8 * v for n, v in own.items()}, None, UNEQUAL)
     assert verdict.probe == pytest.approx(0.0, abs=1e-12)
     assert (verdict.look, verdict.regime, verdict.floor) == ("calm", "stable", 0.0)
-    # the next round, at full balance, confirms it: the silos still move alike
+    # the next round, at full balance, must confirm it on the raw norms too (the updates
+    # FedAvg averages): silos this far apart (0.54) do not, and keep the floor
     verdict = stable.check({n: 0.7 * v for n, v in own.items()}, None, {"a": 9, "b": 30, "c": 57})
+    assert (verdict.stage, verdict.regime, verdict.floor) == ("confirm", "edge", 0.5)
+
+    near = {"a": 1.0, "b": 1.15, "c": 0.9}  # a milder skew: raw dispersion 0.10
+    confirmed = StabilityGuard()
+    confirmed.check(near, None, EQUAL)
+    assert confirmed.check({n: 0.8 * v for n, v in near.items()}, None, UNEQUAL).floor == 0.0
+    verdict = confirmed.check(
+        {n: 0.7 * v for n, v in near.items()}, None, {"a": 9, "b": 30, "c": 57}
+    )
     assert (verdict.stage, verdict.regime, verdict.floor) == ("confirm", "stable", 0.0)
-    assert stable.check({"a": 0.5, "b": 2.0, "c": 0.9}, None, UNEQUAL).probe is None  # done
+    assert confirmed.check({"a": 0.5, "b": 2.0, "c": 0.9}, None, UNEQUAL).probe is None  # done
 
     edge = StabilityGuard()
     edge.check(own, None, EQUAL)
@@ -111,25 +121,25 @@ def test_without_a_round_at_equal_sizes_the_probe_reads_the_raw_norms():
 
 def test_with_partial_participation_the_probe_waits_for_two_silos_it_can_compare():
     guard = StabilityGuard()
-    guard.check({"a": 1.0, "b": 2.0}, None, {"a": 32, "b": 32})  # c not sampled
+    guard.check({"a": 1.0, "b": 1.1}, None, {"a": 32, "b": 32})  # c not sampled
     # a newcomer beside one silo with a yardstick: nothing to compare yet
     verdict = guard.check({"a": 1.0, "c": 5.0}, None, {"a": 20, "c": 32})
     assert (verdict.probe, verdict.regime) == (None, "undecided")
-    verdict = guard.check({"a": 0.9, "b": 1.8}, None, {"a": 20, "b": 44})
+    verdict = guard.check({"a": 0.9, "b": 0.99}, None, {"a": 20, "b": 44})
     assert verdict.probe == pytest.approx(0.0, abs=1e-12)
     assert verdict.regime == "stable"
     # confirming: the next round's pair, one of them new, is not comparable; the one
     # after is
     assert guard.check({"a": 0.9, "c": 5.0}, None, {"a": 20, "c": 44}).probe is None
-    assert guard.check({"a": 0.8, "b": 1.6}, None, {"a": 20, "b": 44}).regime == "stable"
+    assert guard.check({"a": 0.8, "b": 0.88}, None, {"a": 20, "b": 44}).regime == "stable"
 
 
 def test_renamed_silos_keep_their_yardsticks():
     guard = StabilityGuard()
-    guard.check({"a": 1.0, "b": 2.0, "c": 0.5}, None, EQUAL)
+    guard.check({"a": 1.0, "b": 1.1, "c": 0.9}, None, EQUAL)
     guard.rename_workers({"a": "x", "b": "y", "c": "z"})
     sizes = {"x": 16, "y": 26, "z": 54}
-    verdict = guard.check({"x": 0.8, "y": 1.6, "z": 0.4}, None, sizes)
+    verdict = guard.check({"x": 0.8, "y": 0.88, "z": 0.72}, None, sizes)
     assert verdict.regime == "stable"
 
 

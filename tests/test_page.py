@@ -170,10 +170,11 @@ def test_the_guards_verdict_joins_the_round_records_events():
         for node, norm in ((1, 1.0), (2, 1.2), (3, 6.0))  # node 3: 5.5x the others' median
     }
     notes: list[str] = []
-    found = guard_round(
+    found, verdict = guard_round(
         StabilityGuard(), None, 0.0, 4, said, {}, [], lambda n: f"silo-{n}", notes.append
     )
     assert list(found) == [3]
+    assert verdict.regime == "edge"  # a blow-up before the probe
     assert notes == [f"silo-3's update diverged and is left out of the average: {found[3]}"]
 
 

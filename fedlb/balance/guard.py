@@ -25,13 +25,15 @@ The probe measures that scatter as the coefficient of variation, over the silos,
 silo's update norm per step in that round divided by its own in the last round at equal
 sizes: dividing by its own removes what non-IID data does to one silo's updates whatever
 its batch (on classes:2 the raw norms differ by 0.5 between silos at equal sizes). Below
-`probe` the run is *stable* and the floor comes off (full balance, LB-BSP as published);
-otherwise it is at the *edge* and keeps the floor. The next round, the first at full
-balance, must confirm it, or the floor comes back: there both that dispersion and the raw
-one (of the updates FedAvg now averages) must stay below `confirm`. One calm round among
-three silos is weak evidence: on the quickstart at η = 0.1, 10 of 60 runs at the edge
-looked calm, and the confirming round sends 8 of them back; at η = 0.03 it keeps all 19
-of 19 calm runs. Later
+`probe`, and with the silos' steps grown less than `growth` times their size at equal
+sizes, the run is *stable* and the floor comes off (full balance, LB-BSP as published);
+otherwise it is at the *edge* and keeps the floor. The growth is the edge's other mark:
+there a large η and momentum amplify each other as soon as the model leaves its start
+(the quickstart's steps grow 6-10x from round 1 to 2 at η = 0.1 on IID data, 2.5-6x on
+Dirichlet 0.5), where at a stable η they grow 1.2-2.6x (η = 0.03), and fedlb's MLP and
+the other apps measured barely move (0.9-1.1x). The next round, the first at full
+balance, must confirm it (the same dispersion below `confirm`), or the floor comes back:
+one calm round among three silos is weak evidence. Later
 rounds do not move the verdict:
 once gradient noise dominates a step (a step then scales as 1/√B), the dispersion grows
 with unequal sizes at every learning rate. Measured on Flower's quickstart
@@ -53,6 +55,7 @@ from typing import Any
 HISTORY = 5  # a silo's own recent update norms kept for its reference
 PROBE = 0.12  # the default probe threshold (docs/experiments.md, "The adaptive default")
 CONFIRM = 0.15  # the round after a calm probe, at full balance, must stay below this
+GROWTH = 3.0  # a probe whose steps grew more than this since equal sizes: the edge
 REGIMES = ("undecided", "stable", "edge", "fixed")  # fixed: probe 0, the floor kept
 
 
@@ -65,6 +68,7 @@ class Verdict:
     look: str = "steady"  # calm (the floor came off), scattered (it came back), steady, diverged
     probe: float | None = None  # the dispersion, in a round that judged the regime
     stage: str = ""  # which judgement: "probe" or "confirm" (the round after a calm probe)
+    growth: float | None = None  # the probe: the silos' mean step now over at equal sizes
     regime: str = "undecided"  # the run's after this round: one of REGIMES
     floor_before: float = 0.0
     floor: float = 0.0  # the floor from now on
@@ -81,6 +85,8 @@ class StabilityGuard:
             `probe` lowers the floor to `floors[0]` (the run is stable); one at or above
             it keeps the floor (the edge). Default `PROBE` (0.12). 0.0: never, a fixed
             floor that rises only when an update diverges.
+        growth: a probe whose silos' mean step grew `growth` times or more since equal
+            sizes is the edge, however calm. Default `GROWTH` (3.0).
         confirm: the round after a calm probe (at full balance) whose dispersion is at
             or above `confirm` puts the floor back (the edge). Default `CONFIRM` (0.15).
             0.0: no confirming round.
@@ -98,6 +104,7 @@ class StabilityGuard:
         ratio: float = 5.0,
         probe: float = PROBE,
         confirm: float = CONFIRM,
+        growth: float = GROWTH,
     ) -> None:
         if not floors or any(not 0.0 <= f <= 1.0 for f in floors):
             raise ValueError(f"floors must lie within [0, 1], got {list(floors)}")
@@ -109,6 +116,8 @@ class StabilityGuard:
             raise ValueError(f"probe must lie within [0, 1), got {probe}")
         if not 0.0 <= confirm < 1.0:
             raise ValueError(f"confirm must lie within [0, 1), got {confirm}")
+        if not (math.isfinite(growth) and growth > 1.0):
+            raise ValueError(f"growth must be a finite number > 1, got {growth}")
         if not (math.isfinite(ratio) and ratio > 1.0):
             raise ValueError(f"ratio must be a finite number > 1, got {ratio}")
         self.floors = list(floors)
@@ -116,6 +125,7 @@ class StabilityGuard:
         self.ratio = ratio
         self.probe = probe
         self.confirm = confirm
+        self.growth = growth
         self.start = start
         self.probed = False  # the first round at unequal sizes has been judged
         self.confirming = False  # a calm probe took the floor off: the next round checks
@@ -150,6 +160,8 @@ class StabilityGuard:
         if (probing or confirming) and not verdict.diverged:
             verdict.probe = self._probe(kept, sizes, need_unequal=probing)
             verdict.stage = "probe" if probing else "confirm"
+            if probing and verdict.probe is not None:
+                verdict.growth = self._growth(kept)
         if len(set(sizes.values())) == 1:  # equal sizes: the yardstick for a later probe
             self.baseline.update({n: v for n, v in kept.items() if v > 0})
         if verdict.diverged:
@@ -160,7 +172,8 @@ class StabilityGuard:
                 self.level = max(self.level, self.start)
         elif verdict.probe is not None and probing:
             self.probed = True
-            if verdict.probe < self.probe:
+            steady = verdict.growth is None or verdict.growth < self.growth
+            if verdict.probe < self.probe and steady:
                 verdict.look, self.regime, self.level = "calm", "stable", 0
                 self.confirming = self.confirm > 0
             else:
@@ -179,8 +192,7 @@ class StabilityGuard:
         """The probe's dispersion if this round can be judged, else None: at least two
         silos with a yardstick (a norm from an earlier round at equal sizes) that ran
         unequal sizes (`need_unequal`: the probe; the confirming round only needs two),
-        over those silos' norms each divided by its yardstick; confirming, the larger of
-        that and the raw norms' dispersion. A run whose first rounds
+        over those silos' norms each divided by its yardstick. A run whose first rounds
         were all unequal (started from stored speed profiles) has no yardstick: it is
         judged on the raw norms."""
         measured = {n: v for n, v in norms.items() if n in sizes}
@@ -189,18 +201,16 @@ class StabilityGuard:
             return None
         with_yardstick = [n for n in measured if n in self.baseline]
         if len(with_yardstick) >= 2 and distinct(with_yardstick) >= 2:
-            own = dispersion([measured[n] / self.baseline[n] for n in with_yardstick])
-            if need_unequal or own is None:
-                return own
-            # confirming, at full balance: the raw norms too (the updates FedAvg now
-            # averages). Conservative for an app whose silos' updates differ by data
-            # alone; measured, their raw spread at a stable rate stayed small (≤ 0.1 on
-            # classes:2) and only the edge's reached 0.5.
-            raw = dispersion([measured[n] for n in with_yardstick]) or 0.0
-            return max(own, raw)
+            return dispersion([measured[n] / self.baseline[n] for n in with_yardstick])
         if self.baseline:  # some silos have one: wait for a round that compares them
             return None
         return dispersion(list(measured.values()))
+
+    def _growth(self, norms: Mapping[str, float]) -> float | None:
+        """The silos' mean update per step over their own at equal sizes (None: no
+        yardstick)."""
+        ratios = [v / self.baseline[n] for n, v in norms.items() if n in self.baseline]
+        return statistics.fmean(ratios) if ratios else None
 
     def _diverged(self, norms: Mapping[str, float]) -> dict[str, str]:
         diverged: dict[str, str] = {}

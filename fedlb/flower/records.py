@@ -81,6 +81,7 @@ class RoundRecord:
     guard: str | None = None
     guard_floor: float | None = None
     guard_probe: float | None = None
+    guard_growth: float | None = None  # in the probe's round: the silos' steps' growth
 
     @property
     def total_wall_s(self) -> float:
@@ -261,6 +262,7 @@ def stability_of(records: list[RoundRecord]) -> dict[str, Any] | None:
         "regime": guarded[-1].guard,
         "decided_in_round": None if probe is None else probe.round,
         "probe_dispersion": None if probe is None else probe.guard_probe,
+        "probe_growth": next((r.guard_growth for r in guarded if r.guard_growth is not None), None),
         "final_floor": guarded[-1].guard_floor,
     }
 

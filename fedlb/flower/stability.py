@@ -60,7 +60,8 @@ def guard_round(
         say(WARNING, "round %d: %s", server_round, text)
         tell(text)
     if verdict.probe is not None:  # the run's regime is judged: say why
-        text = regime_text(verdict, guard.probe if verdict.stage == "probe" else guard.confirm)
+        threshold = guard.probe if verdict.stage == "probe" else guard.confirm
+        text = regime_text(verdict, threshold, guard.growth)
         say(INFO, "round %d: %s", server_round, text)
         tell(text)
     if manager is not None:
@@ -83,12 +84,14 @@ def guard_round(
     return found, verdict
 
 
-def regime_text(verdict: Verdict, threshold: float) -> str:
+def regime_text(verdict: Verdict, threshold: float, growth: float) -> str:
     """The probe's verdict in words: the evidence, the threshold and what follows."""
     evidence = (
         f"the silos' update per step, each against its own at equal sizes, varies by "
         f"{verdict.probe:.2f} (coefficient of variation; threshold {threshold:.2f})"
     )
+    if verdict.growth is not None:
+        evidence += f" and grew {verdict.growth:.1f}x (the edge from {growth:.1f}x)"
     if verdict.stage == "confirm" and verdict.regime == "stable":
         return (
             f"the stability guard's probe, confirmed at full balance: stable: {evidence}; "

@@ -439,6 +439,7 @@ class LoadBalancedFedAvg(FedAvg):
             record.guard = verdict.regime
             record.guard_floor = verdict.floor
             record.guard_probe = verdict.probe
+            record.guard_growth = verdict.growth
         return kept, record
 
     def _guard_round(

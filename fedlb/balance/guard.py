@@ -29,9 +29,9 @@ its batch (on classes:2 the raw norms differ by 0.5 between silos at equal sizes
 sizes, the run is *stable* and the floor comes off (full balance, LB-BSP as published);
 otherwise it is at the *edge* and keeps the floor. The growth is the edge's other mark:
 there a large η and momentum amplify each other as soon as the model leaves its start
-(the quickstart's steps grow 6-10x from round 1 to 2 at η = 0.1 on IID data, 2.5-6x on
-Dirichlet 0.5), where at a stable η they grow 1.2-2.6x (η = 0.03), and fedlb's MLP and
-the other apps measured barely move (0.9-1.1x). The next round, the first at full
+(the quickstart's steps grow 3.4-15x from round 1 to 2 at η = 0.1 on IID data, 2-6x on
+Dirichlet 0.5), where at a stable η they grow 1.1-2.6x (η = 0.03), and fedlb's MLP runs
+barely move (0.9-1.1x). The next round, the first at full
 balance, must confirm it (the same dispersion below `confirm`), or the floor comes back:
 one calm round among three silos is weak evidence. Later
 rounds do not move the verdict: once gradient noise dominates a step (a step then scales
@@ -69,6 +69,7 @@ class Verdict:
     probe: float | None = None  # the dispersion, in a round that judged the regime
     stage: str = ""  # which judgement: "probe" or "confirm" (the round after a calm probe)
     growth: float | None = None  # the probe: the silos' mean step now over at equal sizes
+    own: bool = True  # judged against each silo's own step at equal sizes (else the raw)
     regime: str = "undecided"  # the run's after this round: one of REGIMES
     floor_before: float = 0.0
     floor: float = 0.0  # the floor from now on
@@ -160,6 +161,7 @@ class StabilityGuard:
         if (probing or confirming) and not verdict.diverged:
             verdict.probe = self._probe(kept, sizes, need_unequal=probing)
             verdict.stage = "probe" if probing else "confirm"
+            verdict.own = bool(self.baseline)
             if probing and verdict.probe is not None:
                 verdict.growth = self._growth(kept)
         if len(set(sizes.values())) == 1:  # equal sizes: the yardstick for a later probe

@@ -68,6 +68,8 @@ def guard_round(
         floor = least_share(guard, user_floor)
         if getattr(manager.tuner, "min_share", floor) != floor:
             manager.set_min_share(floor)
+            if verdict.probe is not None:  # said above, with the evidence
+                return found, verdict
             dispersion = "–" if verdict.dispersion is None else f"{verdict.dispersion:.2f}"
             text = (
                 f"the stability guard: {verdict.look} round (dispersion of the silos' "
@@ -86,9 +88,14 @@ def guard_round(
 
 def regime_text(verdict: Verdict, threshold: float, growth: float) -> str:
     """The probe's verdict in words: the evidence, the threshold and what follows."""
+    against = (
+        "each against its own at equal sizes"
+        if verdict.own
+        else "as they are (no round at equal sizes to compare with: started from profiles)"
+    )
     evidence = (
-        f"the silos' update per step, each against its own at equal sizes, varies by "
-        f"{verdict.probe:.2f} (coefficient of variation; threshold {threshold:.2f})"
+        f"the silos' update per step, {against}, varies by {verdict.probe:.2f} "
+        f"(coefficient of variation; threshold {threshold:.2f})"
     )
     if verdict.growth is not None:
         evidence += f" and grew {verdict.growth:.1f}x (the edge from {growth:.1f}x)"

@@ -106,8 +106,9 @@ def app_settings(files: list[Path], target: float | None) -> list[dict[str, Any]
             roles[role] = {
                 "runs": len(rows),
                 "collapsed": sum(r["final_accuracy"] <= DEAD for r in rows),
+                # an app without a central evaluation per round (flwr new): no time
                 "time_to_target": median_time([app_time_to(r, goal) for r in rows])
-                if goal
+                if goal and any(r.get("accuracy_by_round") for r in rows)
                 else math.nan,
                 "reached": sum(app_time_to(r, goal) is not None for r in rows) if goal else 0,
                 "final_accuracy": [r["final_accuracy"] for r in rows],
@@ -192,6 +193,8 @@ def cell(values: list[str]) -> str:
 
 
 def seconds(value: float) -> str:
+    if math.isnan(value):
+        return "–"
     return "never" if math.isinf(value) else f"{value:.1f}"
 
 
@@ -212,7 +215,9 @@ def table(settings: list[dict[str, Any]]) -> str:
         )
         times = cell(
             [
-                "–" if r is None else f"{seconds(r['time_to_target'])} ({r['reached']})"
+                "–"
+                if r is None or math.isnan(r["time_to_target"])
+                else f"{seconds(r['time_to_target'])} ({r['reached']})"
                 for r in present
             ]
         )
@@ -220,11 +225,14 @@ def table(settings: list[dict[str, Any]]) -> str:
         ratio = "–"
         if floor and default:
             a, b = floor["time_to_target"], default["time_to_target"]
-            ratio = (
-                f"{a / b:.2f}x"
-                if math.isfinite(a) and math.isfinite(b)
-                else ("both never" if math.isinf(a) and math.isinf(b) else f"{a} / {b}")
-            )
+            if math.isnan(a) or math.isnan(b):
+                ratio = "–"
+            elif math.isfinite(a) and math.isfinite(b):
+                ratio = f"{a / b:.2f}x"
+            elif math.isinf(a) and math.isinf(b):
+                ratio = "neither (median)"
+            else:  # one median beyond the run
+                ratio = "default only" if math.isinf(a) else "floor only"
         accuracy = cell(
             [
                 "–"

@@ -38,74 +38,93 @@ def test_a_fixed_floor_is_half_the_mean_batch_and_rises_only_on_a_blow_up():
 
 EQUAL = {"a": 32, "b": 32, "c": 32}
 UNEQUAL = {"a": 16, "b": 26, "c": 54}
+OWN = {"a": 1.0, "b": 2.0, "c": 0.5}  # non-IID: raw dispersion 0.54 at equal sizes
+
+
+def judged(guard, rounds):
+    """Feed (norms, sizes) rounds to `guard`; the last verdict."""
+    for norms, sizes in rounds:
+        verdict = guard.check(norms, None, sizes)
+    return verdict
+
+
+def scaled(norms, factor):
+    return {n: factor * v for n, v in norms.items()}
 
 
 def test_the_default_probe_judges_each_silo_against_itself_at_equal_sizes():
     """Non-IID silos move the model by different amounts whatever their batch (here 2x
-    and 0.5x silo a's): the probe divides that out, so a round that scales every silo
-    alike is calm, and one where the silos move apart is the edge."""
-    own = {"a": 1.0, "b": 2.0, "c": 0.5}  # round 1, equal sizes: raw dispersion 0.54
+    and 0.5x silo a's): the probe divides that out, so rounds that scale every silo alike
+    are calm; a calm probe is confirmed by the next round, still at the floor, and only
+    then does the floor come off."""
     stable = StabilityGuard()
     assert (stable.regime, stable.floor) == ("undecided", 0.5)
-    verdict = stable.check(own, None, EQUAL)
+    verdict = stable.check(OWN, None, EQUAL)
     assert (verdict.probe, verdict.regime, verdict.floor) == (None, "undecided", 0.5)
-    verdict = stable.check({n: 0.8 * v for n, v in own.items()}, None, UNEQUAL)
+    verdict = stable.check(scaled(OWN, 0.8), None, UNEQUAL)
     assert verdict.probe == pytest.approx(0.0, abs=1e-12)
-    assert (verdict.look, verdict.regime, verdict.floor) == ("calm", "stable", 0.0)
-    # the next round, at full balance, confirms it: the silos still move alike
-    verdict = stable.check({n: 0.7 * v for n, v in own.items()}, None, {"a": 9, "b": 30, "c": 57})
+    assert verdict.growth == pytest.approx(0.8)
+    assert (verdict.stage, verdict.look, verdict.regime, verdict.floor) == (
+        "probe",
+        "calm",
+        "undecided",
+        0.5,
+    )
+    verdict = stable.check(scaled(OWN, 0.7), None, UNEQUAL)
     assert (verdict.stage, verdict.regime, verdict.floor) == ("confirm", "stable", 0.0)
     assert stable.check({"a": 0.5, "b": 2.0, "c": 0.9}, None, UNEQUAL).probe is None  # done
 
     edge = StabilityGuard()
-    edge.check(own, None, EQUAL)
-    verdict = edge.check({"a": 0.6, "b": 2.0, "c": 0.9}, None, UNEQUAL)  # a 0.6x, c 1.8x
+    verdict = judged(edge, [(OWN, EQUAL), ({"a": 0.6, "b": 2.0, "c": 0.9}, UNEQUAL)])
     assert verdict.probe is not None
-    assert verdict.probe > 0.15
+    assert verdict.probe > 0.15  # a 0.6x, c 1.8x
     assert (verdict.regime, verdict.floor) == ("edge", 0.5)
-    # decided once: a calm round later does not take the floor off
-    assert edge.check({n: 0.8 * v for n, v in own.items()}, None, UNEQUAL).floor == 0.5
+    # decided once: calm rounds later do not take the floor off
+    assert judged(edge, [(scaled(OWN, 0.8), UNEQUAL)] * 2).floor == 0.5
     assert edge.regime == "edge"
 
 
-def test_a_calm_probe_that_full_balance_does_not_confirm_puts_the_floor_back():
-    own = {"a": 1.0, "b": 2.0, "c": 0.5}
+def test_a_calm_probe_that_the_next_round_does_not_confirm_keeps_the_floor():
     guard = StabilityGuard()
-    guard.check(own, None, EQUAL)
-    assert guard.check({n: 0.8 * v for n, v in own.items()}, None, UNEQUAL).floor == 0.0
-    verdict = guard.check({"a": 0.4, "b": 1.6, "c": 0.6}, None, {"a": 9, "b": 30, "c": 57})
+    verdict = judged(
+        guard,
+        [(OWN, EQUAL), (scaled(OWN, 0.8), UNEQUAL), ({"a": 0.4, "b": 1.6, "c": 0.6}, UNEQUAL)],
+    )
     assert verdict.probe is not None
     assert verdict.probe >= 0.15
-    assert (verdict.stage, verdict.look, verdict.regime) == ("confirm", "scattered", "edge")
-    assert verdict.floor == 0.5
-    unconfirmed = StabilityGuard(confirm=0.0)  # no confirming round
-    unconfirmed.check(own, None, EQUAL)
-    unconfirmed.check({n: 0.8 * v for n, v in own.items()}, None, UNEQUAL)
-    assert unconfirmed.check({"a": 0.4, "b": 1.6, "c": 0.6}, None, UNEQUAL).floor == 0.0
+    assert (verdict.stage, verdict.look, verdict.regime, verdict.floor) == (
+        "confirm",
+        "scattered",
+        "edge",
+        0.5,
+    )
+    unconfirmed = StabilityGuard(confirm=0.0)  # no confirming round: off at once
+    assert judged(unconfirmed, [(OWN, EQUAL), (scaled(OWN, 0.8), UNEQUAL)]).floor == 0.0
+    assert unconfirmed.regime == "stable"
 
 
 def test_steps_that_grew_several_fold_since_equal_sizes_mean_the_edge_however_calm():
     """At the edge a large η and momentum amplify each other as the model leaves its
     start: every silo's step grows alike, so the dispersion alone looks calm."""
-    guard = StabilityGuard()
-    guard.check({"a": 0.06, "b": 0.065, "c": 0.062}, None, EQUAL)
-    verdict = guard.check({"a": 0.6, "b": 0.62, "c": 0.6}, None, UNEQUAL)  # ~9.6x
+    start = {"a": 0.06, "b": 0.065, "c": 0.062}
+    grown = {"a": 0.6, "b": 0.62, "c": 0.6}  # ~9.6x
+    verdict = judged(StabilityGuard(), [(start, EQUAL), (grown, UNEQUAL)])
     assert verdict.probe is not None
     assert verdict.probe < 0.15
     assert verdict.growth == pytest.approx(9.6, abs=0.2)
     assert (verdict.regime, verdict.floor) == ("edge", 0.5)
     lenient = StabilityGuard(growth=20.0)
-    lenient.check({"a": 0.06, "b": 0.065, "c": 0.062}, None, EQUAL)
-    assert lenient.check({"a": 0.6, "b": 0.62, "c": 0.6}, None, UNEQUAL).regime == "stable"
+    assert judged(lenient, [(start, EQUAL), (grown, UNEQUAL), (grown, UNEQUAL)]).regime == "stable"
 
 
-def test_a_blow_up_right_after_a_calm_probe_means_the_edge():
+def test_a_blow_up_while_confirming_means_the_edge():
+    even = {"a": 1.0, "b": 1.1, "c": 0.9}
     guard = StabilityGuard()
-    guard.check({"a": 1.0, "b": 1.1, "c": 0.9}, None, EQUAL)
-    guard.check({"a": 1.0, "b": 1.1, "c": 0.9}, None, UNEQUAL)
-    verdict = guard.check({"a": 1.0, "b": 1.1, "c": 9.0}, None, UNEQUAL)
+    verdict = judged(
+        guard, [(even, EQUAL), (even, UNEQUAL), ({"a": 1.0, "b": 1.1, "c": 9.0}, UNEQUAL)]
+    )
     assert (verdict.look, verdict.regime) == ("diverged", "edge")
-    assert verdict.floor == 0.5  # back to the start at least, not one step above 0
+    assert verdict.floor == 0.75  # one step above the floor it was at
 
 
 def test_a_blow_up_before_the_probe_means_the_edge():
@@ -120,8 +139,10 @@ def test_without_a_round_at_equal_sizes_the_probe_reads_the_raw_norms():
     """A run started from stored speed profiles is unequal from round 1."""
     guard = StabilityGuard()
     verdict = guard.check({"a": 1.0, "b": 1.02, "c": 0.98}, None, UNEQUAL)
-    assert verdict.regime == "stable"
     assert verdict.probe == pytest.approx(0.0163, abs=1e-3)
+    assert not verdict.own
+    verdict = guard.check({"a": 0.9, "b": 0.92, "c": 0.88}, None, UNEQUAL)
+    assert verdict.regime == "stable"
 
 
 def test_with_partial_participation_the_probe_waits_for_two_silos_it_can_compare():
@@ -132,9 +153,7 @@ def test_with_partial_participation_the_probe_waits_for_two_silos_it_can_compare
     assert (verdict.probe, verdict.regime) == (None, "undecided")
     verdict = guard.check({"a": 0.9, "b": 0.99}, None, {"a": 20, "b": 44})
     assert verdict.probe == pytest.approx(0.0, abs=1e-12)
-    assert verdict.regime == "stable"
-    # confirming: the next round's pair, one of them new, is not comparable; the one
-    # after is
+    # confirming: a pair with a newcomer is not comparable; the next pair is
     assert guard.check({"a": 0.9, "c": 5.0}, None, {"a": 20, "c": 44}).probe is None
     assert guard.check({"a": 0.8, "b": 0.88}, None, {"a": 20, "b": 44}).regime == "stable"
 
@@ -144,7 +163,7 @@ def test_renamed_silos_keep_their_yardsticks():
     guard.check({"a": 1.0, "b": 1.1, "c": 0.9}, None, EQUAL)
     guard.rename_workers({"a": "x", "b": "y", "c": "z"})
     sizes = {"x": 16, "y": 26, "z": 54}
-    verdict = guard.check({"x": 0.8, "y": 0.88, "z": 0.72}, None, sizes)
+    verdict = judged(guard, [({"x": 0.8, "y": 0.88, "z": 0.72}, sizes)] * 2)
     assert verdict.regime == "stable"
 
 
@@ -156,37 +175,34 @@ def test_a_silo_is_also_judged_against_its_own_recent_updates():
     assert guard.check({"a": 25.0, "b": 1.0}).diverged  # 6x its own
 
 
-def test_the_probe_takes_the_floor_off_after_a_calm_first_unequal_round_only():
+def test_after_the_verdict_only_a_blow_up_moves_the_floor():
     even = {"a": 1.0, "b": 1.05, "c": 0.95}
-    unequal = {"a": 16, "b": 26, "c": 54}
-    guard = StabilityGuard(probe=0.15)
-    assert guard.check(even, None, {"a": 32, "b": 32, "c": 32}).floor == 0.5  # round 1
-    verdict = guard.check(even, None, unequal)
-    assert (verdict.look, verdict.floor) == ("calm", 0.0)
-    verdict = guard.check({"a": 1.0, "b": 1.2, "c": 6.0}, None, unequal)
-    # a blow-up in the confirming round: the edge, back to the start's floor
-    assert (verdict.look, verdict.floor) == ("diverged", 0.5)
-    assert guard.check(even, None, unequal).floor == 0.5  # judged once: no second probe
+    guard = StabilityGuard()
+    assert judged(guard, [(even, EQUAL), (even, UNEQUAL), (even, UNEQUAL)]).floor == 0.0
+    verdict = guard.check({"a": 1.0, "b": 1.2, "c": 6.0}, None, UNEQUAL)
+    assert (verdict.look, verdict.floor) == ("diverged", 0.25)  # a blow-up raises it
+    assert guard.check({"a": 0.5, "b": 1.0, "c": 1.6}, None, UNEQUAL).floor == 0.25
 
-    scattered = StabilityGuard(probe=0.15)  # the edge: a first unequal round that scatters
-    scattered.check(even, None, {"a": 32, "b": 32, "c": 32})
-    verdict = scattered.check({"a": 0.5, "b": 1.0, "c": 1.6}, None, unequal)
-    assert (verdict.look, verdict.floor) == ("steady", 0.5)
-    assert scattered.check(even, None, unequal).floor == 0.5  # calm later: no second probe
-
-    restored = StabilityGuard(probe=0.15)
-    restored.load_state_dict(scattered.state_dict())
-    assert restored.check(even, None, unequal).floor == 0.5
+    restored = StabilityGuard()
+    restored.load_state_dict(guard.state_dict())
+    assert restored.state_dict() == guard.state_dict()
+    assert (restored.regime, restored.floor) == ("stable", 0.25)
 
 
 def test_state_round_trips_and_bad_arguments_are_refused():
     guard = StabilityGuard()
     guard.check({"a": 1.0, "b": 1.5}, None, {"a": 32, "b": 32})
-    guard.check({"a": 1.0, "b": 1.52}, None, {"a": 20, "b": 44})
+    guard.check({"a": 1.0, "b": 1.52}, None, {"a": 20, "b": 44})  # calm: confirming next
     copy = StabilityGuard()
     copy.load_state_dict(guard.state_dict())
     assert copy.state_dict() == guard.state_dict()
-    assert (copy.regime, copy.floor, copy.probed, copy.confirming) == ("stable", 0.0, True, True)
+    assert (copy.regime, copy.floor, copy.probed, copy.confirming) == (
+        "undecided",
+        0.5,
+        True,
+        True,
+    )
+    assert copy.check({"a": 1.0, "b": 1.5}, None, {"a": 20, "b": 44}).regime == "stable"
     for bad, why in (
         ({"floors": (0.5, 0.25)}, "floors must rise"),
         ({"floors": (0.5, 1.5)}, "within"),
@@ -350,7 +366,7 @@ def test_the_verdict_is_in_every_round_record_and_the_summary(tmp_path, caplog):
     records = strategy.reporter.records
     assert records[0].guard == "undecided"
     assert records[0].guard_probe is None
-    assert records[1].guard in ("stable", "edge")
+    assert records[1].guard in ("undecided", "edge")  # a calm probe waits for round 3
     assert records[1].guard_probe is not None
     # round 3 confirms a calm probe (or says nothing after the edge)
     assert (records[2].guard_probe is None) == (records[1].guard == "edge")

@@ -31,9 +31,11 @@ otherwise it is at the *edge* and keeps the floor. The growth is the edge's othe
 there a large η and momentum amplify each other as soon as the model leaves its start
 (the quickstart's steps grow 3.4-15x from round 1 to 2 at η = 0.1 on IID data, 2-6x on
 Dirichlet 0.5), where at a stable η they grow 1.1-2.6x (η = 0.03), and fedlb's MLP runs
-barely move (0.9-1.1x). The next round, the first at full
-balance, must confirm it (the same dispersion below `confirm`), or the floor comes back:
-one calm round among three silos is weak evidence. Later
+barely move (0.9-1.1x). The next round, still at the floor,
+must confirm it (the same dispersion below `confirm`) before the floor comes off: one calm
+round among three silos is weak evidence, and a first version that confirmed at full
+balance, going back to the floor when the confirmation failed, re-rolled runs at the edge
+(any change of sizes does there) and lost networks the floor kept. Later
 rounds do not move the verdict: once gradient noise dominates a step (a step then scales
 as 1/√B), the dispersion grows with unequal sizes at every learning rate. Chosen on
 Flower's quickstart (docs/experiments.md, "The adaptive default": 20-60 seeds each of
@@ -54,7 +56,7 @@ from typing import Any
 
 HISTORY = 5  # a silo's own recent update norms kept for its reference
 PROBE = 0.15  # the default probe threshold (docs/experiments.md, "The adaptive default")
-CONFIRM = 0.15  # the round after a calm probe, at full balance, must stay below this
+CONFIRM = 0.15  # the round after a calm probe, still at the floor, must stay below this
 GROWTH = 3.0  # a probe whose steps grew more than this since equal sizes: the edge
 REGIMES = ("undecided", "stable", "edge", "fixed")  # fixed: probe 0, the floor kept
 
@@ -65,7 +67,7 @@ class Verdict:
 
     diverged: dict[str, str] = field(default_factory=dict)  # silo -> why
     dispersion: float | None = None  # coefficient of variation of the norms per step
-    look: str = "steady"  # calm (the floor came off), scattered (it came back), steady, diverged
+    look: str = "steady"  # calm, scattered (a calm probe not confirmed), steady, diverged
     probe: float | None = None  # the dispersion, in a round that judged the regime
     stage: str = ""  # which judgement: "probe" or "confirm" (the round after a calm probe)
     growth: float | None = None  # the probe: the silos' mean step now over at equal sizes
@@ -88,9 +90,9 @@ class StabilityGuard:
             floor that rises only when an update diverges.
         growth: a probe whose silos' mean step grew `growth` times or more since equal
             sizes is the edge, however calm. Default `GROWTH` (3.0).
-        confirm: the round after a calm probe (at full balance) whose dispersion is at
-            or above `confirm` puts the floor back (the edge). Default `CONFIRM` (0.15).
-            0.0: no confirming round.
+        confirm: the round after a calm probe, still at the floor, must show a dispersion
+            below `confirm` too, or the run is at the edge. Default `CONFIRM` (0.15).
+            0.0: no confirming round (a calm probe takes the floor off at once).
         ratio: an update diverged when its norm per local step exceeds `ratio` times its
             reference (the larger of its peers' median this round and its own recent
             median). Default 5.0: balanced silos' updates run up to ~2x their peers'
@@ -176,14 +178,18 @@ class StabilityGuard:
             self.probed = True
             steady = verdict.growth is None or verdict.growth < self.growth
             if verdict.probe < self.probe and steady:
-                verdict.look, self.regime, self.level = "calm", "stable", 0
-                self.confirming = self.confirm > 0
+                if self.confirm > 0:  # calm: the next round, still at the floor, confirms
+                    verdict.look, self.confirming = "calm", True
+                else:
+                    verdict.look, self.regime, self.level = "calm", "stable", 0
             else:
                 self.regime = "edge"
-        elif verdict.probe is not None:  # the round after a calm probe, at full balance
+        elif verdict.probe is not None:  # the round after a calm probe, at the floor
             self.confirming = False
-            if verdict.probe >= self.confirm:
-                verdict.look, self.regime, self.level = "scattered", "edge", self.start
+            if verdict.probe < self.confirm:
+                verdict.look, self.regime, self.level = "calm", "stable", 0
+            else:
+                verdict.look, self.regime = "scattered", "edge"
         verdict.regime = self.regime
         verdict.floor = self.floor
         return verdict

@@ -101,18 +101,20 @@ def regime_text(verdict: Verdict, threshold: float, growth: float) -> str:
         evidence += f" and grew {verdict.growth:.1f}x (the edge from {growth:.1f}x)"
     if verdict.stage == "confirm" and verdict.regime == "stable":
         return (
-            f"the stability guard's probe, confirmed at full balance: stable: {evidence}; "
-            "full balance stays (an update that blows up still raises the floor)"
+            f"the stability guard's probe, confirmed: stable at this learning rate: "
+            f"{evidence}; full balance from now on (an update that blows up still raises "
+            "the floor)"
         )
     if verdict.stage == "confirm":
         return (
-            f"the stability guard's probe, not confirmed at full balance: {evidence}; "
-            f"every silo gets at least {100 * verdict.floor:.0f}% of the mean batch again"
+            f"the stability guard's probe, not confirmed: at the edge of stability: "
+            f"{evidence}; every silo keeps at least {100 * verdict.floor:.0f}% of the mean "
+            "batch"
         )
-    if verdict.regime == "stable":
+    if verdict.look == "calm":
         return (
-            f"the stability guard's probe: stable at this learning rate: {evidence}; "
-            "full balance from now on, if the next round confirms it"
+            f"the stability guard's probe: calm: {evidence}; the floor stays one more "
+            "round, which must confirm it"
         )
     return (
         f"the stability guard's probe: at the edge of stability: {evidence}; every silo "

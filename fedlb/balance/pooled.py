@@ -52,7 +52,7 @@ class PooledProportional(Proportional):
     100-159): every run of 2, 3 or 5 equal silos keeps a mean E ≥ 0.97 (worst 0.971, 0.983,
     0.994; before 0.916, 0.914, 0.900); 1:2:4, the spread 1:1.5:2:4:8 and a 3x step keep
     their E (within 0.002, or better). The price is paid by silos within ~20% of each
-    other, kept equal longer: speeds 1:1.1:1.2 lose 0.016 of E over rounds 4-30.
+    other, kept equal longer: speeds 1:1.1:1.2 lose 0.015 of E over rounds 4-30.
 
     It needs estimators that keep their evidence (`ChangePointMean`, the default one);
     for workers whose estimator keeps none it is plain `Proportional`.

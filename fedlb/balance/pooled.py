@@ -30,29 +30,29 @@ class PooledProportional(Proportional):
     away from its peers' only once its difference is significant.
 
     All alike, or not: the noise floor. The F-test is asked anew every round, and at its
-    level equal silos are split now and then, and stay split for as long as the noise
-    that split them lasts: under 20% timing noise the means of 30 reports still sit 2-2.5
-    standard errors apart on one run in twenty, and 16 of 60 runs of three equal silos
-    kept a mean E below 0.97 (worst 0.914). A stricter level saves them and costs the runs
-    that must split on the same evidence (a silo 3x slower after a step, 1.33x from its
-    nearest peer on its two reports since). What tells the two apart is the whole set:
-    equal silos spread as noise does, unequal ones do not. So one more question is asked
-    of all workers at once: are they all alike? Its answer is the posterior probability
-    of one level for all against the default Bayesian ANOVA alternative (Zellner–Siow,
-    prior odds 1:1: `stats.alike_probability`), whose Cauchy prior on real differences has
-    the scale `difference_scale`. Against it, a spread of a few percent that noise
-    explains is evidence for "all alike", the more so as reports accumulate (Lindley's
-    paradox, here put to work), while 1:2:4, or a silo 3x slower, is against it at once.
-    Each worker's level is then the posterior median between the common level and its
-    F-test level: the median, not the mean, because E is lost in proportion to the
-    slowest silo's error; it is exactly the common level while "all alike" is the more
-    probable and moves off it continuously as the evidence for a difference grows. First
-    reports (no spread measured yet) are left to the F-test on the prior, as before.
-    Measured (benchmarks/noise_floor.py: model clock, σ = 0.2, 30 rounds, seeds 0-59 and
-    100-159): every run of 2, 3 or 5 equal silos keeps a mean E ≥ 0.97 (worst 0.971, 0.983,
-    0.994; before 0.916, 0.914, 0.900); 1:2:4, the spread 1:1.5:2:4:8 and a 3x step keep
-    their E (within 0.002, or better). The price is paid by silos within ~20% of each
-    other, kept equal longer: speeds 1:1.1:1.2 lose 0.015 of E over rounds 4-30.
+    level equal silos are split now and then, and stay split for as long as the noise that
+    split them lasts: under 20% timing noise the means of three equal silos' 30 reports each
+    still spread by over 2 standard errors in about one run in ten, and 16 of 60 runs kept a
+    mean E below 0.97 (worst 0.914). A stricter level saves them and costs the runs that
+    must split on the same evidence (a silo 3x slower after a step, 1.33x from its nearest
+    peer on its two reports since). What tells the two apart is the whole set: equal silos
+    spread as noise does, unequal ones do not. So one more question is asked of all workers
+    at once: are they all alike? Its answer is the posterior probability of one level for
+    all against the default Bayesian ANOVA alternative (Zellner–Siow, prior odds 1:1:
+    `stats.alike_probability`), whose Cauchy prior on real differences has the scale
+    `difference_scale`. Against it, a spread of a few percent that noise explains is
+    evidence for "all alike", the more so as reports accumulate (Lindley's paradox, here put
+    to work), while 1:2:4, or a silo 3x slower, is against it at once. Each worker's level
+    is then the posterior median between the common level and its F-test level: the median,
+    not the mean, because E is lost in proportion to the slowest silo's error; it is exactly
+    the common level while "all alike" is the more probable and moves off it continuously as
+    the evidence for a difference grows. First reports (no spread measured yet) are left to
+    the F-test on the prior, as before. Measured (benchmarks/noise_floor.py: model clock, σ
+    = 0.2, 30 rounds, seeds 0-59 and 100-159): every run of 2, 3 or 5 equal silos keeps a
+    mean E ≥ 0.97 (worst 0.971, 0.983, 0.994; before 0.916, 0.914, 0.900); 1:2:4, the spread
+    1:1.5:2:4:8 and a 3x step keep their E (within 0.002, or better). The price is paid by
+    silos within ~20% of each other, kept equal longer: speeds 1:1.1:1.2 lose 0.015 of E
+    over rounds 4-30.
 
     It needs estimators that keep their evidence (`ChangePointMean`, the default one);
     for workers whose estimator keeps none it is plain `Proportional`.

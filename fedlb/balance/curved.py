@@ -72,7 +72,7 @@ class CurvePooled(PooledProportional):
         then = max(round_s(n, b) for n, b in proposal.items())
         if now <= then * (1.0 + self.deadband) and self.within_bounds(given.sizes):
             return dict(given.sizes)
-        return proposal
+        return self.moving(proposal)
 
     def timing_noise(self) -> float:
         """The log-sd of one step-time measurement: what repeated sizes showed, pooled over

@@ -12,10 +12,10 @@ user comparing modes compares one controller.
 - `fedlb tune` (what-if): `TUNER`, shown beside `TUNE_ALSO`, with `ESTIMATOR`.
 
 Why these: the curve tuner is the pooled tuner (LB-BSP's Algorithm 1 on speeds pooled
-across workers whose reports cannot be told apart, so measurement noise does not move
-sizes) until a worker's measured step times show that one speed cannot describe it (a
-GPU, a CPU at its per-step floor); then it splits X on the measured curves
-(docs/balance.md, "Curves");
+across workers whose reports cannot be told apart, and across all of them while the
+reports favour their being alike, so measurement noise does not move sizes) until a
+worker's measured step times show that one speed cannot describe it (a GPU, a CPU at its
+per-step floor); then it splits X on the measured curves (docs/balance.md, "Curves");
 the change-point estimator keeps the mean since a worker's last significant change, so it
 averages noise away yet follows a real change within a few reports.
 """

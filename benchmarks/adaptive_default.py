@@ -9,7 +9,8 @@ stock FedAvg, the guard's fixed floor (the default before the probe) and the def
   `guard:probe=0` (the floor), `default`, `unguarded`; one setting per (app, partition,
   learning rate, speeds).
 - `fedlb experiment --repeats K` folders (their summary.json): policies `fedavg`,
-  `lb-floor`, `lb`, `lb-full`; one setting per folder.
+  `lb-floor`, `lb`, `lb-full`; one setting per scenario (a later folder of the same
+  scenario replaces the policies it ran).
 
 Definitions, the same for both:
 - collapsed: final central accuracy <= 0.15 (a dead network; 10-class tasks only);
@@ -175,16 +176,18 @@ def experiment_settings(folders: list[Path]) -> list[dict[str, Any]]:
                 if role == "default"
                 else None,
             }
-        settings.append(
-            {
-                "setting": f"experiment {scenario.get('name') or folder.name}: "
-                f"{scenario['dataset']} {scenario['model']}, {scenario['partition']}, "
-                f"η {scenario['learning_rate']}, {scenario['silos']} silos "
-                f"{scenario['speeds']}, {scenario['rounds']} rounds",
-                "target": scenario["target_accuracy"],
-                "roles": roles,
-            }
+        name = (
+            f"experiment {scenario.get('name') or folder.name}: "
+            f"{scenario['dataset']} {scenario['model']}, {scenario['partition']}, "
+            f"η {scenario['learning_rate']}, {scenario['silos']} silos "
+            f"{scenario['speeds']}, {scenario['rounds']} rounds"
         )
+        # a later folder of the same scenario (a policy run again) replaces its policies
+        earlier = next((s for s in settings if s["setting"] == name), None)
+        if earlier is not None:
+            earlier["roles"].update(roles)
+            continue
+        settings.append({"setting": name, "target": scenario["target_accuracy"], "roles": roles})
     return settings
 
 

@@ -182,13 +182,11 @@ def test_a_strategy_subclass_with_its_own_start_keeps_the_balance(tmp_path, monk
 @pytest.mark.parametrize("silos", [3, 10])
 @pytest.mark.usefixtures("task_identity")
 def test_equal_silos_at_real_speed_keep_their_sizes(tmp_path, monkeypatch, caplog, silos):
-    """Noise in, little out: the quickstart on equal silos (no emulation: their real
+    """Noise in, nothing out: the quickstart on equal silos (no emulation: their real
     speed, milliseconds of compute per step, timings mostly noise) for 10 rounds; the
-    sizes stay within a factor 1.75 of each other every round. The default balancer's
-    goal is 1.5; on this machine's millisecond timings its sizes drifted to 1.52 and 1.59
-    by round 10 in 2 of 6 fresh-clone runs (one silo 22-23 against 35): its estimator has
-    no noise floor yet (session note of 2026-11-26). 1.75 still fails a silo halved or
-    doubled by noise."""
+    sizes stay within a factor 1.5 of each other every round. Before the default tuner's
+    noise floor (the all-alike test, fedlb.balance.pooled) they drifted to 1.52 and 1.59
+    by round 10 in 2 of 6 fresh-clone runs."""
     monkeypatch.chdir(tmp_path)
     app, _ = adopt("quickstart_pytorch", tmp_path)
     nodes = {10 + i: {"partition-id": i, "num-partitions": silos} for i in range(silos)}
@@ -204,7 +202,7 @@ def test_equal_silos_at_real_speed_keep_their_sizes(tmp_path, monkeypatch, caplo
         after = [b for _, b, _ in sizes.values()]
         assert len(after) == silos
         assert sum(after) == 32 * silos
-        assert max(after) <= 1.75 * min(after), (k, sizes)
+        assert max(after) <= 1.5 * min(after), (k, sizes)
 
 
 @pytest.mark.usefixtures("task_identity")

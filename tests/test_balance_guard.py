@@ -71,7 +71,9 @@ def test_the_default_probe_judges_each_silo_against_itself_at_equal_sizes():
         0.5,
     )
     verdict = stable.check(scaled(OWN, 0.7), None, UNEQUAL)
-    assert (verdict.stage, verdict.regime, verdict.floor) == ("confirm", "stable", 0.0)
+    # stable: a quarter of the mean batch at least (as far as the probe's verdict goes)
+    assert (verdict.stage, verdict.regime, verdict.floor) == ("confirm", "stable", 0.25)
+    assert StabilityGuard(stable_floor=0.0).stable_level == 0  # full balance, if asked
     assert stable.check({"a": 0.5, "b": 2.0, "c": 0.9}, None, UNEQUAL).probe is None  # done
 
     edge = StabilityGuard()
@@ -99,7 +101,7 @@ def test_a_calm_probe_that_the_next_round_does_not_confirm_keeps_the_floor():
         0.5,
     )
     unconfirmed = StabilityGuard(confirm=0.0)  # no confirming round: off at once
-    assert judged(unconfirmed, [(OWN, EQUAL), (scaled(OWN, 0.8), UNEQUAL)]).floor == 0.0
+    assert judged(unconfirmed, [(OWN, EQUAL), (scaled(OWN, 0.8), UNEQUAL)]).floor == 0.25
     assert unconfirmed.regime == "stable"
 
 
@@ -178,15 +180,15 @@ def test_a_silo_is_also_judged_against_its_own_recent_updates():
 def test_after_the_verdict_only_a_blow_up_moves_the_floor():
     even = {"a": 1.0, "b": 1.05, "c": 0.95}
     guard = StabilityGuard()
-    assert judged(guard, [(even, EQUAL), (even, UNEQUAL), (even, UNEQUAL)]).floor == 0.0
+    assert judged(guard, [(even, EQUAL), (even, UNEQUAL), (even, UNEQUAL)]).floor == 0.25
     verdict = guard.check({"a": 1.0, "b": 1.2, "c": 6.0}, None, UNEQUAL)
-    assert (verdict.look, verdict.floor) == ("diverged", 0.25)  # a blow-up raises it
-    assert guard.check({"a": 0.5, "b": 1.0, "c": 1.6}, None, UNEQUAL).floor == 0.25
+    assert (verdict.look, verdict.floor) == ("diverged", 0.5)  # a blow-up raises it
+    assert guard.check({"a": 0.5, "b": 1.0, "c": 1.6}, None, UNEQUAL).floor == 0.5
 
     restored = StabilityGuard()
     restored.load_state_dict(guard.state_dict())
     assert restored.state_dict() == guard.state_dict()
-    assert (restored.regime, restored.floor) == ("stable", 0.25)
+    assert (restored.regime, restored.floor) == ("stable", 0.5)
 
 
 def test_state_round_trips_and_bad_arguments_are_refused():
@@ -384,5 +386,5 @@ def test_the_verdict_is_in_every_round_record_and_the_summary(tmp_path, caplog):
         "decided_in_round": judged.round,
         "probe_dispersion": judged.guard_probe,
         "probe_growth": records[1].guard_growth,
-        "final_floor": 0.0 if records[2].guard == "stable" else 0.5,
+        "final_floor": 0.25 if records[2].guard == "stable" else 0.5,
     }

@@ -26,8 +26,9 @@ silo's update norm per step in that round divided by its own in the last round a
 sizes: dividing by its own removes what non-IID data does to one silo's updates whatever
 its batch (on classes:2 the raw norms differ by 0.5 between silos at equal sizes). Below
 `probe`, and with the silos' steps grown less than `growth` times their size at equal
-sizes, the run is *stable* and the floor comes off (full balance, LB-BSP as published);
-otherwise it is at the *edge* and keeps the floor. The growth is the edge's other mark:
+sizes, the run is *stable* and the floor comes down to `stable_floor` (a quarter of the
+mean batch: full balance, as LB-BSP publishes it, wherever no silo needs less); otherwise
+it is at the *edge* and keeps the floor. The growth is the edge's other mark:
 there a large η and momentum amplify each other as soon as the model leaves its start
 (the quickstart's steps grow 3.4-15x from round 1 to 2 at η = 0.1 on IID data, 2-6x on
 Dirichlet 0.5), where at a stable η they grow 1.1-2.6x (η = 0.03), and fedlb's MLP runs
@@ -58,6 +59,7 @@ HISTORY = 5  # a silo's own recent update norms kept for its reference
 PROBE = 0.15  # the default probe threshold (docs/experiments.md, "The adaptive default")
 CONFIRM = 0.15  # the round after a calm probe, still at the floor, must stay below this
 GROWTH = 3.0  # a probe whose steps grew more than this since equal sizes: the edge
+STABLE_FLOOR = 0.25  # a stable run's floor: as far below the probe's 0.5 as its verdict goes
 REGIMES = ("undecided", "stable", "edge", "fixed")  # fixed: probe 0, the floor kept
 
 
@@ -88,6 +90,12 @@ class StabilityGuard:
             `probe` lowers the floor to `floors[0]` (the run is stable); one at or above
             it keeps the floor (the edge). Default `PROBE` (0.15). 0.0: never, a fixed
             floor that rises only when an update diverges.
+        stable_floor: the floor a stable run keeps (the lowest step at or above it).
+            Default `STABLE_FLOOR` (0.25): the probe tried the app at the floor of 0.5,
+            and a verdict on that is taken no further than half of it. It binds only
+            where a silo would get under a quarter of the mean batch (a CPU beside a GPU
+            on measured curves: without it, batches of 2-3 and a model that learned
+            less, docs/experiments.md); spreads up to 1..8 need no less than 0.3.
         growth: a probe whose silos' mean step grew `growth` times or more since equal
             sizes is the edge, however calm. Default `GROWTH` (3.0).
         confirm: the round after a calm probe, still at the floor, must show a dispersion
@@ -108,6 +116,7 @@ class StabilityGuard:
         probe: float = PROBE,
         confirm: float = CONFIRM,
         growth: float = GROWTH,
+        stable_floor: float = STABLE_FLOOR,
     ) -> None:
         if not floors or any(not 0.0 <= f <= 1.0 for f in floors):
             raise ValueError(f"floors must lie within [0, 1], got {list(floors)}")
@@ -130,6 +139,10 @@ class StabilityGuard:
         self.confirm = confirm
         self.growth = growth
         self.start = start
+        # the lowest step at or above stable_floor
+        self.stable_level = next(
+            (i for i, f in enumerate(self.floors) if f >= stable_floor - 1e-9), start
+        )
         self.probed = False  # the first round at unequal sizes has been judged
         self.confirming = False  # a calm probe took the floor off: the next round checks
         self.regime = "undecided" if probe > 0 else "fixed"
@@ -181,13 +194,13 @@ class StabilityGuard:
                 if self.confirm > 0:  # calm: the next round, still at the floor, confirms
                     verdict.look, self.confirming = "calm", True
                 else:
-                    verdict.look, self.regime, self.level = "calm", "stable", 0
+                    verdict.look, self.regime, self.level = "calm", "stable", self.stable_level
             else:
                 self.regime = "edge"
         elif verdict.probe is not None:  # the round after a calm probe, at the floor
             self.confirming = False
             if verdict.probe < self.confirm:
-                verdict.look, self.regime, self.level = "calm", "stable", 0
+                verdict.look, self.regime, self.level = "calm", "stable", self.stable_level
             else:
                 verdict.look, self.regime = "scattered", "edge"
         verdict.regime = self.regime

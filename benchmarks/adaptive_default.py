@@ -153,7 +153,7 @@ def seeds_summary(folder: Path) -> dict[str, Any]:
 
 
 def experiment_settings(folders: list[Path]) -> list[dict[str, Any]]:
-    settings = []
+    settings: list[dict[str, Any]] = []
     for folder in folders:
         summary = seeds_summary(folder)
         scenario = summary["scenario"]

@@ -64,7 +64,8 @@ from typing import Any, cast
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Subset
 
-from fedlb.balance import Proportional, TuningInput, balance_efficiency
+from fedlb.balance import Proportional, balance_efficiency
+from fedlb.balance.tuners import TuningInput
 
 APPS = Path(__file__).resolve().parent.parent / "tests" / "apps"
 APP = APPS / "quickstart_pytorch"

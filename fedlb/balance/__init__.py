@@ -11,7 +11,7 @@ workers on curves too (`curves=` of ideal_sizes, ideal_round_time, balance_effic
 from . import defaults
 from .curves import StepCurve
 from .estimators import EMA, ChangePointMean, Memoryless, SpeedEstimator
-from .guard import PROBE, StabilityGuard, Verdict
+from .guard import StabilityGuard, Verdict
 from .ideal import (
     balance_efficiency,
     ideal_round_time,
@@ -38,7 +38,6 @@ from .tuners import (
     Proportional,
     Static,
     Tuner,
-    TuningInput,
 )
 
 __all__ = [
@@ -46,7 +45,6 @@ __all__ = [
     "ESTIMATORS",
     "LONGEST_S",
     "NARX",
-    "PROBE",
     "TUNERS",
     "BatchSizeManager",
     "ChangePointMean",
@@ -60,7 +58,6 @@ __all__ = [
     "Static",
     "StepCurve",
     "Tuner",
-    "TuningInput",
     "Verdict",
     "WorkerReport",
     "balance_efficiency",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
-from fedlb.balance import ESTIMATORS, PROBE, TUNERS, choices, defaults
+from fedlb.balance import ESTIMATORS, TUNERS, StabilityGuard, choices, defaults
 from fedlb.data import DATASETS, NATURAL_DATASETS, PARTITIONERS, parse_partition
 from fedlb.models import MODELS
 from fedlb.training import model_dataset_problem
@@ -157,7 +157,7 @@ class RunConfig:
     max_batch: int = 0
     min_share: float = 0.0
     guard: int = 1
-    guard_probe: float = PROBE
+    guard_probe: float = StabilityGuard.DEFAULT_PROBE
     profiles: int = 1
     evaluate_every: int = 1
     evaluate_mode: str = "with-train"

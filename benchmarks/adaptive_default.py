@@ -33,11 +33,14 @@ import argparse
 import json
 import math
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-DEAD = 0.15
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.app_accuracy import DEAD, time_to
+
 # (app policy, experiment policy) -> the table's name
 ROLES = {
     "stock": "stock",
@@ -56,16 +59,6 @@ def median_time(times: list[float | None]) -> float:
     """The median over every run, a run that never got there counting as longer."""
     ordered = sorted(math.inf if t is None else t for t in times)
     return ordered[len(ordered) // 2] if ordered else math.nan
-
-
-def app_time_to(row: dict[str, Any], target: float) -> float | None:
-    accuracy = row.get("accuracy_by_round") or []
-    elapsed = 0.0
-    for number, seconds in enumerate(row.get("round_s") or [], start=1):
-        elapsed += seconds or 0.0
-        if number < len(accuracy) and accuracy[number] >= target:
-            return elapsed
-    return None
 
 
 def app_regime(row: dict[str, Any]) -> str:
@@ -108,10 +101,10 @@ def app_settings(files: list[Path], target: float | None) -> list[dict[str, Any]
                 "runs": len(rows),
                 "collapsed": sum(r["final_accuracy"] <= DEAD for r in rows),
                 # an app without a central evaluation per round (flwr new): no time
-                "time_to_target": median_time([app_time_to(r, goal) for r in rows])
+                "time_to_target": median_time([time_to(r, goal) for r in rows])
                 if goal and any(r.get("accuracy_by_round") for r in rows)
                 else math.nan,
-                "reached": sum(app_time_to(r, goal) is not None for r in rows) if goal else 0,
+                "reached": sum(time_to(r, goal) is not None for r in rows) if goal else 0,
                 "final_accuracy": [r["final_accuracy"] for r in rows],
                 "E": mean_e([e for r in rows for e in r["efficiency"]]),
                 "stable": sum(app_regime(r) == "stable" for r in rows)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,8 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from fedlb.balance import BatchSizeManager, WorkerReport, ideal_round_time
+from fedlb.balance import BatchSizeManager
 from fedlb.balance.curved import CurvePooled
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.test_balance_default import noisy_run as harness  # the tests' own clock
 
 Balancer = Callable[[dict[str, int]], BatchSizeManager]
 
@@ -50,7 +53,7 @@ BALANCERS: dict[str, Balancer] = {
     "before": lambda initial: BatchSizeManager(initial, CurvePooled(difference_scale=None)),
     "now": lambda initial: BatchSizeManager(initial),  # the default
 }
-TAU, B0, OVERHEAD_S, SIGMA = 10, 32, 0.3, 0.2
+B0, SIGMA = 32, 0.2  # τ = 10 and the 0.3 s fixed cost are the harness's
 SEEDS, VALIDATION = range(60), range(100, 160)
 EQUAL = {n: dict.fromkeys("abcde"[:n], 100.0) for n in (2, 3, 5)}
 UNEQUAL = {"a": 100.0, "b": 200.0, "c": 400.0}
@@ -58,43 +61,12 @@ WIDE = {"a": 100.0, "b": 150.0, "c": 200.0, "d": 400.0, "e": 800.0}
 
 
 def noisy_run(
-    balancer: Balancer,
-    speeds: dict[str, float],
-    sigma: float,
-    rounds: int,
-    seed: int,
-    step_at: int | None = None,
-    slowed: str | None = None,
-    tau: dict[str, int] | None = None,
+    balancer: Balancer, speeds: dict[str, float], sigma: float, rounds: int, seed: int, **kw: Any
 ) -> list[float]:
-    """E of every round (tests/test_balance_default.py's `noisy_run`): from round
-    `step_at` on, worker `slowed` runs 3x slower."""
-    rng = np.random.default_rng(seed)
-    manager = balancer(dict.fromkeys(speeds, B0))
-    taus = tau or dict.fromkeys(speeds, TAU)
-    overheads = dict.fromkeys(speeds, OVERHEAD_S)
-    out = []
-    for number in range(1, rounds + 1):
-        true = dict(speeds)
-        if step_at is not None and slowed is not None and number >= step_at:
-            true[slowed] /= 3.0
-        sizes = manager.sizes
-        busy = {n: overheads[n] + taus[n] * sizes[n] / true[n] for n in speeds}
-        ideal = ideal_round_time(true, manager.total, taus, overheads)
-        out.append(ideal / max(busy.values()))
-        manager.step(
-            [
-                WorkerReport(
-                    n,
-                    sizes[n],
-                    taus[n],
-                    (busy[n] - overheads[n]) * math.exp(sigma * rng.standard_normal()),
-                    overheads[n] * math.exp(sigma * rng.standard_normal()),
-                )
-                for n in speeds
-            ]
-        )
-    return out
+    """E of every round: tests/test_balance_default.py's harness (`step_at`, `slowed`:
+    from round `step_at` on, worker `slowed` runs 3x slower; `tau`), on a balancer made
+    from B0 each."""
+    return list(harness(balancer(dict.fromkeys(speeds, B0)), speeds, sigma, rounds, seed, **kw))
 
 
 def runs(

@@ -37,7 +37,16 @@ from fedlb.balance.stats import (
 TAU, OVERHEAD = 10, 0.3
 
 
-def noisy_run(manager, speeds, sigma, rounds, seed, step_at=None, slowed=None, tau=TAU):
+def noisy_run(
+    manager: BatchSizeManager,
+    speeds: dict[str, float],
+    sigma: float,
+    rounds: int,
+    seed: int,
+    step_at: int | None = None,
+    slowed: str | None = None,
+    tau: int | dict[str, int] = TAU,
+) -> list[float]:
     """E of every round (t_i = o_i + τ_i·B_i/v_i on the true times), the manager fed
     reports whose compute and fixed seconds carry lognormal noise; from round `step_at`
     worker `slowed` runs 3x slower."""

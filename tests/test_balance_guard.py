@@ -227,6 +227,17 @@ def test_set_min_share_raises_the_small_sizes_and_keeps_x():
     assert manager.set_min_share(1.0) == {"a": 32, "b": 32, "c": 32}
 
 
+def run_three_silos(grid, out, rounds, guard=True):
+    """LoadBalancedFedAvg (B0 = 16, τ = 3) on `grid`'s three silos for `rounds` rounds."""
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3,
+        balancing=Balancing(batch_size=16, local_steps=3, guard=guard),
+        keeping=Keeping(reporter=RoundReporter(out)),
+    )
+    start(strategy, grid, rounds=rounds)
+    return strategy
+
+
 @pytest.mark.usefixtures("task_identity")
 def test_the_strategy_leaves_a_blown_up_update_out_and_raises_the_floor(tmp_path):
     grid = make_grid()  # silos at speeds 4:2:1 (model clock)
@@ -239,12 +250,7 @@ def test_the_strategy_leaves_a_blown_up_update_out_and_raises_the_floor(tmp_path
         return reply
 
     grid.intercept = blow_up
-    strategy = LoadBalancedFedAvg(
-        min_available_nodes=3,
-        balancing=Balancing(batch_size=16, local_steps=3),
-        keeping=Keeping(reporter=RoundReporter(tmp_path)),
-    )
-    start(strategy, grid, rounds=3)
+    strategy = run_three_silos(grid, tmp_path, rounds=3)
     records = strategy.reporter.records
     assert [len(r.failed) for r in records] == [0, 1, 0]
     assert "silo-1: update diverged, left out of the average" in records[1].failed[0]
@@ -258,12 +264,7 @@ def test_the_strategy_leaves_a_blown_up_update_out_and_raises_the_floor(tmp_path
 @pytest.mark.usefixtures("task_identity")
 def test_without_the_guard_sizes_are_fully_balanced(tmp_path):
     grid = make_grid()
-    strategy = LoadBalancedFedAvg(
-        min_available_nodes=3,
-        balancing=Balancing(batch_size=16, local_steps=3, guard=False),
-        keeping=Keeping(reporter=RoundReporter(tmp_path)),
-    )
-    start(strategy, grid, rounds=2)
+    run_three_silos(grid, tmp_path, rounds=2, guard=False)
     assert sorted(sent_sizes(grid)[1].values()) == [7, 14, 27]
 
 
@@ -326,12 +327,7 @@ def test_an_update_holding_nan_is_left_out_and_raises_the_floor(tmp_path):
         return reply
 
     grid.intercept = poison
-    strategy = LoadBalancedFedAvg(
-        min_available_nodes=3,
-        balancing=Balancing(batch_size=16, local_steps=3),
-        keeping=Keeping(reporter=RoundReporter(tmp_path)),
-    )
-    start(strategy, grid, rounds=3)
+    strategy = run_three_silos(grid, tmp_path, rounds=3)
     failed = strategy.reporter.records[1].failed
     assert len(failed) == 1
     assert "NaN or infinite" in failed[0]
@@ -359,12 +355,7 @@ def test_a_resumed_run_goes_on_at_the_floor_it_had_reached():
 def test_the_verdict_is_in_every_round_record_and_the_summary(tmp_path, caplog):
     caplog.set_level("INFO")
     grid = make_grid()  # silos at speeds 4:2:1 (model clock)
-    strategy = LoadBalancedFedAvg(
-        min_available_nodes=3,
-        balancing=Balancing(batch_size=16, local_steps=3),
-        keeping=Keeping(reporter=RoundReporter(tmp_path)),
-    )
-    start(strategy, grid, rounds=3)
+    strategy = run_three_silos(grid, tmp_path, rounds=3)
     records = strategy.reporter.records
     assert records[0].guard == "undecided"
     assert records[0].guard_probe is None

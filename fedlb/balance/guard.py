@@ -33,7 +33,7 @@ there a large η and momentum amplify each other as soon as the model leaves its
 (the quickstart's steps grow 3.4-15x from round 1 to 2 at η = 0.1 on IID data, 2-6x on
 Dirichlet 0.5), where at a stable η they grow 1.1-2.6x (η = 0.03), and fedlb's MLP runs
 barely move (0.9-1.1x). The next round, still at the floor,
-must confirm it (the same dispersion below `confirm`) before the floor comes off: one calm
+must confirm it (the same dispersion below `confirm`) before the floor comes down: one calm
 round among three silos is weak evidence, and a first version that confirmed at full
 balance, going back to the floor when the confirmation failed, re-rolled runs at the edge
 (any change of sizes does there) and lost networks the floor kept. Later
@@ -101,7 +101,7 @@ class StabilityGuard:
             sizes is the edge, however calm. Default `GROWTH` (3.0).
         confirm: the round after a calm probe, still at the floor, must show a dispersion
             below `confirm` too, or the run is at the edge. Default `CONFIRM` (0.15).
-            0.0: no confirming round (a calm probe takes the floor off at once).
+            0.0: no confirming round (a calm probe lowers the floor at once).
         ratio: an update diverged when its norm per local step exceeds `ratio` times its
             reference (the larger of its peers' median this round and its own recent
             median). Default 5.0: balanced silos' updates run up to ~2x their peers'
@@ -142,12 +142,9 @@ class StabilityGuard:
         self.confirm = confirm
         self.growth = growth
         self.start = start
-        # the lowest step at or above stable_floor
-        self.stable_level = next(
-            (i for i, f in enumerate(self.floors) if f >= stable_floor - 1e-9), start
-        )
+        self.stable_level = self._step_at(stable_floor)
         self.probed = False  # the first round at unequal sizes has been judged
-        self.confirming = False  # a calm probe took the floor off: the next round checks
+        self.confirming = False  # a calm probe waits for the next round to confirm it
         self.regime = "undecided" if probe > 0 else "fixed"
         self.norms: dict[str, list[float]] = {}
         # each silo's update norm per step in the last round at equal sizes: the probe's
@@ -194,18 +191,20 @@ class StabilityGuard:
             self.probed = True
             steady = verdict.growth is None or verdict.growth < self.growth
             if verdict.probe < self.probe and steady:
-                if self.confirm > 0:  # calm: the next round, still at the floor, confirms
-                    verdict.look, self.confirming = "calm", True
+                verdict.look = "calm"
+                if self.confirm > 0:  # the next round, still at the floor, confirms it
+                    self.confirming = True
                 else:
-                    verdict.look, self.regime, self.level = "calm", "stable", self.stable_level
+                    self.regime, self.level = "stable", self.stable_level
             else:
                 self.regime = "edge"
         elif verdict.probe is not None:  # the round after a calm probe, at the floor
             self.confirming = False
-            if verdict.probe < self.confirm:
-                verdict.look, self.regime, self.level = "calm", "stable", self.stable_level
-            else:
-                verdict.look, self.regime = "scattered", "edge"
+            calm = verdict.probe < self.confirm
+            verdict.look = "calm" if calm else "scattered"
+            self.regime, self.level = (
+                ("stable", self.stable_level) if calm else ("edge", self.level)
+            )
         verdict.regime = self.regime
         verdict.floor = self.floor
         return verdict
@@ -262,7 +261,11 @@ class StabilityGuard:
 
     def resume_at(self, share: float) -> None:
         """Go on from a restored run's floor: the lowest step at or above `share`."""
-        self.level = next(
+        self.level = self._step_at(share)
+
+    def _step_at(self, share: float) -> int:
+        """The lowest step of `floors` at or above `share` (the top if none is)."""
+        return next(
             (i for i, f in enumerate(self.floors) if f >= share - 1e-9), len(self.floors) - 1
         )
 

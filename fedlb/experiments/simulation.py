@@ -85,9 +85,12 @@ def _server(grid: Grid, context: Context) -> None:
     _, config = experiment(context.run_config)
     policy = POLICIES[str(context.run_config[POLICY])]
     # round 1 from stored profiles would make a seed's run depend on the runs before it
-    config = dataclasses.replace(config, profiles=0, guard=int(policy.guard and bool(config.guard)))
-    if policy.guard_probe is not None:
-        config = dataclasses.replace(config, guard_probe=policy.guard_probe)
+    config = dataclasses.replace(
+        config,
+        profiles=0,
+        guard=int(policy.guard and bool(config.guard)),
+        guard_probe=config.guard_probe if policy.guard_probe is None else policy.guard_probe,
+    )
     run_app(grid, config, policy.strategy_class, policy.strategy_args())
 
 

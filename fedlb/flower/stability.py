@@ -102,8 +102,9 @@ def regime_text(verdict: Verdict, threshold: float, growth: float) -> str:
     if verdict.stage == "confirm" and verdict.regime == "stable":
         return (
             f"the stability guard's probe, confirmed: stable at this learning rate: "
-            f"{evidence}; full balance from now on (an update that blows up still raises "
-            "the floor)"
+            f"{evidence}; every silo at least {100 * verdict.floor:.0f}% of the mean batch "
+            "from now on, full balance wherever none needs less (an update that blows up "
+            "still raises the floor)"
         )
     if verdict.stage == "confirm":
         return (

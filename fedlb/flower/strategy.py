@@ -595,11 +595,10 @@ class LoadBalancedFedAvg(FedAvg):
             checkpoint.strategy, self.balancer, self._rng, self.members, self.rounds
         )
         if self.guard is not None and self.manager is not None:
-            # the floor the run had reached is in the tuner's state: the guard goes on there
-            share = float(getattr(self.manager.tuner, "min_share", 0.0))
             if "guard" in checkpoint.strategy:  # its regime, floor and yardsticks
                 self.guard.load_state_dict(checkpoint.strategy["guard"])
-            else:  # a checkpoint from before the guard's state was kept
-                self.guard.resume_at(share)
+            else:  # a checkpoint from before the guard's state was kept: the floor the
+                # run had reached is in the tuner's state, and the guard goes on there
+                self.guard.resume_at(float(getattr(self.manager.tuner, "min_share", 0.0)))
         self.progress.offset = checkpoint.round
         return checkpoint.arrays

@@ -84,6 +84,19 @@ def test_the_default_probe_judges_each_silo_against_itself_at_equal_sizes():
     # decided once: calm rounds later do not take the floor off
     assert judged(edge, [(scaled(OWN, 0.8), UNEQUAL)] * 2).floor == 0.5
     assert edge.regime == "edge"
+    # an edge floor a step above the probe's, if asked: from the verdict on
+    raised = StabilityGuard(edge_floor=0.75)
+    verdict = judged(raised, [(OWN, EQUAL), ({"a": 0.6, "b": 2.0, "c": 0.9}, UNEQUAL)])
+    assert (verdict.floor_before, verdict.regime, verdict.floor) == (0.5, "edge", 0.75)
+    assert judged(raised, [(scaled(OWN, 0.8), UNEQUAL)] * 2).floor == 0.75
+    assert StabilityGuard(edge_floor=0.0).edge_level == 2  # never below the start's
+    assert (
+        judged(
+            StabilityGuard(edge_floor=0.75),
+            [(OWN, EQUAL), (scaled(OWN, 0.8), UNEQUAL), ({"a": 0.4, "b": 1.6, "c": 0.6}, UNEQUAL)],
+        ).floor
+        == 0.75
+    )  # a probe not confirmed
 
 
 def test_a_calm_probe_that_the_next_round_does_not_confirm_keeps_the_floor():

@@ -10,7 +10,8 @@ stock FedAvg, the guard's fixed floor (the default before the probe) and the def
   learning rate, speeds).
 - `fedlb experiment --repeats K` folders (their summary.json): policies `fedavg`,
   `lb-floor`, `lb`, `lb-full`; one setting per scenario (a later folder of the same
-  scenario replaces the policies it ran).
+  scenario adds the seeds it ran, e.g. `--seed 10 --repeats 10`, and replaces those it
+  ran again).
 
 Definitions, the same for both:
 - collapsed: final central accuracy <= 0.15 (a dead network; 10-class tasks only);
@@ -105,6 +106,9 @@ def app_settings(files: list[Path], target: float | None) -> list[dict[str, Any]
                 if goal and any(r.get("accuracy_by_round") for r in rows)
                 else math.nan,
                 "reached": sum(time_to(r, goal) is not None for r in rows) if goal else 0,
+                "times": {r["seed"]: time_to(r, goal) for r in rows}
+                if goal and any(r.get("accuracy_by_round") for r in rows)
+                else {},
                 "final_accuracy": [r["final_accuracy"] for r in rows],
                 "E": mean_e([e for r in rows for e in r["efficiency"]]),
                 "stable": sum(app_regime(r) == "stable" for r in rows)
@@ -146,42 +150,62 @@ def seeds_summary(folder: Path) -> dict[str, Any]:
 
 
 def experiment_settings(folders: list[Path]) -> list[dict[str, Any]]:
-    settings: list[dict[str, Any]] = []
+    # setting name -> (its target, role -> seed -> that seed's summary); a later folder of
+    # the same scenario adds the seeds it ran and replaces those it ran again
+    runs: dict[str, tuple[float, dict[str, dict[str, dict[str, Any]]]]] = {}
+    ten_classes: dict[str, bool] = {}
     for folder in folders:
         summary = seeds_summary(folder)
         scenario = summary["scenario"]
-        ten_classes = scenario["dataset"] in ("digits", "fashion-mnist")
-        roles = {}
-        for policy, combined in summary["policies"].items():
-            role = ROLES.get(policy)
-            if role is None:
-                continue
-            runs = list(combined.get("per_seed", {"0": combined}).values())
-            finals = [r["final_accuracy"] for r in runs]
-            roles[role] = {
-                "runs": len(runs),
-                "collapsed": sum(a <= DEAD for a in finals) if ten_classes else None,
-                "time_to_target": median_time([r["time_to_target_s"] for r in runs]),
-                "reached": sum(r["time_to_target_s"] is not None for r in runs),
-                "final_accuracy": finals,
-                "E": mean_e([r["mean_balance_efficiency"] for r in runs]),
-                "stable": sum((r.get("stability") or {}).get("regime") == "stable" for r in runs)
-                if role == "default"
-                else None,
-            }
         name = (
             f"experiment {scenario.get('name') or folder.name}: "
             f"{scenario['dataset']} {scenario['model']}, {scenario['partition']}, "
             f"η {scenario['learning_rate']}, {scenario['silos']} silos "
             f"{scenario['speeds']}, {scenario['rounds']} rounds"
         )
-        # a later folder of the same scenario (a policy run again) replaces its policies
-        earlier = next((s for s in settings if s["setting"] == name), None)
-        if earlier is not None:
-            earlier["roles"].update(roles)
-            continue
-        settings.append({"setting": name, "target": scenario["target_accuracy"], "roles": roles})
+        ten_classes[name] = scenario["dataset"] in ("digits", "fashion-mnist")
+        _, by_role = runs.setdefault(name, (scenario["target_accuracy"], {}))
+        for policy, combined in summary["policies"].items():
+            role = ROLES.get(policy)
+            if role is None:
+                continue
+            seeds = combined.get("per_seed", {str(scenario["seed"]): combined})
+            by_role.setdefault(role, {}).update(seeds)
+    settings: list[dict[str, Any]] = []
+    for name, (target, by_role) in runs.items():
+        roles = {}
+        for role, seeds in by_role.items():
+            ordered = [seeds[s] for s in sorted(seeds, key=int)]
+            finals = [r["final_accuracy"] for r in ordered]
+            roles[role] = {
+                "runs": len(ordered),
+                "collapsed": sum(a <= DEAD for a in finals) if ten_classes[name] else None,
+                "time_to_target": median_time([r["time_to_target_s"] for r in ordered]),
+                "times": {int(s): seeds[s]["time_to_target_s"] for s in seeds},
+                "reached": sum(r["time_to_target_s"] is not None for r in ordered),
+                "final_accuracy": finals,
+                "E": mean_e([r["mean_balance_efficiency"] for r in ordered]),
+                "stable": sum((r.get("stability") or {}).get("regime") == "stable" for r in ordered)
+                if role == "default"
+                else None,
+            }
+        settings.append({"setting": name, "target": target, "roles": roles})
     return settings
+
+
+def paired_ratio(floor: dict[str, Any], default: dict[str, Any]) -> float | None:
+    """The median over the seeds both ran of the floor's time over the default's (a
+    seed's own partition, model and data order: the pairing removes what the seed does
+    to both); None where under two seeds pair up."""
+    a, b = floor.get("times", {}), default.get("times", {})
+    ratios = []
+    for seed in set(a) & set(b):
+        fa = math.inf if a[seed] is None else a[seed]
+        fb = math.inf if b[seed] is None else b[seed]
+        if math.isinf(fa) and math.isinf(fb):
+            continue  # neither reached it: no ratio
+        ratios.append(math.inf if math.isinf(fa) else fa / fb)
+    return statistics.median(ratios) if len(ratios) >= 2 else None
 
 
 def cell(values: list[str]) -> str:
@@ -229,6 +253,9 @@ def table(settings: list[dict[str, Any]]) -> str:
                 ratio = "neither (median)"
             else:  # one median beyond the run
                 ratio = "default only" if math.isinf(a) else "floor only"
+            paired = paired_ratio(floor, default)
+            if paired is not None and ratio != "–":
+                ratio += f" (paired {paired:.2f}x)" if math.isfinite(paired) else ""
         accuracy = cell(
             [
                 "–"
@@ -260,8 +287,10 @@ def table(settings: list[dict[str, Any]]) -> str:
         )
     out.append("")
     out.append(
-        "time to target: median over seeds (reached in how many); collapsed: final accuracy "
-        "<= 0.15; E: mean over every round, round 1 included (model clock)."
+        "time to target: median over seeds (reached in how many); default vs floor: the "
+        "ratio of those medians (paired: the median over seeds of each seed's own ratio); "
+        "collapsed: final accuracy <= 0.15; E: mean over every round, round 1 included "
+        "(model clock)."
     )
     return "\n".join(out)
 

@@ -61,16 +61,16 @@ def test_the_default_probe_judges_each_silo_against_itself_at_equal_sizes():
     assert (stable.regime, stable.floor) == ("undecided", 0.5)
     verdict = stable.check(OWN, None, EQUAL)
     assert (verdict.probe, verdict.regime, verdict.floor) == (None, "undecided", 0.5)
-    verdict = stable.check(scaled(OWN, 0.8), None, UNEQUAL)
+    verdict = stable.check(scaled(OWN, 1.5), None, UNEQUAL)  # calm, but its steps grew
     assert verdict.probe == pytest.approx(0.0, abs=1e-12)
-    assert verdict.growth == pytest.approx(0.8)
+    assert verdict.growth == pytest.approx(1.5)
     assert (verdict.stage, verdict.look, verdict.regime, verdict.floor) == (
         "probe",
         "calm",
         "undecided",
         0.5,
     )
-    verdict = stable.check(scaled(OWN, 0.7), None, UNEQUAL)
+    verdict = stable.check(scaled(OWN, 1.4), None, UNEQUAL)
     # stable: a quarter of the mean batch at least (as far as the probe's verdict goes)
     assert (verdict.stage, verdict.regime, verdict.floor) == ("confirm", "stable", 0.25)
     assert StabilityGuard(stable_floor=0.0).stable_level == 0  # full balance, if asked
@@ -93,7 +93,7 @@ def test_the_default_probe_judges_each_silo_against_itself_at_equal_sizes():
     assert (
         judged(
             StabilityGuard(edge_floor=0.75),
-            [(OWN, EQUAL), (scaled(OWN, 0.8), UNEQUAL), ({"a": 0.4, "b": 1.6, "c": 0.6}, UNEQUAL)],
+            [(OWN, EQUAL), (scaled(OWN, 1.5), UNEQUAL), ({"a": 0.4, "b": 1.6, "c": 0.6}, UNEQUAL)],
         ).floor
         == 0.75
     )  # a probe not confirmed
@@ -103,7 +103,7 @@ def test_a_calm_probe_that_the_next_round_does_not_confirm_keeps_the_floor():
     guard = StabilityGuard()
     verdict = judged(
         guard,
-        [(OWN, EQUAL), (scaled(OWN, 0.8), UNEQUAL), ({"a": 0.4, "b": 1.6, "c": 0.6}, UNEQUAL)],
+        [(OWN, EQUAL), (scaled(OWN, 1.5), UNEQUAL), ({"a": 0.4, "b": 1.6, "c": 0.6}, UNEQUAL)],
     )
     assert verdict.probe is not None
     assert verdict.probe >= 0.15
@@ -114,8 +114,37 @@ def test_a_calm_probe_that_the_next_round_does_not_confirm_keeps_the_floor():
         0.5,
     )
     unconfirmed = StabilityGuard(confirm=0.0)  # no confirming round: off at once
-    assert judged(unconfirmed, [(OWN, EQUAL), (scaled(OWN, 0.8), UNEQUAL)]).floor == 0.25
+    assert judged(unconfirmed, [(OWN, EQUAL), (scaled(OWN, 1.5), UNEQUAL)]).floor == 0.25
     assert unconfirmed.regime == "stable"
+
+
+def test_a_clearly_calm_probe_needs_no_confirming_round():
+    """Scatter under half the threshold and steps no larger than at equal sizes (within
+    `clear`): neither mark of the edge, so the floor comes down at once."""
+    guard = StabilityGuard()
+    verdict = judged(guard, [(OWN, EQUAL), (scaled(OWN, 0.95), UNEQUAL)])
+    assert verdict.growth == pytest.approx(0.95)
+    assert (verdict.stage, verdict.look, verdict.regime, verdict.floor) == (
+        "probe",
+        "calm",
+        "stable",
+        0.25,
+    )
+    assert not guard.confirming
+    # calm, but grown past `clear`, or scattered past half the threshold: confirm first
+    assert judged(StabilityGuard(), [(OWN, EQUAL), (scaled(OWN, 1.25), UNEQUAL)]).regime == (
+        "undecided"
+    )
+    scattered = {"a": 0.9, "b": 2.2, "c": 0.5}  # dispersion ~0.09: calm, not clearly
+    verdict = judged(StabilityGuard(), [(OWN, EQUAL), (scattered, UNEQUAL)])
+    assert 0.075 < verdict.probe < 0.15
+    assert verdict.regime == "undecided"
+    # without a yardstick (no growth known) a calm probe is always confirmed
+    raw = StabilityGuard()
+    assert raw.check({"a": 1.0, "b": 1.01, "c": 0.99}, None, UNEQUAL).regime == "undecided"
+    # clear=0: always confirm
+    always = StabilityGuard(clear=0.0)
+    assert judged(always, [(OWN, EQUAL), (scaled(OWN, 0.95), UNEQUAL)]).regime == "undecided"
 
 
 def test_steps_that_grew_several_fold_since_equal_sizes_mean_the_edge_however_calm():
@@ -136,7 +165,8 @@ def test_a_blow_up_while_confirming_means_the_edge():
     even = {"a": 1.0, "b": 1.1, "c": 0.9}
     guard = StabilityGuard()
     verdict = judged(
-        guard, [(even, EQUAL), (even, UNEQUAL), ({"a": 1.0, "b": 1.1, "c": 9.0}, UNEQUAL)]
+        guard,
+        [(even, EQUAL), (scaled(even, 1.5), UNEQUAL), ({"a": 1.0, "b": 1.1, "c": 9.0}, UNEQUAL)],
     )
     assert (verdict.look, verdict.regime) == ("diverged", "edge")
     assert verdict.floor == 0.75  # one step above the floor it was at
@@ -207,7 +237,7 @@ def test_after_the_verdict_only_a_blow_up_moves_the_floor():
 def test_state_round_trips_and_bad_arguments_are_refused():
     guard = StabilityGuard()
     guard.check({"a": 1.0, "b": 1.5}, None, {"a": 32, "b": 32})
-    guard.check({"a": 1.0, "b": 1.52}, None, {"a": 20, "b": 44})  # calm: confirming next
+    guard.check({"a": 1.5, "b": 2.28}, None, {"a": 20, "b": 44})  # calm: confirming next
     copy = StabilityGuard()
     copy.load_state_dict(guard.state_dict())
     assert copy.state_dict() == guard.state_dict()
@@ -226,6 +256,7 @@ def test_state_round_trips_and_bad_arguments_are_refused():
         ({"probe": 1.0}, "probe must lie"),
         ({"confirm": -0.1}, "confirm must lie"),
         ({"growth": 1.0}, "growth must be"),
+        ({"clear": 4.0}, "clear must lie"),
     ):
         with pytest.raises(ValueError, match=why):
             StabilityGuard(**bad)
@@ -372,10 +403,11 @@ def test_the_verdict_is_in_every_round_record_and_the_summary(tmp_path, caplog):
     records = strategy.reporter.records
     assert records[0].guard == "undecided"
     assert records[0].guard_probe is None
-    assert records[1].guard in ("undecided", "edge")  # a calm probe waits for round 3
+    # a calm probe waits for round 3; a clearly calm one or the edge decide at once
+    assert records[1].guard in ("undecided", "edge", "stable")
     assert records[1].guard_probe is not None
-    # round 3 confirms a calm probe (or says nothing after the edge)
-    assert (records[2].guard_probe is None) == (records[1].guard == "edge")
+    # round 3 confirms a calm probe (or says nothing after a verdict)
+    assert (records[2].guard_probe is None) == (records[1].guard != "undecided")
     assert any("the stability guard's probe" in e for e in records[1].events)
     assert "the stability guard's probe" in caplog.text
     judged = records[2] if records[2].guard_probe is not None else records[1]

@@ -60,6 +60,7 @@ HISTORY = 5  # a silo's own recent update norms kept for its reference
 PROBE = 0.15  # the default probe threshold (docs/experiments.md, "The adaptive default")
 CONFIRM = 0.15  # the round after a calm probe, still at the floor, must stay below this
 GROWTH = 3.0  # a probe whose steps grew more than this since equal sizes: the edge
+CLEAR = 1.2  # a probe calm by half its threshold, its steps grown less: stable at once
 STABLE_FLOOR = 0.25  # a stable run's floor: as far below the probe's 0.5 as its verdict goes
 EDGE_FLOOR = 0.5  # an edge run's floor: the probe's (0.75 trades; docs/experiments.md)
 REGIMES = ("undecided", "stable", "edge", "fixed")  # fixed: probe 0, the floor kept
@@ -111,6 +112,12 @@ class StabilityGuard:
         confirm: the round after a calm probe, still at the floor, must show a dispersion
             below `confirm` too, or the run is at the edge. Default `CONFIRM` (0.15).
             0.0: no confirming round (a calm probe lowers the floor at once).
+        clear: a probe that is clearly calm needs no confirming round: its dispersion
+            under half of `probe` and its silos' steps grown less than `clear` times since
+            equal sizes (no sign of either mark of the edge). Default `CLEAR` (1.2): every
+            run at the edge measured grew 1.27x or more by its probe (docs/experiments.md,
+            "The adaptive default"), fedlb's MLP runs and the measured curves 0.9-1.05x.
+            0.0: always confirm.
         ratio: an update diverged when its norm per local step exceeds `ratio` times its
             reference (the larger of its peers' median this round and its own recent
             median). Default 5.0: balanced silos' updates run up to ~2x their peers'
@@ -128,6 +135,7 @@ class StabilityGuard:
         probe: float = PROBE,
         confirm: float = CONFIRM,
         growth: float = GROWTH,
+        clear: float = CLEAR,
         stable_floor: float = STABLE_FLOOR,
         edge_floor: float = EDGE_FLOOR,
     ) -> None:
@@ -143,6 +151,8 @@ class StabilityGuard:
             raise ValueError(f"confirm must lie within [0, 1), got {confirm}")
         if not (math.isfinite(growth) and growth > 1.0):
             raise ValueError(f"growth must be a finite number > 1, got {growth}")
+        if not (math.isfinite(clear) and 0.0 <= clear <= growth):
+            raise ValueError(f"clear must lie within [0, growth ({growth})], got {clear}")
         if not (math.isfinite(ratio) and ratio > 1.0):
             raise ValueError(f"ratio must be a finite number > 1, got {ratio}")
         self.floors = list(floors)
@@ -151,6 +161,7 @@ class StabilityGuard:
         self.probe = probe
         self.confirm = confirm
         self.growth = growth
+        self.clear = clear
         self.start = start
         self.stable_level = self._step_at(stable_floor)
         self.edge_level = max(self._step_at(edge_floor), start)
@@ -201,9 +212,14 @@ class StabilityGuard:
         elif verdict.probe is not None and probing:
             self.probed = True
             steady = verdict.growth is None or verdict.growth < self.growth
+            clear = (
+                verdict.probe < self.probe / 2
+                and verdict.growth is not None
+                and verdict.growth < self.clear
+            )
             if verdict.probe < self.probe and steady:
                 verdict.look = "calm"
-                if self.confirm > 0:  # the next round, still at the floor, confirms it
+                if self.confirm > 0 and not clear:  # the next round, at the floor, confirms
                     self.confirming = True
                 else:
                     self.regime, self.level = "stable", self.stable_level

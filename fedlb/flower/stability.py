@@ -61,7 +61,7 @@ def guard_round(
         tell(text)
     if verdict.probe is not None:  # the run's regime is judged: say why
         threshold = guard.probe if verdict.stage == "probe" else guard.confirm
-        text = regime_text(verdict, threshold, guard.growth)
+        text = regime_text(verdict, threshold, guard.growth, guard.clear)
         say(INFO, "round %d: %s", server_round, text)
         tell(text)
     if manager is not None:
@@ -86,7 +86,7 @@ def guard_round(
     return found, verdict
 
 
-def regime_text(verdict: Verdict, threshold: float, growth: float) -> str:
+def regime_text(verdict: Verdict, threshold: float, growth: float, clear: float) -> str:
     """The probe's verdict in words: the evidence, the threshold and what follows."""
     against = (
         "each against its own at equal sizes"
@@ -99,6 +99,14 @@ def regime_text(verdict: Verdict, threshold: float, growth: float) -> str:
     )
     if verdict.growth is not None:
         evidence += f" and grew {verdict.growth:.1f}x (the edge from {growth:.1f}x)"
+    if verdict.stage == "probe" and verdict.regime == "stable":
+        return (
+            f"the stability guard's probe: clearly calm: stable at this learning rate: "
+            f"{evidence}; under half the threshold and grown less than {clear:.1f}x, so no "
+            f"confirming round; every silo at least {100 * verdict.floor:.0f}% of the mean "
+            "batch from now on, full balance wherever none needs less (an update that "
+            "blows up still raises the floor)"
+        )
     if verdict.stage == "confirm" and verdict.regime == "stable":
         return (
             f"the stability guard's probe, confirmed: stable at this learning rate: "

@@ -33,7 +33,9 @@ there a large η and momentum amplify each other as soon as the model leaves its
 (the quickstart's steps grow 3.4-15x from round 1 to 2 at η = 0.1 on IID data, 2-6x on
 Dirichlet 0.5), where at a stable η they grow 1.1-2.6x (η = 0.03), and fedlb's MLP runs
 barely move (0.9-1.1x). The next round, still at the floor,
-must confirm it (the same dispersion below `confirm`) before the floor comes down: one calm
+must confirm it (the same dispersion below `confirm`) before the floor comes down, unless
+the probe was clearly calm (under half the threshold, steps grown less than `clear`
+times: every run at the edge measured had grown 1.27x or more): one calm
 round among three silos is weak evidence, and a first version that confirmed at full
 balance, going back to the floor when the confirmation failed, re-rolled runs at the edge
 (any change of sizes does there) and lost networks the floor kept. Later

@@ -29,8 +29,8 @@ class Balancing:
     guard: keeps balancing from costing the model (`StabilityGuard`). Every silo starts
         at ≥ half the mean batch; the first round at unequal sizes probes the app (each
         silo's update per step against its own at equal sizes): calm, and confirmed by
-        the next round, the run is stable and the floor drops to a quarter of the mean
-        batch (full balance wherever no silo needs less);
+        the next round (or clearly calm at once), the run is stable and the floor drops
+        to a quarter of the mean batch (full balance wherever no silo needs less);
         scattered, it is at the edge of stability and keeps the floor. An update that
         blew up (norm per step not finite or 5x its peers' and its own, an update of NaN
         or infinity, or a non-finite loss) is left out of the round's average and the

@@ -43,8 +43,8 @@ RUN_SETTING_HELP = {
     "the run stable; a blown-up update is left out and the floor raised; "
     "docs/experiments.md); 0: none, full balance (LB-BSP).",
     "guard-probe": "The guard's probe threshold: the first unequal round's dispersion of the "
-    "silos' updates below it (confirmed by the next round) lowers the floor to a quarter of "
-    "the mean batch (0: never, a fixed floor).",
+    "silos' updates below it (confirmed by the next round unless clearly calm) lowers the "
+    "floor to a quarter of the mean batch (0: never, a fixed floor).",
     "profiles": "1: a federation that has run this model before starts round 1 balanced, from "
     "the speed profiles its silos stored; 0: round 1 at every silo's B0.",
     "evaluate-every": "Federated evaluation every k rounds and after the last.",

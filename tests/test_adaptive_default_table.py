@@ -1,0 +1,78 @@
+"""benchmarks/adaptive_default.py: experiment folders of one scenario merge by seed, and
+the default-vs-floor ratio is also given paired seed by seed."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks.adaptive_default import experiment_settings, paired_ratio, table
+
+SCENARIO = {
+    "name": "s",
+    "dataset": "digits",
+    "model": "mlp",
+    "partition": "iid",
+    "learning_rate": 0.1,
+    "silos": 3,
+    "speeds": "1,2,4",
+    "rounds": 5,
+    "target_accuracy": 0.6,
+    "seed": 0,
+}
+
+
+def run(seconds: float | None, accuracy: float = 0.7) -> dict[str, object]:
+    return {
+        "time_to_target_s": seconds,
+        "final_accuracy": accuracy,
+        "mean_balance_efficiency": 0.9,
+        "stability": {"regime": "stable"},
+    }
+
+
+def folder(root: Path, name: str, policies: dict[str, dict[str, dict[str, object]]]) -> Path:
+    path = root / name
+    path.mkdir()
+    summary = {
+        "scenario": SCENARIO,
+        "policies": {p: {"per_seed": seeds} for p, seeds in policies.items()},
+    }
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+def test_a_later_folder_adds_its_seeds_and_replaces_those_it_ran_again(tmp_path):
+    first = folder(
+        tmp_path,
+        "a",
+        {
+            "lb-floor": {"0": run(10.0), "1": run(12.0)},
+            "lb": {"0": run(99.0), "1": run(99.0)},  # an earlier default, run again below
+        },
+    )
+    second = folder(
+        tmp_path,
+        "b",
+        {"lb-floor": {"2": run(None)}, "lb": {"0": run(8.0), "1": run(10.0), "2": run(9.0)}},
+    )
+    (setting,) = experiment_settings([first, second])
+    floor, default = setting["roles"]["floor"], setting["roles"]["default"]
+    assert (floor["runs"], default["runs"]) == (3, 3)
+    assert floor["reached"] == 2
+    assert default["times"] == {0: 8.0, 1: 10.0, 2: 9.0}
+    # seed by seed: 10/8, 12/10, and seed 2 reached only by the default (infinitely sooner)
+    assert paired_ratio(floor, default) == pytest.approx(1.25)
+    assert "(paired 1.25x)" in table([setting])
+
+
+def test_the_paired_ratio_skips_seeds_neither_reached_and_needs_two():
+    floor = {"times": {0: None, 1: 9.0, 2: 8.0}}
+    default = {"times": {0: None, 1: 9.0, 2: None}}
+    # seed 0: neither (skipped); seed 1: 1.0; seed 2: the floor only (0.0)
+    assert paired_ratio(floor, default) == pytest.approx(0.5)
+    assert paired_ratio({"times": {0: 5.0}}, {"times": {0: 4.0}}) is None
+    assert math.isinf(paired_ratio({"times": {0: None, 1: None}}, {"times": {0: 1.0, 1: 2.0}}))

@@ -193,6 +193,31 @@ def run_policy(policy, rounds=3):
     return strategy, [sent[k] for k in sorted(sent)]
 
 
+def test_a_policy_whose_rounds_ended_short_of_the_target_and_the_clock_is_flagged():
+    """A balanced policy's rounds are shorter: with the same number of rounds it can stop
+    before the others' clock, so a target it missed says nothing of time to target."""
+    from fedlb.cli.experiment import ended_early
+
+    def row(clock, ttt, reached=None):
+        out = {"total_clock_s": clock, "time_to_target_s": ttt}
+        return out if reached is None else {**out, "reached_target": reached}
+
+    summary = {
+        "policies": {
+            "fedavg": row(1.13, 0.9, "2/2"),
+            "lb-floor": row(0.70, 0.57, "2/2"),
+            "lb": row(0.46, None, "1/2"),  # short of the clock and of the target
+            "lb-full": row(1.10, None, "0/2"),  # at the clock: its miss is its own
+        }
+    }
+    (note,) = ended_early(summary, rounds=12)
+    assert note.startswith("lb: its 12 rounds ended at 0.46 s of clock, before fedavg's 1.13")
+    assert "--rounds 30" in note  # 12 x 1.13 / 0.46, rounded up
+    one_seed = {"policies": {"fedavg": row(1.0, 0.8), "lb": row(0.5, None)}}
+    assert ended_early(one_seed, rounds=10)[0].endswith("(--rounds 20)")
+    assert ended_early({"policies": {"lb": row(0.5, 0.4)}}, rounds=10) == []
+
+
 @pytest.mark.usefixtures("task_identity")
 @pytest.mark.parametrize(
     "policy", ["fedavg", "lb", "lb-full", "lb-tau", "lb-lr", "deadband", "quorum"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +35,35 @@ from .live import PageHost, PageOn, PagePort, PageToken, live_page
 
 def _fmt(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
+
+
+def ended_early(summary: dict[str, Any], rounds: int) -> list[str]:
+    """The policies whose rounds ended well before the longest policy's clock without
+    reaching the target in every seed: their time to target was cut off by the number of
+    rounds, not measured against the others at equal time (a balanced policy's rounds are
+    shorter), each with the rounds that would reach the longest one's clock."""
+    clocks = {
+        name: row["total_clock_s"]
+        for name, row in summary["policies"].items()
+        if row.get("total_clock_s")
+    }
+    if not clocks:
+        return []
+    longest = max(clocks, key=clocks.__getitem__)
+    notes = []
+    for name, clock in clocks.items():
+        row = summary["policies"][name]
+        hit, _, runs = str(row.get("reached_target", "")).partition("/")
+        missed = int(hit) < int(runs) if runs else row.get("time_to_target_s") is None
+        if missed and clock < 0.9 * clocks[longest]:
+            need = math.ceil(rounds * clocks[longest] / clock)
+            notes.append(
+                f"{name}: its {rounds} rounds ended at {clock:.2f} s of clock, before "
+                f"{longest}'s {clocks[longest]:.2f} s, short of the target in some run; "
+                f"to compare time to target at equal clock, give it about {need} rounds "
+                f"(--rounds {need})"
+            )
+    return notes
 
 
 def print_summary(chosen: Scenario, summary: dict[str, Any]) -> None:
@@ -95,6 +125,8 @@ def print_summary(chosen: Scenario, summary: dict[str, Any]) -> None:
                 spread_row[columns.index(column)] = spreads.get(key, "")
             table.add_row(*spread_row, style="dim")
     console.print(table)
+    for note in ended_early(summary, chosen.rounds):
+        console.print(f"[yellow]{escape(note)}[/yellow]")
 
 
 @app.command()

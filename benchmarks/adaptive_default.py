@@ -62,6 +62,17 @@ def median_time(times: list[float | None]) -> float:
     return ordered[len(ordered) // 2] if ordered else math.nan
 
 
+def timing(times: dict[int, float | None]) -> dict[str, Any]:
+    """A role's time-to-target figures from each seed's time (None: never reached): the
+    median, how many reached it, and the times themselves (for the paired ratio). No
+    times (an app without a central evaluation per round): no median."""
+    return {
+        "time_to_target": median_time(list(times.values())),
+        "reached": sum(t is not None for t in times.values()),
+        "times": times,
+    }
+
+
 def app_regime(row: dict[str, Any]) -> str:
     """A row's probe verdict (rows written before it was recorded: from the final floor,
     0 only where the probe found the run stable)."""
@@ -102,13 +113,11 @@ def app_settings(files: list[Path], target: float | None) -> list[dict[str, Any]
                 "runs": len(rows),
                 "collapsed": sum(r["final_accuracy"] <= DEAD for r in rows),
                 # an app without a central evaluation per round (flwr new): no time
-                "time_to_target": median_time([time_to(r, goal) for r in rows])
-                if goal and any(r.get("accuracy_by_round") for r in rows)
-                else math.nan,
-                "reached": sum(time_to(r, goal) is not None for r in rows) if goal else 0,
-                "times": {r["seed"]: time_to(r, goal) for r in rows}
-                if goal and any(r.get("accuracy_by_round") for r in rows)
-                else {},
+                **timing(
+                    {r["seed"]: time_to(r, goal) for r in rows}
+                    if goal and any(r.get("accuracy_by_round") for r in rows)
+                    else {}
+                ),
                 "final_accuracy": [r["final_accuracy"] for r in rows],
                 "E": mean_e([e for r in rows for e in r["efficiency"]]),
                 "stable": sum(app_regime(r) == "stable" for r in rows)
@@ -180,9 +189,7 @@ def experiment_settings(folders: list[Path]) -> list[dict[str, Any]]:
             roles[role] = {
                 "runs": len(ordered),
                 "collapsed": sum(a <= DEAD for a in finals) if ten_classes[name] else None,
-                "time_to_target": median_time([r["time_to_target_s"] for r in ordered]),
-                "times": {int(s): seeds[s]["time_to_target_s"] for s in seeds},
-                "reached": sum(r["time_to_target_s"] is not None for r in ordered),
+                **timing({int(s): seeds[s]["time_to_target_s"] for s in seeds}),
                 "final_accuracy": finals,
                 "E": mean_e([r["mean_balance_efficiency"] for r in ordered]),
                 "stable": sum((r.get("stability") or {}).get("regime") == "stable" for r in ordered)

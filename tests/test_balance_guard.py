@@ -433,10 +433,10 @@ def test_the_log_says_a_clearly_calm_probe_decided_without_a_confirming_round():
     guard = StabilityGuard()
     verdict = judged(guard, [(OWN, EQUAL), (scaled(OWN, 0.95), UNEQUAL)])
     assert isinstance(verdict, Verdict)
-    text = regime_text(verdict, guard.probe, guard.growth, guard.clear)
+    text = regime_text(verdict, guard)
     assert text.startswith("the stability guard's probe: clearly calm: stable")
     assert "grew 0.9x" in text or "grew 1.0x" in text
     assert "grown less than 1.2x, so no confirming round" in text
     assert "at least 25% of the mean batch" in text
     calm = judged(StabilityGuard(), [(OWN, EQUAL), (scaled(OWN, 1.5), UNEQUAL)])
-    assert "must confirm it" in regime_text(calm, guard.probe, guard.growth, guard.clear)
+    assert "must confirm it" in regime_text(calm, guard)

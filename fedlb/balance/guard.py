@@ -209,8 +209,8 @@ class StabilityGuard:
             verdict.look = "diverged"
             self.level = min(self.level + 1, len(self.floors) - 1)
             if probing or confirming:  # a blow-up before the verdict: the edge
-                self.probed, self.confirming, self.regime = True, False, "edge"
-                self.level = max(self.level, self.edge_level)
+                self.probed, self.confirming = True, False
+                self._decide(stable=False)
         elif verdict.probe is not None and probing:
             self.probed = True
             steady = verdict.growth is None or verdict.growth < self.growth
@@ -224,21 +224,25 @@ class StabilityGuard:
                 if self.confirm > 0 and not clear:  # the next round, at the floor, confirms
                     self.confirming = True
                 else:
-                    self.regime, self.level = "stable", self.stable_level
+                    self._decide(stable=True)
             else:
-                self.regime, self.level = "edge", max(self.level, self.edge_level)
+                self._decide(stable=False)
         elif verdict.probe is not None:  # the round after a calm probe, at the floor
             self.confirming = False
             calm = verdict.probe < self.confirm
             verdict.look = "calm" if calm else "scattered"
-            self.regime, self.level = (
-                ("stable", self.stable_level)
-                if calm
-                else ("edge", max(self.level, self.edge_level))
-            )
+            self._decide(stable=calm)
         verdict.regime = self.regime
         verdict.floor = self.floor
         return verdict
+
+    def _decide(self, stable: bool) -> None:
+        """The run's regime, and its floor from now on: a stable run's, or at the edge
+        the edge floor (or higher, where a blow-up raised it already)."""
+        if stable:
+            self.regime, self.level = "stable", self.stable_level
+        else:
+            self.regime, self.level = "edge", max(self.level, self.edge_level)
 
     def _probe(
         self, norms: Mapping[str, float], sizes: Mapping[str, int], need_unequal: bool

@@ -60,8 +60,7 @@ def guard_round(
         say(WARNING, "round %d: %s", server_round, text)
         tell(text)
     if verdict.probe is not None:  # the run's regime is judged: say why
-        threshold = guard.probe if verdict.stage == "probe" else guard.confirm
-        text = regime_text(verdict, threshold, guard.growth, guard.clear)
+        text = regime_text(verdict, guard)
         say(INFO, "round %d: %s", server_round, text)
         tell(text)
     if manager is not None:
@@ -86,8 +85,9 @@ def guard_round(
     return found, verdict
 
 
-def regime_text(verdict: Verdict, threshold: float, growth: float, clear: float) -> str:
-    """The probe's verdict in words: the evidence, the threshold and what follows."""
+def regime_text(verdict: Verdict, guard: StabilityGuard) -> str:
+    """The probe's verdict in words: the evidence, `guard`'s thresholds and what follows."""
+    threshold = guard.probe if verdict.stage == "probe" else guard.confirm
     against = (
         "each against its own at equal sizes"
         if verdict.own
@@ -98,11 +98,11 @@ def regime_text(verdict: Verdict, threshold: float, growth: float, clear: float)
         f"(coefficient of variation; threshold {threshold:.2f})"
     )
     if verdict.growth is not None:
-        evidence += f" and grew {verdict.growth:.1f}x (the edge from {growth:.1f}x)"
+        evidence += f" and grew {verdict.growth:.1f}x (the edge from {guard.growth:.1f}x)"
     if verdict.stage == "probe" and verdict.regime == "stable":
         return (
             f"the stability guard's probe: clearly calm: stable at this learning rate: "
-            f"{evidence}; under half the threshold and grown less than {clear:.1f}x, so no "
+            f"{evidence}; under half the threshold and grown less than {guard.clear:.1f}x, so no "
             f"confirming round; every silo at least {100 * verdict.floor:.0f}% of the mean "
             "batch from now on, full balance wherever none needs less (an update that "
             "blows up still raises the floor)"

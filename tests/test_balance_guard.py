@@ -257,6 +257,8 @@ def test_state_round_trips_and_bad_arguments_are_refused():
         ({"confirm": -0.1}, "confirm must lie"),
         ({"growth": 1.0}, "growth must be"),
         ({"clear": 4.0}, "clear must lie"),
+        ({"edge_floor": 1.5}, "edge_floor must lie"),
+        ({"stable_floor": math.nan}, "stable_floor must lie"),
     ):
         with pytest.raises(ValueError, match=why):
             StabilityGuard(**bad)

@@ -155,6 +155,11 @@ class StabilityGuard:
             raise ValueError(f"growth must be a finite number > 1, got {growth}")
         if not (math.isfinite(clear) and 0.0 <= clear <= growth):
             raise ValueError(f"clear must lie within [0, growth ({growth})], got {clear}")
+        for name, share in (("stable_floor", stable_floor), ("edge_floor", edge_floor)):
+            if not (math.isfinite(share) and 0.0 <= share <= 1.0):
+                raise ValueError(
+                    f"{name} must lie within [0, 1] (a share of the mean batch), got {share}"
+                )
         if not (math.isfinite(ratio) and ratio > 1.0):
             raise ValueError(f"ratio must be a finite number > 1, got {ratio}")
         self.floors = list(floors)

@@ -24,7 +24,7 @@ else
   export PYTHONPATH=$PWD
 fi
 export FEDLB_PROFILE_DIR=off PYTHONUNBUFFERED=1  # runs independent of each other
-ROUNDS=${ROUNDS:-4} STEPS=${STEPS:-300} GPU_DEVICE=${GPU_DEVICE:-cuda}
+ROUNDS=${ROUNDS:-4} STEPS=${STEPS:-300} GPU_DEVICE=${GPU_DEVICE:-cuda} PARTITION=${PARTITION:-iid}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
   "$PY" -c "import torch, flwr, sys; print('python', sys.version.split()[0], 'torch', \
 torch.__version__, 'flwr', flwr.__version__, 'cuda', torch.cuda.is_available())"; } \
@@ -32,15 +32,16 @@ torch.__version__, 'flwr', flwr.__version__, 'cuda', torch.cuda.is_available())"
 
 port() { "$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 
-run() {  # NAME TUNER WARM(--warm|--cold) [a flag for every silo]
-  local name=$1 tuner=$2 warm=$3 extra=${4:-} dir=/tmp/gpu-fed/$1 p
+run() {  # NAME SEED TUNER WARM(--warm|--cold) [flags for every silo] [flags for the server]
+  local name=$1 seed=$2 tuner=$3 warm=$4 extra=${5:-} server_extra=${6:-} dir=/tmp/gpu-fed/$1 p
   p=$(port)
   rm -rf "$dir"; mkdir -p "$dir"
   local started=$(date +%s.%N)
   timeout 240 "$PY" -m fedlb.cli server --port "$p" --out-dir "$dir/out" --num-silos 3 \
     --num-rounds "$ROUNDS" --local-steps "$STEPS" --batch-size 32 --dataset mnist-5k \
     --model lenet5 --tuner "$tuner" --evaluate-every "$ROUNDS" --round-timeout 120 \
-    "$warm" > "$dir/server.out" 2>&1 &
+    --seed "$seed" --partition "$PARTITION" --no-page "$warm" $server_extra \
+    > "$dir/server.out" 2>&1 &
   local server=$!
   for _ in $(seq 100); do
     "$PY" -c "import socket; socket.create_connection(('127.0.0.1', $p), 1)" 2>/dev/null && break
@@ -57,7 +58,9 @@ run() {  # NAME TUNER WARM(--warm|--cold) [a flag for every silo]
   wait "$server"; local rc=$?
   local ended=$(date +%s.%N)
   kill -TERM "${silos[@]}" 2>/dev/null; wait "${silos[@]}" 2>/dev/null
-  cp "$dir/out/rounds.jsonl" "$OUT/$name-rounds.jsonl" 2>/dev/null
+  mkdir -p "$OUT/rounds"
+  cp "$dir/out/rounds.jsonl" "$OUT/rounds/$name-rounds.jsonl" 2>/dev/null
+  cp "$dir/out/summary.json" "$OUT/rounds/$name-summary.json" 2>/dev/null
   "$PY" - "$name" "$rc" "$started" "$ended" "$dir" <<'EOF' | tee -a "$OUT/runs.txt"
 import json, sys
 from pathlib import Path
@@ -74,27 +77,37 @@ for k, rs in sorted(by.items()):
     busy = max((c or 0) + (f or 0) for _, c, f, _, _ in silos.values()) if silos else 0
     shown = "  ".join(f"{s}: B {b} compute {c:.2f} fixed {f:.2f} start {st if st is None else round(st, 2)}"
                       for s, (b, c, f, st, _) in sorted(silos.items()) if c is not None)
-    e = rs[0].get("efficiency"); acc = rs[0].get("accuracy")
+    e = rs[0].get("efficiency"); acc = rs[0].get("accuracy"); sacc = rs[0].get("server_accuracy")
     print(f"round {k}: wall {rs[0]['wall_s']:.2f} s, slowest busy {busy:.2f} s, E "
-          f"{e if e is None else round(e, 3)}, accuracy {acc}; {shown}; failed {rs[0].get('failed')}")
+          f"{e if e is None else round(e, 3)}, accuracy {acc}, server accuracy "
+          f"{sacc if sacc is None else round(sacc, 4)}, guard {rs[0].get('guard')}; {shown}; "
+          f"failed {rs[0].get('failed')}")
 EOF
   [ "$rc" = 0 ] || tail -n 30 "$dir/server.out" "$dir"/silo-*.out | tee -a "$OUT/runs.txt"
 }
 
-# RUNS: which of them, in this order (a short lease may take the warm ones only)
-for name in ${RUNS:-warm-fedavg warm-default cold-fedavg cold-default}; do
+# RUNS: which of them, in this order (a short lease may take the warm ones only); NAME or
+# NAME:SEED (seed 0 by default). floor: the guard's fixed floor (half the mean batch);
+# full: no guard (LB-BSP's full balance); default: the guard with its probe.
+for spec in ${RUNS:-warm-fedavg warm-default cold-fedavg cold-default}; do
+  name=${spec%%:*}; seed=0; [ "$name" = "$spec" ] || seed=${spec#*:}
+  tag=$name; [ "$seed" = 0 ] || tag=$name-s$seed
   case $name in
-    warm-fedavg) run warm-fedavg static --warm ;;
-    warm-default) run warm-default curve --warm ;;
+    warm-fedavg) run "$tag" "$seed" static --warm ;;
+    warm-default) run "$tag" "$seed" curve --warm ;;
+    warm-floor) run "$tag" "$seed" curve --warm "" "--guard-probe 0" ;;
+    warm-full) run "$tag" "$seed" curve --warm "" "--guard 0" ;;
     # the GPU silo is resident by default (its device is cuda); here the CPU silos too
-    warm-default-all-resident) run warm-default-all-resident curve --warm --resident ;;
-    warm-default-forked) run warm-default-forked curve --warm --no-resident ;;
-    cold-fedavg) run cold-fedavg static --cold ;;
-    cold-default) run cold-default curve --cold ;;
-    *) echo "unknown run $name (warm-fedavg, warm-default, warm-default-all-resident,"\
-         "warm-default-forked, cold-fedavg, cold-default)"; exit 2 ;;
+    warm-default-all-resident) run "$tag" "$seed" curve --warm --resident ;;
+    warm-default-forked) run "$tag" "$seed" curve --warm --no-resident ;;
+    cold-fedavg) run "$tag" "$seed" static --cold ;;
+    cold-default) run "$tag" "$seed" curve --cold ;;
+    *) echo "unknown run $name (warm-fedavg, warm-default, warm-floor, warm-full,"\
+         "warm-default-all-resident, warm-default-forked, cold-fedavg, cold-default)"; exit 2 ;;
   esac
 done
+# at most 8 files come back from a lent machine: the rounds and summaries in one archive
+tar czf "$OUT/rounds.tgz" -C "$OUT" rounds && rm -r "$OUT/rounds"
 # every run's silo logs (the resident worker's lines: "resident: task T runs in worker
 # pid P (its task N; CUDA initialised: yes|no)") and server output, in one file
 tar czf "$OUT/logs.tgz" --exclude=apps -C /tmp/gpu-fed . 2>/dev/null

@@ -161,6 +161,66 @@ def test_steps_that_grew_several_fold_since_equal_sizes_mean_the_edge_however_ca
     assert judged(lenient, [(start, EQUAL), (grown, UNEQUAL), (grown, UNEQUAL)]).regime == "stable"
 
 
+def noisy(norms, sizes, base=32, growth=1.0):
+    """Steps that are all gradient noise: each silo's grows as √(base / B)."""
+    return {n: growth * v * math.sqrt(base / sizes[n]) for n, v in norms.items()}
+
+
+def test_a_quiet_probe_is_read_net_of_batch_noise():
+    """The main job's first run: at batches this small a step is mostly gradient noise,
+    which goes as 1/√B, so unequal sizes alone scatter the silos' steps (here by 0.24).
+    A probe whose steps did not grow (under `quiet`) divides that out, and so does the
+    round confirming it; steps that grew are read as measured (every run at the edge
+    measured grew 1.27x or more)."""
+    assert noisy(OWN, UNEQUAL)["a"] == pytest.approx(math.sqrt(2))
+    guard = StabilityGuard()
+    verdict = judged(guard, [(OWN, EQUAL), (noisy(OWN, UNEQUAL), UNEQUAL)])
+    assert verdict.growth is not None
+    assert verdict.growth < 1.2
+    assert verdict.noise_exponent == 1.0
+    assert verdict.probe == pytest.approx(0.0, abs=1e-9)
+    assert (verdict.look, verdict.regime) == ("calm", "stable")  # clearly calm, net
+    from fedlb.flower.stability import regime_text
+
+    assert "net of batch noise (steps ∝ B^-0.50 divided out)" in regime_text(verdict, guard)
+    # half noise, half gradient: calm net of it, not clearly; the confirming round is read
+    # net of noise too, at its own exponent
+    half = {n: v * (32 / UNEQUAL[n]) ** 0.25 * (1.25 if n == "b" else 1.0) for n, v in OWN.items()}
+    guard = StabilityGuard()
+    verdict = judged(guard, [(OWN, EQUAL), (half, UNEQUAL)])
+    assert verdict.noise_exponent == 0.55
+    assert 0.075 < verdict.probe < 0.15
+    assert verdict.regime == "undecided"
+    verdict = guard.check(noisy(OWN, UNEQUAL), None, UNEQUAL)
+    assert (verdict.stage, verdict.noise_exponent, verdict.regime) == ("confirm", 1.0, "stable")
+    # as measured, the same rounds are the edge
+    measured = StabilityGuard(quiet=0.0)
+    verdict = judged(measured, [(OWN, EQUAL), (noisy(OWN, UNEQUAL), UNEQUAL)])
+    assert verdict.noise_exponent is None
+    assert verdict.probe == pytest.approx(0.24, abs=0.01)
+    assert verdict.regime == "edge"
+    # steps that grew past `quiet`: the edge's mark, read as measured
+    grown = StabilityGuard()
+    verdict = judged(grown, [(OWN, EQUAL), (noisy(OWN, UNEQUAL, growth=1.3), UNEQUAL)])
+    assert verdict.growth > 1.2
+    assert (verdict.noise_exponent, verdict.regime) == (None, "edge")
+    # scatter that runs against the sizes (the small batch's step smaller) is no noise
+    against = {n: v * math.sqrt(UNEQUAL[n] / 32) for n, v in OWN.items()}
+    verdict = judged(StabilityGuard(), [(OWN, EQUAL), (against, UNEQUAL)])
+    assert (verdict.noise_exponent, verdict.regime) == (0.0, "edge")
+
+
+def test_net_dispersion_divides_out_the_noise_exponent_that_leaves_least():
+    from fedlb.balance.guard import dispersion, net_dispersion
+
+    ratios, shrunk = [1.0, 1.2, 0.9], [1.0, 1.0, 1.0]  # sizes unchanged: as measured
+    assert net_dispersion(ratios, shrunk) == (dispersion(ratios), 0.0)
+    shrunk = [0.25, 1.0, 4.0]  # pure noise: 2x, 1x, 0.5x
+    found, w = net_dispersion([2.0, 1.0, 0.5], shrunk)
+    assert (found, w) == (pytest.approx(0.0, abs=1e-12), 1.0)
+    assert net_dispersion([0.0, 0.0], [0.5, 2.0]) == (None, None)
+
+
 def test_a_blow_up_while_confirming_means_the_edge():
     even = {"a": 1.0, "b": 1.1, "c": 0.9}
     guard = StabilityGuard()
@@ -238,6 +298,8 @@ def test_state_round_trips_and_bad_arguments_are_refused():
     guard = StabilityGuard()
     guard.check({"a": 1.0, "b": 1.5}, None, {"a": 32, "b": 32})
     guard.check({"a": 1.5, "b": 2.28}, None, {"a": 20, "b": 44})  # calm: confirming next
+    assert guard.baseline_sizes == {"a": 32, "b": 32}
+    assert not guard.net_of_noise  # its steps grew 1.5x: the confirmation is read as measured
     copy = StabilityGuard()
     copy.load_state_dict(guard.state_dict())
     assert copy.state_dict() == guard.state_dict()
@@ -257,6 +319,8 @@ def test_state_round_trips_and_bad_arguments_are_refused():
         ({"confirm": -0.1}, "confirm must lie"),
         ({"growth": 1.0}, "growth must be"),
         ({"clear": 4.0}, "clear must lie"),
+        ({"quiet": -0.1}, "quiet must lie"),
+        ({"quiet": math.nan}, "quiet must lie"),
         ({"edge_floor": 1.5}, "edge_floor must lie"),
         ({"stable_floor": math.nan}, "stable_floor must lie"),
     ):
@@ -424,6 +488,7 @@ def test_the_verdict_is_in_every_round_record_and_the_summary(tmp_path, caplog):
         "decided_in_round": judged.round,
         "probe_dispersion": judged.guard_probe,
         "probe_growth": records[1].guard_growth,
+        "probe_noise_exponent": judged.guard_noise_exponent,
         "final_floor": 0.25 if records[2].guard == "stable" else 0.5,
     }
 

@@ -63,6 +63,8 @@ PROBE = 0.15  # the default probe threshold (docs/experiments.md, "The adaptive 
 CONFIRM = 0.15  # the round after a calm probe, still at the floor, must stay below this
 GROWTH = 3.0  # a probe whose steps grew more than this since equal sizes: the edge
 CLEAR = 1.2  # a probe calm by half its threshold, its steps grown less: stable at once
+QUIET = 1.2  # a probe whose steps grew less than this is read net of batch noise
+NOISE_EXPONENTS = tuple(k / 20 for k in range(21))  # w: a step's noise part ∝ B^(-w/2)
 STABLE_FLOOR = 0.25  # a stable run's floor: as far below the probe's 0.5 as its verdict goes
 EDGE_FLOOR = 0.5  # an edge run's floor: the probe's (0.75 trades; docs/experiments.md)
 REGIMES = ("undecided", "stable", "edge", "fixed")  # fixed: probe 0, the floor kept
@@ -78,6 +80,9 @@ class Verdict:
     probe: float | None = None  # the dispersion, in a round that judged the regime
     stage: str = ""  # which judgement: "probe" or "confirm" (the round after a calm probe)
     growth: float | None = None  # the probe: the silos' mean step now over at equal sizes
+    # read net of batch noise (a quiet probe, and the round confirming it): the exponent w
+    # of the B^(-w/2) that, divided out, left the least dispersion; None: read as measured
+    noise_exponent: float | None = None
     own: bool = True  # judged against each silo's own step at equal sizes (else the raw)
     regime: str = "undecided"  # the run's after this round: one of REGIMES
     floor_before: float = 0.0
@@ -120,6 +125,16 @@ class StabilityGuard:
             run at the edge measured grew 1.27x or more by its probe (docs/experiments.md,
             "The adaptive default"), fedlb's MLP runs and the measured curves 0.9-1.05x.
             0.0: always confirm.
+        quiet: a probe whose silos' steps grew less than `quiet` times since equal sizes
+            (no sign of the edge's growth) is read net of batch noise, and so is the round
+            confirming it: a step of B samples is partly gradient noise, whose size goes as
+            1/√B, so at small batches unequal sizes alone scatter the silos' steps (the
+            main job's first run: a silo at 8 samples took steps 1.17-1.39x its own at 16;
+            √2 = 1.41). Each silo's ratio is multiplied by (B/B0)^(w/2), B0 its size at
+            equal sizes, and the dispersion taken at the w in [0, 1] that leaves the least
+            (w = 0: no noise, w = 1: all noise). Default `QUIET` (1.2, as `clear`: every
+            run at the edge measured grew 1.27x or more by its probe, and none of them is
+            read differently). 0.0: always as measured.
         ratio: an update diverged when its norm per local step exceeds `ratio` times its
             reference (the larger of its peers' median this round and its own recent
             median). Default 5.0: balanced silos' updates run up to ~2x their peers'
@@ -138,6 +153,7 @@ class StabilityGuard:
         confirm: float = CONFIRM,
         growth: float = GROWTH,
         clear: float = CLEAR,
+        quiet: float = QUIET,
         stable_floor: float = STABLE_FLOOR,
         edge_floor: float = EDGE_FLOOR,
     ) -> None:
@@ -155,6 +171,8 @@ class StabilityGuard:
             raise ValueError(f"growth must be a finite number > 1, got {growth}")
         if not (math.isfinite(clear) and 0.0 <= clear <= growth):
             raise ValueError(f"clear must lie within [0, growth ({growth})], got {clear}")
+        if not (math.isfinite(quiet) and 0.0 <= quiet <= growth):
+            raise ValueError(f"quiet must lie within [0, growth ({growth})], got {quiet}")
         for name, share in (("stable_floor", stable_floor), ("edge_floor", edge_floor)):
             if not (math.isfinite(share) and 0.0 <= share <= 1.0):
                 raise ValueError(
@@ -169,16 +187,19 @@ class StabilityGuard:
         self.confirm = confirm
         self.growth = growth
         self.clear = clear
+        self.quiet = quiet
         self.start = start
         self.stable_level = self._step_at(stable_floor)
         self.edge_level = max(self._step_at(edge_floor), start)
         self.probed = False  # the first round at unequal sizes has been judged
         self.confirming = False  # a calm probe waits for the next round to confirm it
+        self.net_of_noise = False  # the probe was quiet: its confirmation is read so too
         self.regime = "undecided" if probe > 0 else "fixed"
         self.norms: dict[str, list[float]] = {}
-        # each silo's update norm per step in the last round at equal sizes: the probe's
-        # yardstick for that silo
+        # each silo's update norm per step in the last round at equal sizes, and its size
+        # then: the probe's yardstick for that silo
         self.baseline: dict[str, float] = {}
+        self.baseline_sizes: dict[str, int] = {}
 
     @property
     def floor(self) -> float:
@@ -203,13 +224,19 @@ class StabilityGuard:
         probing = not self.probed and self.probe > 0
         confirming = self.confirming
         if (probing or confirming) and not verdict.diverged:
-            verdict.probe = self._probe(kept, sizes, need_unequal=probing)
+            growth = self._growth(kept) if probing else None
+            net = growth is not None and growth < self.quiet if probing else self.net_of_noise
+            verdict.probe, verdict.noise_exponent = self._probe(
+                kept, sizes, need_unequal=probing, net_of_noise=net
+            )
             verdict.stage = "probe" if probing else "confirm"
             verdict.own = bool(self.baseline)
             if probing and verdict.probe is not None:
-                verdict.growth = self._growth(kept)
+                verdict.growth = growth
+                self.net_of_noise = verdict.noise_exponent is not None
         if len(set(sizes.values())) == 1:  # equal sizes: the yardstick for a later probe
             self.baseline.update({n: v for n, v in kept.items() if v > 0})
+            self.baseline_sizes.update({n: sizes[n] for n, v in kept.items() if v > 0})
         if verdict.diverged:
             verdict.look = "diverged"
             self.level = min(self.level + 1, len(self.floors) - 1)
@@ -250,24 +277,33 @@ class StabilityGuard:
             self.regime, self.level = "edge", max(self.level, self.edge_level)
 
     def _probe(
-        self, norms: Mapping[str, float], sizes: Mapping[str, int], need_unequal: bool
-    ) -> float | None:
-        """The probe's dispersion if this round can be judged, else None: at least two
-        silos with a yardstick (a norm from an earlier round at equal sizes) that ran
-        unequal sizes (`need_unequal`: the probe; the confirming round only needs two),
-        over those silos' norms each divided by its yardstick. A run whose first rounds
-        were all unequal (started from stored speed profiles) has no yardstick: it is
-        judged on the raw norms."""
+        self,
+        norms: Mapping[str, float],
+        sizes: Mapping[str, int],
+        need_unequal: bool,
+        net_of_noise: bool,
+    ) -> tuple[float | None, float | None]:
+        """(the probe's dispersion if this round can be judged, else None; the noise
+        exponent it was read at, None if as measured). It needs at least two silos with
+        a yardstick (a norm from an earlier round at equal sizes) that ran unequal sizes
+        (`need_unequal`: the probe; the confirming round only needs two), and reads those
+        silos' norms each divided by its yardstick, net of batch noise if `net_of_noise`
+        (see `quiet`). A run whose first rounds were all unequal (started from stored
+        speed profiles) has no yardstick: it is judged on the raw norms."""
         measured = {n: v for n, v in norms.items() if n in sizes}
         distinct = (lambda names: len({sizes[n] for n in names})) if need_unequal else len
         if len(measured) < 2 or distinct(measured) < 2:
-            return None
+            return None, None
         with_yardstick = [n for n in measured if n in self.baseline]
         if len(with_yardstick) >= 2 and distinct(with_yardstick) >= 2:
-            return dispersion([measured[n] / self.baseline[n] for n in with_yardstick])
+            ratios = [measured[n] / self.baseline[n] for n in with_yardstick]
+            if not net_of_noise:
+                return dispersion(ratios), None
+            shrunk = [sizes[n] / self.baseline_sizes.get(n, sizes[n]) for n in with_yardstick]
+            return net_dispersion(ratios, shrunk)
         if self.baseline:  # some silos have one: wait for a round that compares them
-            return None
-        return dispersion(list(measured.values()))
+            return None, None
+        return dispersion(list(measured.values())), None
 
     def _growth(self, norms: Mapping[str, float]) -> float | None:
         """The silos' mean update per step over their own at equal sizes (None: no
@@ -313,6 +349,7 @@ class StabilityGuard:
         """Silos that rejoined under new names (a resumed run) keep their history."""
         self.norms = {names.get(n, n): h for n, h in self.norms.items()}
         self.baseline = {names.get(n, n): v for n, v in self.baseline.items()}
+        self.baseline_sizes = {names.get(n, n): b for n, b in self.baseline_sizes.items()}
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -320,8 +357,10 @@ class StabilityGuard:
             "norms": {n: list(h) for n, h in self.norms.items()},
             "probed": self.probed,
             "confirming": self.confirming,
+            "net_of_noise": self.net_of_noise,
             "regime": self.regime,
             "baseline": dict(self.baseline),
+            "baseline_sizes": dict(self.baseline_sizes),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -329,9 +368,11 @@ class StabilityGuard:
         self.norms = {n: [float(v) for v in h] for n, h in state["norms"].items()}
         self.probed = bool(state.get("probed", False))
         self.confirming = bool(state.get("confirming", False))
+        self.net_of_noise = bool(state.get("net_of_noise", False))
         regime = state.get("regime", self.regime)
         self.regime = regime if regime in REGIMES else self.regime
         self.baseline = {n: float(v) for n, v in state.get("baseline", {}).items()}
+        self.baseline_sizes = {n: int(b) for n, b in state.get("baseline_sizes", {}).items()}
 
 
 def dispersion(values: Sequence[float]) -> float | None:
@@ -340,3 +381,21 @@ def dispersion(values: Sequence[float]) -> float | None:
         return None
     mean = statistics.fmean(values)
     return statistics.pstdev(values) / mean if mean > 0 else None
+
+
+def net_dispersion(
+    ratios: Sequence[float], shrunk: Sequence[float]
+) -> tuple[float | None, float | None]:
+    """(the least dispersion of `ratios` net of batch noise, the exponent w that gives it).
+
+    `ratios`: each silo's step now over its step at equal sizes; `shrunk`: its batch now
+    over its batch then. A step whose noise part goes as B^(-1/2) grows by shrunk^(-w/2),
+    w the share of noise in it (0: all gradient, 1: all noise); each ratio is multiplied
+    back by shrunk^(w/2) over a grid of w, and the least dispersion is kept (the first
+    w at a tie, so sizes that did not change read as measured)."""
+    best: tuple[float | None, float | None] = (None, None)  # fewer than two, or all zero
+    for w in NOISE_EXPONENTS:
+        found = dispersion([r * s ** (w / 2) for r, s in zip(ratios, shrunk, strict=True)])
+        if found is not None and (best[0] is None or found < best[0] - 1e-12):
+            best = (found, w)
+    return best

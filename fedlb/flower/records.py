@@ -82,6 +82,8 @@ class RoundRecord:
     guard_floor: float | None = None
     guard_probe: float | None = None
     guard_growth: float | None = None  # in the probe's round: the silos' steps' growth
+    # the noise exponent w the probe was read at (a quiet probe; None: as measured)
+    guard_noise_exponent: float | None = None
 
     @property
     def total_wall_s(self) -> float:
@@ -263,6 +265,7 @@ def stability_of(records: list[RoundRecord]) -> dict[str, Any] | None:
         "decided_in_round": None if probe is None else probe.round,
         "probe_dispersion": None if probe is None else probe.guard_probe,
         "probe_growth": next((r.guard_growth for r in guarded if r.guard_growth is not None), None),
+        "probe_noise_exponent": None if probe is None else probe.guard_noise_exponent,
         "final_floor": guarded[-1].guard_floor,
     }
 

@@ -93,8 +93,13 @@ def regime_text(verdict: Verdict, guard: StabilityGuard) -> str:
         if verdict.own
         else "as they are (no round at equal sizes to compare with: started from profiles)"
     )
+    net = (
+        ""
+        if verdict.noise_exponent is None
+        else f" net of batch noise (steps ∝ B^-{verdict.noise_exponent / 2:.2f} divided out)"
+    )
     evidence = (
-        f"the silos' update per step, {against}, varies by {verdict.probe:.2f} "
+        f"the silos' update per step, {against},{net} varies by {verdict.probe:.2f} "
         f"(coefficient of variation; threshold {threshold:.2f})"
     )
     if verdict.growth is not None:

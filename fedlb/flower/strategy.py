@@ -440,6 +440,7 @@ class LoadBalancedFedAvg(FedAvg):
             record.guard_floor = verdict.floor
             record.guard_probe = verdict.probe
             record.guard_growth = verdict.growth
+            record.guard_noise_exponent = verdict.noise_exponent
         return kept, record
 
     def _guard_round(

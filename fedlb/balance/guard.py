@@ -49,9 +49,8 @@ IID, Dirichlet 0.5 and classes:2 at η = 0.1 and 0.03), the defaults find stable
 A probe whose steps did not grow (less than `quiet` times) is read net of batch noise, and
 so is the round confirming it. At small batches a step is largely gradient noise, whose size
 goes as 1/√B, so unequal sizes alone scatter the silos' steps: the main job's first run (MLP,
-B0 = 16) had its silo at 8 samples take steps 1.17-1.39x its own at 16, and a real NVIDIA
-H200 beside two CPUs (LeNet-5, sizes 42 / 32 / 22) scattered them by 0.24 with no growth at
-all; both were read as the edge. Each ratio is multiplied back by (B/B0)^(w/2) at the w in
+B0 = 16) had its silo at 8 samples take steps 1.17-1.39x its own at 16, and was read as
+the edge. Each ratio is multiplied back by (B/B0)^(w/2) at the w in
 [0, 1] that leaves the least dispersion. No run at the edge measured is read differently:
 all of them grew 1.27x or more (docs/experiments.md, "A false alarm on a real deployment").
 

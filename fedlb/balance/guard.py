@@ -52,7 +52,9 @@ goes as 1/√B, so unequal sizes alone scatter the silos' steps: the main job's 
 B0 = 16) had its silo at 8 samples take steps 1.17-1.39x its own at 16, and was read as
 the edge. Each ratio is multiplied back by (B/B0)^(w/2) at the w in
 [0, 1] that leaves the least dispersion. No run at the edge measured is read differently:
-all of them grew 1.27x or more (docs/experiments.md, "A false alarm on a real deployment").
+of the quickstart's, those calm by dispersion had all grown 1.43x or more, and the 14 whose
+steps did not grow scatter by 0.16-0.73 even net of noise (13 of them classes:2 at η = 0.1;
+docs/experiments.md, "A false alarm on a real deployment").
 
 The silos report their update norm (`balance_mod`) and their loss (the app's own metric);
 both travel in the clear, so the guard works under HE too.
@@ -140,9 +142,10 @@ class StabilityGuard:
             main job's first run: a silo at 8 samples took steps 1.17-1.39x its own at 16;
             √2 = 1.41). Each silo's ratio is multiplied by (B/B0)^(w/2), B0 its size at
             equal sizes, and the dispersion taken at the w in [0, 1] that leaves the least
-            (w = 0: no noise, w = 1: all noise). Default `QUIET` (1.2, as `clear`: every
-            run at the edge measured grew 1.27x or more by its probe, and none of them is
-            read differently). 0.0: always as measured.
+            (w = 0: no noise, w = 1: all noise). Default `QUIET` (1.2, as `clear`: none
+            of the quickstart's runs at the edge is read differently; those calm by
+            dispersion had grown 1.43x or more, those that did not grow scatter by
+            0.16-0.73 net of noise). 0.0: always as measured.
         ratio: an update diverged when its norm per local step exceeds `ratio` times its
             reference (the larger of its peers' median this round and its own recent
             median). Default 5.0: balanced silos' updates run up to ~2x their peers'

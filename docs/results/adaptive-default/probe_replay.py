@@ -2,7 +2,10 @@
 equal-clock/): each default run's update norms per step and sizes, rounds 1-3, fed to
 fedlb's own StabilityGuard as measured (quiet=0, the default before 2026-11-27) and as the
 default now reads them (a quiet probe net of batch noise). Rounds 1-3 run at the floor
-until a verdict, so the recorded rounds decide either reading. Run from the repository root:
+until a verdict, so the recorded rounds decide either reading. The quickstart's replay gives
+its recorded verdicts exactly; advanced-pytorch's (2 of 4 silos a round) and the `flwr new`
+app's do not (one run each), so those two were rerun instead (bit for bit as recorded).
+Run from the repository root:
     .venv/bin/python docs/results/adaptive-default/probe_replay.py
 """
 

@@ -210,6 +210,13 @@ def test_a_quiet_probe_is_read_net_of_batch_noise():
     assert (verdict.noise_exponent, verdict.regime) == (0.0, "edge")
 
 
+def test_a_silo_without_a_size_gets_a_yardstick_but_no_size():
+    guard = StabilityGuard()
+    guard.check({"a": 1.0, "b": 1.1, "c": 0.9}, None, {"a": 32, "b": 32})  # c's size unsaid
+    assert guard.baseline_sizes == {"a": 32, "b": 32}
+    assert set(guard.baseline) == {"a", "b", "c"}
+
+
 def test_net_dispersion_divides_out_the_noise_exponent_that_leaves_least():
     from fedlb.balance.guard import dispersion, net_dispersion
 

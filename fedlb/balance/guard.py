@@ -247,7 +247,9 @@ class StabilityGuard:
                 self.net_of_noise = verdict.noise_exponent is not None
         if len(set(sizes.values())) == 1:  # equal sizes: the yardstick for a later probe
             self.baseline.update({n: v for n, v in kept.items() if v > 0})
-            self.baseline_sizes.update({n: sizes[n] for n, v in kept.items() if v > 0})
+            self.baseline_sizes.update(
+                {n: sizes[n] for n, v in kept.items() if v > 0 and n in sizes}
+            )
         if verdict.diverged:
             verdict.look = "diverged"
             self.level = min(self.level + 1, len(self.floors) - 1)

@@ -520,3 +520,58 @@ def test_an_experiment_never_replaces_an_earlier_runs_results_unasked(tmp_path):
         assert "--overwrite" in said
     assert (earlier / "rounds.jsonl").read_text() == '{"round": 1}\n'
     assert (earlier / "summary.json").read_text() == "{}"
+
+
+@pytest.mark.slow
+def test_the_live_page_follows_an_experiments_policies(tmp_path):
+    """`fedlb experiment` as a user starts it (its own process, the page on by default):
+    while it runs, the page's /api/state names the policy under way and draws each
+    policy's accuracy against its own clock, point for point what rounds.jsonl records."""
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    from fedlb.deploy.processes import free_port
+    from fedlb.flower import accuracy_of, records_from_json_lines
+
+    port = free_port()
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "fedlb.cli", "experiment", "--silos", "3", "--speeds"]
+    command += ["1,2,4", "--rounds", "3", "--local-steps", "5", "--batch-size", "16"]
+    command += ["--policies", "fedavg,lb", "--page-port", str(port), "--out", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    shots = []
+    try:
+        while process.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/state", timeout=2) as r:
+                    shots.append(json.loads(r.read()))
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass  # not listening yet, or gone at the end
+            time.sleep(0.1)
+        output = process.communicate(timeout=60)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    assert f"live page: http://127.0.0.1:{port}/" in " ".join(output.split())
+    names = [shot["run"].get("name", "") for shot in shots]
+    assert any(name.endswith(": fedavg") for name in names)
+    assert any(name.endswith(": lb") for name in names)
+    expected = {}
+    for policy in ("fedavg", "lb"):
+        records = records_from_json_lines(
+            (out / "policies" / policy / "rounds.jsonl").read_text().splitlines()
+        )
+        clock, points = 0.0, []
+        for record in records:
+            clock += record.round_s or 0.0
+            points.append([pytest.approx(clock), pytest.approx(accuracy_of(record))])
+        expected[policy] = points
+        assert len(points) == 3
+    seen = {p: max((s["policies"].get(p, []) for s in shots), key=len) for p in expected}
+    assert seen["fedavg"] == expected["fedavg"]  # every round of the first policy, drawn
+    assert seen["lb"]  # the second's as far as the last poll before the page stopped
+    assert seen["lb"] == expected["lb"][: len(seen["lb"])]

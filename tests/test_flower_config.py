@@ -88,6 +88,10 @@ def test_node_config_text_is_typed_toml():
     [
         ("[server]\nport = 'x'\n", [], "port must be int"),
         ("[server]\nhots = '1'\n", [], "unknown [server] key(s) hots"),
+        ("[server]\npage-port = 70000\n", [], "[server] page-port must be in 0..65535"),
+        ("[server]\npage = 'yes'\n", [], "page must be bool"),
+        ("[server]\npage-host = ' '\n", [], "page-host is empty"),
+        ("[server]\npage-token = 'a-long-secret-1'\n", [], "not read from a settings file"),
         ("[sever]\n", [], "unknown section(s) ['sever']"),
         ("[run]\nnum-rounds = 0\n", [], "num-rounds must be >= 1"),
         ("[run]\nnum-roundz = 3\n", [], "unknown setting(s) num-roundz"),
@@ -132,6 +136,7 @@ def test_example_configs_parse():
     server, run = server_settings(Path("server/server.toml"))
     assert run.num_silos == 3
     assert server.port == 8000
+    assert (server.page, server.page_host, server.page_port) == (True, "127.0.0.1", 0)
     for i in range(3):
         silo = silo_settings(Path(f"silos/silo-{i}.toml"))
         assert silo.partition_id == i

@@ -236,3 +236,29 @@ def test_who_has_replied_within_the_round_comes_from_the_progress_file(tmp_path)
     }
     (tmp_path / RUN_FILES.progress).write_text("{half")  # being replaced: no error
     assert state.snapshot()["current"]["in_flight"] is None
+
+
+@pytest.mark.slow
+def test_fedlb_servers_page_settings_come_from_its_config_file(tmp_path):
+    """`fedlb server --config`: the [server] table's page-port places the page, and
+    page = false serves none (the run itself gives up after its --run-timeout: no silo)."""
+    import subprocess
+    import sys
+
+    from fedlb.deploy.processes import free_port
+
+    def serve(table: str, out: str) -> str:
+        config = tmp_path / f"{out}.toml"
+        config.write_text(f"[server]\n{table}\n")
+        command = [sys.executable, "-m", "fedlb.cli", "server", "--config", str(config)]
+        command += ["--port", "0", "--num-silos", "1", "--run-timeout", "3"]
+        command += ["--out-dir", str(tmp_path / out)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        output = " ".join((done.stdout + done.stderr).split())
+        assert done.returncode == 1, output  # no silo joined before its --run-timeout
+        assert "SuperLink on 127.0.0.1:" in output
+        return output
+
+    port = free_port()
+    assert f"live page: http://127.0.0.1:{port}/" in serve(f"page-port = {port}", "on")
+    assert "live page" not in serve("page = false", "off")

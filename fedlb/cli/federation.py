@@ -42,7 +42,16 @@ from fedlb.page import PageState
 from fedlb.training import BASE_SPEED, STEP_CURVES, step_curve
 
 from .common import UsageError, app, console, holding
-from .live import PageHost, PageOn, PagePort, PageToken, live_page
+from .live import (
+    PageHost,
+    PageHostOrFile,
+    PageOn,
+    PageOnOrFile,
+    PagePort,
+    PagePortOrFile,
+    PageToken,
+    live_page,
+)
 
 RUN_TYPES = {"int": int, "float": float, "str": str}
 CLI_OWNED = {"out_dir", "resume"}  # run settings the commands set themselves
@@ -267,9 +276,9 @@ def server(
             "the default), or --cold: Flower's own fresh process per run.",
         ),
     ] = None,
-    page: PageOn = True,
-    page_host: PageHost = "127.0.0.1",
-    page_port: PagePort = 0,
+    page: PageOnOrFile = None,
+    page_host: PageHostOrFile = None,
+    page_port: PagePortOrFile = None,
     page_token: PageToken = None,
     *,
     run_flags: dict[str, Any],
@@ -289,6 +298,9 @@ def server(
             "certs": certs,
             "silo-keys": silo_keys,
             "warm": warm,
+            "page": page,
+            "page-host": page_host,
+            "page-port": page_port,
         }
     )
     try:
@@ -310,7 +322,9 @@ def server(
             settings, run = server_settings(config, flags, run_flags)
     except (ConfigError, CheckpointError) as error:
         raise UsageError(str(error)) from error
-    with live_page(page, page_host, page_port, page_token, "fedlb server") as state:
+    with live_page(
+        settings.page, settings.page_host, settings.page_port, page_token, "fedlb server"
+    ) as state:
         serve(settings, run, overwrite=overwrite, page=state)
 
 

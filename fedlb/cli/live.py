@@ -14,28 +14,29 @@ from fedlb.page import MIN_TOKEN, LivePage, PageError, PageState, is_loopback
 from .common import UsageError, console
 
 PANEL = "Live page"
-PageOn = Annotated[
-    bool,
-    typer.Option(
-        "--page/--no-page",
-        help="Serve a live page of the run (silos, rounds, charts, events) while it runs; "
-        "--no-page: none.",
-        rich_help_panel=PANEL,
-    ),
-]
-PageHost = Annotated[
-    str,
-    typer.Option(
-        "--page-host",
-        help="Where the page listens: this machine only by default; any other address "
-        "needs --page-token.",
-        rich_help_panel=PANEL,
-    ),
-]
-PagePort = Annotated[
-    int,
-    typer.Option("--page-port", help="The page's port (0: a free one).", rich_help_panel=PANEL),
-]
+_PAGE_ON = typer.Option(
+    "--page/--no-page",
+    help="Serve a live page of the run (silos, rounds, charts, events) while it runs; "
+    "--no-page: none.",
+    rich_help_panel=PANEL,
+)
+_PAGE_HOST = typer.Option(
+    "--page-host",
+    help="Where the page listens: this machine only by default; any other address "
+    "needs --page-token.",
+    rich_help_panel=PANEL,
+)
+_PAGE_PORT = typer.Option(
+    "--page-port", help="The page's port (0: a free one).", rich_help_panel=PANEL
+)
+PageOn = Annotated[bool, _PAGE_ON]
+PageHost = Annotated[str, _PAGE_HOST]
+PagePort = Annotated[int, _PAGE_PORT]
+# `fedlb server`'s: None where not given, so that its --config's [server] table can say
+# (page, page-host, page-port; the defaults above otherwise)
+PageOnOrFile = Annotated[bool | None, _PAGE_ON]
+PageHostOrFile = Annotated[str | None, _PAGE_HOST]
+PagePortOrFile = Annotated[int | None, _PAGE_PORT]
 PageToken = Annotated[
     str | None,
     typer.Option(

@@ -55,6 +55,7 @@ from .settings import (
     SiloSettings,
     check_out_dir,
     checked_run,
+    no_page_token,
     read_sections,
 )
 
@@ -333,6 +334,7 @@ def resume_settings(
             + ", ".join(sorted(tables[RUN]))
             + " from [run] (only num-rounds may be given, to extend the run)"
         )
+    no_page_token(tables[SERVER], path)
     server = {**tables[SERVER], **(server or {})}
     run_dir = run_dir.resolve()
     try:

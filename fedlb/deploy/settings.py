@@ -74,6 +74,10 @@ class ServerSettings:
         may join (needs certs); '' : any silo that reaches the server.
     warm: the run's ServerApp starts warm: torch, flwr and fedlb's ServerApp imported once,
         a fork per run (fedlb.deploy.warm); false: Flower's own fresh process per run.
+    page, page_host, page_port: `fedlb server`'s live page (fedlb.page): served or not,
+        where it listens (this machine only by default; another address needs a token)
+        and its port (0: a free one). Its token is a secret and never comes from a file:
+        --page-token or FEDLB_PAGE_TOKEN.
     """
 
     host: str = "127.0.0.1"
@@ -83,16 +87,23 @@ class ServerSettings:
     certs: str = ""
     silo_keys: str = ""
     warm: bool = True
+    page: bool = True
+    page_host: str = "127.0.0.1"
+    page_port: int = 0
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServerSettings:
+        no_page_token(values)
         settings = cls(**dataclass_arguments(cls, values, "[server] key"))
         settings.check()
         return settings
 
     def check(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"[server] port must be in 0..65535, got {self.port}")
+        for key, port in (("port", self.port), ("page-port", self.page_port)):
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"[server] {key} must be in 0..65535, got {port}")
+        if not self.page_host.strip():
+            raise ConfigError("[server] page-host is empty: give an address (127.0.0.1: here)")
         if not (math.isfinite(self.run_timeout) and self.run_timeout >= 0):
             raise ConfigError(
                 f"[server] run-timeout must be >= 0 (0: none), got {self.run_timeout}"
@@ -146,6 +157,15 @@ def check_out_dir(path: Path, what: str = "out-dir") -> None:
         raise ConfigError(f"{what} {path} cannot be used: {error.strerror or error}") from error
 
 
+def no_page_token(values: Mapping[str, Any], path: Path | None = None) -> None:
+    """A ConfigError for a page token among settings: a secret, never read from a file."""
+    if "page-token" in values:
+        raise ConfigError(
+            f"{path or 'settings'}: [server] page-token: the page's token is a secret and is "
+            "not read from a settings file; give it with --page-token or FEDLB_PAGE_TOKEN"
+        )
+
+
 def server_settings(
     path: Path | None = None,
     server: Mapping[str, Any] | None = None,
@@ -155,6 +175,7 @@ def server_settings(
     `run` values on top, every key checked (the run's data split and HE key file are
     checked by `run_server`, before it starts anything)."""
     tables = read_sections(path, (SERVER, RUN)) if path is not None else {SERVER: {}, RUN: {}}
+    no_page_token(tables[SERVER], path)
     in_file(path, ServerSettings, tables[SERVER], "[server] key")
     in_file(path, RunConfig, tables[RUN], "setting")
     settings = ServerSettings.from_mapping({**tables[SERVER], **(server or {})})

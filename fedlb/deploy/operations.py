@@ -41,7 +41,6 @@ from .processes import (
     FlowerProcess,
     JoinError,
     check_port_free,
-    free_port,
     process_start_time,
     start_supernode,
     stop_leftover,
@@ -389,7 +388,7 @@ def start_silo(
                 settings.name,
                 settings.server,
                 settings.node_config(),
-                settings.port or free_port(),
+                settings.port or None,  # None: a free one (start_supernode finds it)
                 root_certificates=ca,
                 extra_args=["--auth-supernode-private-key", str(key)] if key else None,
                 warm=settings.warm,

@@ -77,6 +77,21 @@ def check_port_free(host: str, port: int, what: str) -> None:
             ) from None
 
 
+def unused_port(host: str, what: str, tries: int = 10) -> int:
+    """A free port that `check_port_free` accepts. Between `free_port`'s probe and the
+    check something else can take it (an outgoing connection's ephemeral port, a process
+    started beside this one: a fresh clone's suite once hit this), so a port found taken
+    is replaced by another, up to `tries` times; only a port the user gave is refused."""
+    for _ in range(tries - 1):
+        port = free_port(host)
+        with contextlib.suppress(DeployError):
+            check_port_free(host, port, what)
+            return port
+    port = free_port(host)
+    check_port_free(host, port, what)  # the last try says why, if it fails too
+    return port
+
+
 def app_dir() -> Path:
     """The Flower app fedlb ships (fedlb/deploy/app): what `flwr run` submits."""
     return Path(str(files("fedlb.deploy").joinpath("app")))
@@ -383,7 +398,8 @@ def launch_supernode(
     """`start_supernode` without waiting for its API: the process, started."""
     if port:
         check_port_free("127.0.0.1", port, f"silo {name}'s SuperNode")
-    port = port or free_port()
+    else:
+        port = unused_port("127.0.0.1", f"silo {name}'s SuperNode")
     security = (
         ["--root-certificates", str(root_certificates)]
         if root_certificates is not None

@@ -43,3 +43,12 @@ def socket_free(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def test_ports_given_to_processes_not_yet_bound_are_avoided(monkeypatch):
+    first = second = socket_free("127.0.0.1")
+    while second == first:
+        second = socket_free("127.0.0.1")
+    offered = iter([first, first, second])
+    monkeypatch.setattr(processes, "free_port", lambda host="127.0.0.1": next(offered))
+    assert processes.unused_port("127.0.0.1", "silo y's SuperNode", avoid={first}) == second

@@ -240,9 +240,8 @@ class Federation:
         try:
             for name, node_config in node_configs.items():
                 key = (auth_keys or {}).get(name)
-                port = processes.free_port()
-                while port in ports:  # each its own local API, though none is bound yet
-                    port = processes.free_port()
+                # each its own local API, though none is bound yet
+                port = processes.unused_port("127.0.0.1", f"silo {name}'s SuperNode", ports)
                 ports.add(port)
                 launched.append(
                     processes.launch_supernode(

@@ -54,7 +54,6 @@ from .settings import (
     SiloSettings,
     check_out_dir,
     checked_run,
-    no_page_token,
     read_sections,
 )
 
@@ -333,8 +332,7 @@ def resume_settings(
             + ", ".join(sorted(tables[RUN]))
             + " from [run] (only num-rounds may be given, to extend the run)"
         )
-    no_page_token(tables[SERVER], path)
-    server = {**tables[SERVER], **(server or {})}
+    server = {**tables[SERVER], **(server or {})}  # a page-token: ServerSettings refuses it
     run_dir = run_dir.resolve()
     try:
         checkpoint = load_checkpoint(run_dir)

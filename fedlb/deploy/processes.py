@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -77,19 +77,24 @@ def check_port_free(host: str, port: int, what: str) -> None:
             ) from None
 
 
-def unused_port(host: str, what: str, tries: int = 10) -> int:
-    """A free port that `check_port_free` accepts. Between `free_port`'s probe and the
-    check something else can take it (an outgoing connection's ephemeral port, a process
-    started beside this one: a fresh clone's suite once hit this), so a port found taken
-    is replaced by another, up to `tries` times; only a port the user gave is refused."""
-    for _ in range(tries - 1):
+def unused_port(host: str, what: str, avoid: Collection[int] = (), tries: int = 10) -> int:
+    """A free port that `check_port_free` accepts and that is not in `avoid` (ports given
+    to processes not bound yet). Between `free_port`'s probe and the check something else
+    can take it (an outgoing connection's ephemeral port, a process started beside this
+    one: a fresh clone's suite once hit this), so a port found taken is replaced by
+    another, up to `tries` times; only a port the user gave is refused at once."""
+    for attempt in range(1, tries + 1):
         port = free_port(host)
-        with contextlib.suppress(DeployError):
+        if port in avoid:
+            continue
+        try:
             check_port_free(host, port, what)
-            return port
-    port = free_port(host)
-    check_port_free(host, port, what)  # the last try says why, if it fails too
-    return port
+        except DeployError:
+            if attempt == tries:
+                raise
+            continue
+        return port
+    raise DeployError(f"{what}: no free port on {host} outside {sorted(avoid)} in {tries} tries")
 
 
 def app_dir() -> Path:

@@ -24,6 +24,7 @@ from fedlb.balance import (
     default_tuner,
     ideal_round_time,
     ideal_sizes,
+    make_tuner,
 )
 from fedlb.balance.curved import CurvePooled
 from fedlb.balance.stats import (
@@ -131,6 +132,28 @@ def test_equal_clean_silos_stay_uniform_and_tiny_differences_do_not_move_sizes()
     manager = BatchSizeManager(dict.fromkeys(close, 32))
     noisy_run(manager, close, 0.0, 5, seed=0)
     assert manager.sizes == dict.fromkeys(close, 32)
+
+
+def test_one_silos_first_round_fixed_cost_does_not_split_it_from_equal_peers():
+    """Round 1 of the quickstart on 10 equal in-process silos, as a fresh clone's suite
+    timed it (test_flower_dropin.py): one silo's handler paid 0.17 s of one-off cost
+    against ~0.002 s for the rest. One report of a fixed cost is not a silo's fixed cost
+    (imports, a first allocation, a data load): the sizes stay equal until a second report
+    shows a real difference, and then they split."""
+    names = [f"s{i}" for i in range(10)]
+    manager = BatchSizeManager(dict.fromkeys(names, 32), tuner=make_tuner("curve", min_share=0.5))
+    fixed = dict.fromkeys(names, 0.002) | {"s0": 0.02, "s1": 0.01, "s2": 0.171}
+    compute = dict.fromkeys(names, 0.012) | {"s0": 0.02, "s1": 0.018}
+    first = manager.step([WorkerReport(n, 32, 4, compute[n], fixed[n]) for n in names])
+    assert first == dict.fromkeys(names, 32)
+    # A fixed cost that is real (s2 pays 0.171 s every round) splits once it is confirmed.
+    real = dict.fromkeys(names, 0.002) | {"s2": 0.171}
+    for _ in range(3):
+        sizes = manager.step(
+            [WorkerReport(n, b, 4, 0.012 * b / 32, real[n]) for n, b in manager.sizes.items()]
+        )
+    assert sizes["s2"] == 16
+    assert min(b for n, b in sizes.items() if n != "s2") > 32
 
 
 # ---- noisy timings -------------------------------------------------------------------------

@@ -60,10 +60,14 @@ class PooledProportional(Proportional):
     Noise in, nothing out. The spread the test uses is the reports' own, combined with a
     prior worth `prior_weight` reports: timing noise of `speed_noise` (log-sd of one
     report's speed) and `overhead_noise` (of its fixed cost). With one report per worker
-    (no spread measured yet) the prior alone decides: speeds within ~1.5x of each other,
-    fixed costs within ~2.5x, stay pooled until more rounds show the difference is real
-    (equal silos timed at milliseconds of compute, or on a busy machine, keep equal
-    sizes); wider differences split at once, as LB-BSP Algorithm 1 does. As reports
+    (no spread measured yet) the prior alone decides for speeds: within ~1.5x of each
+    other they stay pooled until more rounds show the difference is real (equal silos
+    timed at milliseconds of compute, or on a busy machine, keep equal sizes); wider
+    differences split at once, as LB-BSP Algorithm 1 does. First fixed costs are all
+    pooled, whatever their spread: a first round's fixed cost carries one-offs (imports, a
+    first allocation, a data load) that no prior noise describes (one of 10 equal silos
+    once paid 0.17 s against the rest's 0.002 s and was sent to the floor), so a silo's
+    fixed cost counts from its second report. As reports
     accumulate the prior fades, so clean timings (the model clock, emulated speeds) soon
     tell apart speeds a few percent apart. Fixed costs o_i and per-worker iteration counts
     τ_i enter the split as in `Proportional` (B_i = (T − o_i)·v_i/τ_i).
@@ -240,13 +244,15 @@ class PooledProportional(Proportional):
             costs = [(n, given.evidence[n].overhead) for n in known]
             with_cost = [(n, m) for n, m in costs if m is not None]
             if len(with_cost) >= 2:
-                pooled = self._pool([m for _, m in with_cost], self.overhead_noise)
+                pooled = self._pool(
+                    [m for _, m in with_cost], self.overhead_noise, split_first=False
+                )
                 for (name, _), level, own in zip(with_cost, pooled.levels, pooled.own, strict=True):
                     overheads[name] = overhead_from_log(level)
                     own_overheads[name] = overhead_from_log(own)
         return _Estimates(speeds, overheads, own_speeds, own_overheads)
 
-    def _pool(self, found: list[Moments], noise: float) -> _Levels:
+    def _pool(self, found: list[Moments], noise: float, split_first: bool = True) -> _Levels:
         # The spread: the reports' own pooled over workers, with the prior's weight
         # (a scaled-inverse-chi-squared prior: prior_weight reports at noise²).
         prior = self.prior_weight if noise > 0 else 0
@@ -256,6 +262,12 @@ class PooledProportional(Proportional):
         variance = ss / dof if dof > 0 else 0.0
         means = [m.mean for m in found]
         counts = [m.count for m in found]
+        if measured < 1 and not split_first:
+            # First reports of a quantity whose one-offs dwarf its noise (a first round's
+            # fixed cost: imports, a first allocation, a data load): one common level
+            # until a second report shows whose difference is real.
+            common = math.fsum(c * m for c, m in zip(counts, means, strict=True)) / sum(counts)
+            return _Levels([common] * len(means), [0] * len(means), [common] * len(means))
         levels, groups = pool_means(means, counts, variance, dof, self.significance)
         if self.difference_scale is None or measured < 1 or variance <= 0.0:
             # First reports (no spread measured yet): the F-test on the prior decides.

@@ -156,6 +156,24 @@ def test_one_silos_first_round_fixed_cost_does_not_split_it_from_equal_peers():
     assert min(b for n, b in sizes.items() if n != "s2") > 32
 
 
+def test_a_joiners_first_round_fixed_cost_does_not_send_it_to_the_floor():
+    """A silo joining a running federation pays its one-offs (a process start, a data
+    load) in its first round: 1 s against its peers' 0.05 s. Its fixed cost takes its
+    peers' level until a second report; before, it was sent to the floor with a warning
+    that it should be removed from the job."""
+    manager = BatchSizeManager(dict.fromkeys("abc", 32), tuner=make_tuner("curve", min_share=0.5))
+    for _ in range(6):
+        manager.step([WorkerReport(n, b, 10, 0.01 * b, 0.05) for n, b in manager.sizes.items()])
+    manager.add_worker("d", 32, grow=True)
+    first = manager.step(
+        [
+            WorkerReport(n, b, 10, 0.01 * b, 1.0 if n == "d" else 0.05)
+            for n, b in manager.sizes.items()
+        ]
+    )
+    assert first == dict.fromkeys("abcd", 32)
+
+
 # ---- noisy timings -------------------------------------------------------------------------
 
 

@@ -63,11 +63,12 @@ class PooledProportional(Proportional):
     (no spread measured yet) the prior alone decides for speeds: within ~1.5x of each
     other they stay pooled until more rounds show the difference is real (equal silos
     timed at milliseconds of compute, or on a busy machine, keep equal sizes); wider
-    differences split at once, as LB-BSP Algorithm 1 does. First fixed costs are all
-    pooled, whatever their spread: a first round's fixed cost carries one-offs (imports, a
+    differences split at once, as LB-BSP Algorithm 1 does. A fixed cost resting on one
+    report is not tested at all: a first round's fixed cost carries one-offs (imports, a
     first allocation, a data load) that no prior noise describes (one of 10 equal silos
-    once paid 0.17 s against the rest's 0.002 s and was sent to the floor), so a silo's
-    fixed cost counts from its second report. As reports
+    once paid 0.17 s against the rest's 0.002 s and was sent to the floor), so it takes
+    the common level of the fixed costs measured more than once (of all first ones, in
+    round 1) and counts from its second report (`_pool_costs`). As reports
     accumulate the prior fades, so clean timings (the model clock, emulated speeds) soon
     tell apart speeds a few percent apart. Fixed costs o_i and per-worker iteration counts
     τ_i enter the split as in `Proportional` (B_i = (T − o_i)·v_i/τ_i).
@@ -244,15 +245,32 @@ class PooledProportional(Proportional):
             costs = [(n, given.evidence[n].overhead) for n in known]
             with_cost = [(n, m) for n, m in costs if m is not None]
             if len(with_cost) >= 2:
-                pooled = self._pool(
-                    [m for _, m in with_cost], self.overhead_noise, split_first=False
-                )
+                pooled = self._pool_costs([m for _, m in with_cost])
                 for (name, _), level, own in zip(with_cost, pooled.levels, pooled.own, strict=True):
                     overheads[name] = overhead_from_log(level)
                     own_overheads[name] = overhead_from_log(own)
         return _Estimates(speeds, overheads, own_speeds, own_overheads)
 
-    def _pool(self, found: list[Moments], noise: float, split_first: bool = True) -> _Levels:
+    def _pool_costs(self, found: list[Moments]) -> _Levels:
+        """Fixed costs pooled as speeds are, but a fixed cost resting on one report (a
+        worker's first round: imports, a first allocation, a data load, one-offs that no
+        prior noise describes) takes the common level of those measured more than once,
+        or of all when none is: it counts from the worker's second report."""
+        seen = [i for i, m in enumerate(found) if m.dof >= 1]
+        if len(seen) == len(found):
+            return self._pool(found, self.overhead_noise)
+        basis = [found[i] for i in seen] or found
+        common = _weighted_mean(basis)
+        levels, own, groups = [common] * len(found), [common] * len(found), [0] * len(found)
+        if len(seen) >= 2:
+            pooled = self._pool(basis, self.overhead_noise)
+            for k, i in enumerate(seen):
+                levels[i], own[i], groups[i] = pooled.levels[k], pooled.own[k], pooled.groups[k]
+        elif seen:
+            levels[seen[0]] = own[seen[0]] = found[seen[0]].mean
+        return _Levels(levels, groups, own)
+
+    def _pool(self, found: list[Moments], noise: float) -> _Levels:
         # The spread: the reports' own pooled over workers, with the prior's weight
         # (a scaled-inverse-chi-squared prior: prior_weight reports at noise²).
         prior = self.prior_weight if noise > 0 else 0
@@ -262,12 +280,6 @@ class PooledProportional(Proportional):
         variance = ss / dof if dof > 0 else 0.0
         means = [m.mean for m in found]
         counts = [m.count for m in found]
-        if measured < 1 and not split_first:
-            # First reports of a quantity whose one-offs dwarf its noise (a first round's
-            # fixed cost: imports, a first allocation, a data load): one common level
-            # until a second report shows whose difference is real.
-            common = math.fsum(c * m for c, m in zip(counts, means, strict=True)) / sum(counts)
-            return _Levels([common] * len(means), [0] * len(means), [common] * len(means))
         levels, groups = pool_means(means, counts, variance, dof, self.significance)
         if self.difference_scale is None or measured < 1 or variance <= 0.0:
             # First reports (no spread measured yet): the F-test on the prior decides.
@@ -277,7 +289,7 @@ class PooledProportional(Proportional):
         alike = alike_probability(
             means, counts, ss, dof, self.difference_scale / math.sqrt(variance)
         )
-        common = math.fsum(c * m for c, m in zip(counts, means, strict=True)) / sum(counts)
+        common = _weighted_mean(found)
         weight = [0.0] * (max(groups) + 1)
         for group, count in zip(groups, counts, strict=True):
             weight[group] += count
@@ -319,6 +331,10 @@ class PooledProportional(Proportional):
         self.groups = {n: int(g) for n, g in state["groups"].items()}
         # A state from before moved_to: the sizes in force are guarded until the next move.
         self.moved_to = {n: int(b) for n, b in state.get("moved_to", {}).items()}
+
+
+def _weighted_mean(found: list[Moments]) -> float:
+    return math.fsum(m.count * m.mean for m in found) / sum(m.count for m in found)
 
 
 class _Levels(NamedTuple):

@@ -262,12 +262,10 @@ class PooledProportional(Proportional):
         basis = [found[i] for i in seen] or found
         common = _weighted_mean(basis)
         levels, own, groups = [common] * len(found), [common] * len(found), [0] * len(found)
-        if len(seen) >= 2:
+        if len(seen) >= 2:  # (one alone is the common level)
             pooled = self._pool(basis, self.overhead_noise)
             for k, i in enumerate(seen):
                 levels[i], own[i], groups[i] = pooled.levels[k], pooled.own[k], pooled.groups[k]
-        elif seen:
-            levels[seen[0]] = own[seen[0]] = found[seen[0]].mean
         return _Levels(levels, groups, own)
 
     def _pool(self, found: list[Moments], noise: float) -> _Levels:

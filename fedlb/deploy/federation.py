@@ -240,23 +240,20 @@ class Federation:
         try:
             for name, node_config in node_configs.items():
                 key = (auth_keys or {}).get(name)
-                # each its own local API, though none is bound yet
-                port = processes.unused_port("127.0.0.1", f"silo {name}'s SuperNode", ports)
-                ports.add(port)
-                launched.append(
-                    processes.launch_supernode(
-                        self.workdir,
-                        name,
-                        self.address,
-                        node_config,
-                        port,
-                        root_certificates=ca,
-                        extra_args=["--auth-supernode-private-key", str(key)] if key else None,
-                        warm=warm,
-                        preload=preload,
-                        resident=resident,
-                    )
+                node = processes.launch_supernode(
+                    self.workdir,
+                    name,
+                    self.address,
+                    node_config,
+                    root_certificates=ca,
+                    extra_args=["--auth-supernode-private-key", str(key)] if key else None,
+                    warm=warm,
+                    preload=preload,
+                    resident=resident,
+                    avoid=ports,  # each its own local API, though none is bound yet
                 )
+                launched.append(node)
+                ports.add(node.port)
             for node in launched:
                 processes.supernode_ready(node)
         except BaseException:

@@ -399,12 +399,15 @@ def launch_supernode(
     warm: bool = False,
     preload: Sequence[str] = (),
     resident: str = "auto",
+    avoid: Collection[int] = (),
 ) -> FlowerProcess:
-    """`start_supernode` without waiting for its API: the process, started."""
+    """`start_supernode` without waiting for its API: the process, started. `port`: the
+    user's, refused if taken; None: a free one outside `avoid` (ports given to processes
+    not bound yet), its `port`."""
     if port:
         check_port_free("127.0.0.1", port, f"silo {name}'s SuperNode")
     else:
-        port = unused_port("127.0.0.1", f"silo {name}'s SuperNode")
+        port = unused_port("127.0.0.1", f"silo {name}'s SuperNode", avoid)
     security = (
         ["--root-certificates", str(root_certificates)]
         if root_certificates is not None

@@ -497,6 +497,7 @@ def test_the_verdict_is_in_every_round_record_and_the_summary(tmp_path, caplog):
         "probe_growth": records[1].guard_growth,
         "probe_noise_exponent": judged.guard_noise_exponent,
         "final_floor": 0.25 if records[2].guard == "stable" else 0.5,
+        "remembered": None,
     }
 
 

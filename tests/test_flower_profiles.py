@@ -91,8 +91,9 @@ def test_a_malformed_answer_is_no_profile():
         assert read_profile(reply) is None
 
 
-def run_quickstart(app, rounds, caplog, profiles=True):
-    """Flower's quickstart on 3 silos of speeds 400:200:100 (model clock); its balance lines."""
+def run_quickstart(app, rounds, caplog, profiles=True, overrides=None):
+    """Flower's quickstart on 3 silos of speeds 400:200:100 (model clock), its run config
+    `overrides` set; its balance lines."""
     nodes = {
         10 + i: {
             "partition-id": i,
@@ -102,7 +103,9 @@ def run_quickstart(app, rounds, caplog, profiles=True):
         }
         for i, speed in enumerate((400.0, 200.0, 100.0))
     }
-    config = app_config(app, **{"num-server-rounds": rounds, "fraction-evaluate": 0.0})
+    config = app_config(
+        app, **{"num-server-rounds": rounds, "fraction-evaluate": 0.0, **(overrides or {})}
+    )
     init = LoadBalancedFedAvg.__init__
 
     def with_profiles(self, *args, **kwargs):

@@ -348,6 +348,18 @@ class StabilityGuard:
                 self.norms[name] = [*self.norms.get(name, []), norm][-HISTORY:]
         return diverged
 
+    def adopt(self, regime: str) -> None:
+        """Start judged: a run that begins balanced (from stored speed profiles) has no
+        round at equal sizes to probe against, and takes the regime the last run of the
+        same app found ("stable" or "edge"; fedlb.flower.verdicts). A stable run starts at
+        its floor; a blow-up still raises it, as in any stable run."""
+        if regime not in ("stable", "edge"):
+            raise ValueError(f"a remembered regime is 'stable' or 'edge', got {regime!r}")
+        if self.probe <= 0:  # a fixed floor judges nothing, remembered or not
+            return
+        self.probed, self.confirming = True, False
+        self._decide(stable=regime == "stable")
+
     def resume_at(self, share: float) -> None:
         """Go on from a restored run's floor: the lowest step at or above `share`."""
         self.level = self._step_at(share)

@@ -179,6 +179,15 @@ def experiment(
         bool | None,
         typer.Option("--he/--no-he", help="Encrypt updates with CKKS (fresh keys)."),
     ] = None,
+    second_run: Annotated[
+        bool | None,
+        typer.Option(
+            "--second-run/--first-run",
+            help="Report each policy's second run: round 1 balanced from the profiles "
+            "its first run stored, and the guard's verdict taken up (a deployment run "
+            "again); default the first run.",
+        ),
+    ] = None,
     ray_address: Annotated[
         str | None,
         typer.Option(
@@ -228,6 +237,7 @@ def experiment(
         seed=seed,
         repeats=repeats,
         he=he,
+        second_run=second_run,
         ray_address=ray_address,
         out=None if out is None else str(out),
     )
@@ -258,6 +268,11 @@ def experiment(
         f"{chosen.rounds} rounds, clock: {chosen.clock_label()}; policies {chosen.policies}"
         + (f"; seeds {', '.join(map(str, chosen.seeds()))}" if chosen.repeats > 1 else "")
         + ("; HE: CKKS (measured HE seconds join each silo's fixed cost)" if chosen.he else "")
+        + (
+            "; each policy's second run (round 1 from its first's profiles)"
+            if chosen.second_run
+            else ""
+        )
         + (f"; on the Ray cluster at {chosen.ray_address}" if chosen.ray_address else "")
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +36,11 @@ def run_policy(
 ) -> PolicyResult:
     """One policy as one run on `federation` (a simulation SuperLink; None: one started
     for this run alone); its records and clock times. `he`: the (public, secret) key
-    files when updates travel encrypted (None under a scenario with HE: fresh keys)."""
+    files when updates travel encrypted (None under a scenario with HE: fresh keys).
+    Under `second_run` the policy runs twice with a fresh folder of stored profiles and
+    verdicts (`out_dir`/profiles), the first run's files moved to `out_dir`/first-run
+    (the two runs' configs are the same: a verdict is kept per app and run config), and
+    the second run is returned."""
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     if scenario.he and he is None:
@@ -43,15 +48,43 @@ def run_policy(
     with contextlib.ExitStack() as stack:
         if federation is None:
             federation = stack.enter_context(Federation(out_dir / "processes", simulation=True))
-        outcome = federation.run(
-            run_config(scenario, policy, out_dir, he),
-            on_round=on_round,
-            app=app_dir(),
-            federation_config={
-                "num-supernodes": scenario.silos,
-                "client-resources-num-cpus": 1,
-            },
-        )
+        if not scenario.second_run:
+            return _run_once(scenario, policy, out_dir, federation, he, on_round)
+        profiles = out_dir / SECOND_RUN_PROFILES
+        first = out_dir / FIRST_RUN
+        for earlier in (profiles, first):
+            shutil.rmtree(earlier, ignore_errors=True)
+        _run_once(scenario, policy, out_dir, federation, he, on_round, profiles)
+        first.mkdir()
+        for path in out_dir.iterdir():
+            if path.name not in (SECOND_RUN_PROFILES, FIRST_RUN, "keys", "processes"):
+                path.rename(first / path.name)
+        return _run_once(scenario, policy, out_dir, federation, he, on_round, profiles)
+
+
+SECOND_RUN_PROFILES = "profiles"  # a policy's folder under second-run: what run 1 stored
+FIRST_RUN = "first-run"  # ... and run 1's files
+
+
+def _run_once(
+    scenario: Scenario,
+    policy: str,
+    out_dir: Path,
+    federation: Federation,
+    he: tuple[Path, Path] | None,
+    on_round: Callable[[RoundRecord], None] | None,
+    profile_dir: Path | None = None,
+) -> PolicyResult:
+    """run_policy's one run (`profile_dir`: stored profiles and verdicts, else none)."""
+    outcome = federation.run(
+        run_config(scenario, policy, out_dir, he, profile_dir),
+        on_round=on_round,
+        app=app_dir(),
+        federation_config={
+            "num-supernodes": scenario.silos,
+            "client-resources-num-cpus": 1,
+        },
+    )
     records = records_from_json_lines((out_dir / RUN_FILES.rounds).read_text().splitlines())
     # an asynchronous policy's records are its server updates, as many as its work takes
     expected = (len(records) or 1) if POLICIES[policy].asynchronous else scenario.rounds

@@ -139,6 +139,11 @@ class Scenario:
     he: updates travel and are averaged as CKKS ciphertexts (fresh keys per run); the
         measured HE seconds join each silo's fixed cost on either clock, so the model
         clock is no longer bit-for-bit repeatable with it.
+    second_run: every policy runs twice, the second time as a deployment's second run of
+        the same app would: round 1 balanced from the silos' speed profiles stored by the
+        first, and the stability guard taking up the first run's verdict
+        (fedlb.flower.verdicts). The second run is reported; the first's files are in
+        its policy's folder, under first-run.
     ray_address: the Ray cluster the policies' runs use: '' a head fedlb starts on this
         machine for all of them (one Ray start instead of one per run); host:port the
         head of a running cluster (`ray start --head` on one machine, `ray start
@@ -166,6 +171,7 @@ class Scenario:
     seed: int = 0
     repeats: int = 1
     he: bool = False
+    second_run: bool = False
     ray_address: str = ""
     out: str = ""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
@@ -22,8 +23,10 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.serverapp import Grid, ServerApp
 
+from fedlb.data.cache import OFF
 from fedlb.deploy import RunConfig, evaluate_reply, run_app, train_reply
 from fedlb.flower import balance_mod, he_mod
+from fedlb.flower.profiles import ENV_DIR
 
 from .profiles import EmulatedClock
 from .scenario import POLICIES, Scenario
@@ -33,6 +36,9 @@ POLICY = "policy"
 OUT_DIR = "out-dir"
 HE_PUBLIC = "he-public"  # the server's public CKKS context ('' : no HE)
 HE_SECRET = "he-secret"  # the silos' secret context
+# where a second run's speed profiles and guard verdicts are kept ('': none, as in every
+# first run: a seed's run must not depend on the runs before it)
+PROFILE_DIR = "profile-dir"
 
 
 def app_dir() -> Path:
@@ -43,17 +49,30 @@ def app_dir() -> Path:
 def app_defaults() -> dict[str, Any]:
     """[tool.flwr.app.config] of the app: Flower only takes run config keys declared
     there (a test keeps the file equal to this)."""
-    return {**Scenario().to_mapping(), POLICY: "lb", OUT_DIR: "", HE_PUBLIC: "", HE_SECRET: ""}
+    return {
+        **Scenario().to_mapping(),
+        POLICY: "lb",
+        OUT_DIR: "",
+        PROFILE_DIR: "",
+        HE_PUBLIC: "",
+        HE_SECRET: "",
+    }
 
 
 def run_config(
-    scenario: Scenario, policy: str, out_dir: Path, he: tuple[Path, Path] | None = None
+    scenario: Scenario,
+    policy: str,
+    out_dir: Path,
+    he: tuple[Path, Path] | None = None,
+    profile_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """The run config of one policy's run; `he`: (public, secret) key files."""
+    """The run config of one policy's run; `he`: (public, secret) key files;
+    `profile_dir`: the folder of stored profiles and verdicts (a second run's)."""
     return {
         **scenario.to_mapping(),
         POLICY: policy,
         OUT_DIR: str(out_dir),
+        PROFILE_DIR: str(profile_dir) if profile_dir else "",
         HE_PUBLIC: str(he[0]) if he else "",
         HE_SECRET: str(he[1]) if he else "",
     }
@@ -69,7 +88,7 @@ def _read(items: tuple[tuple[str, Any], ...]) -> tuple[Scenario, RunConfig]:
     return scenario, config
 
 
-_OWN = (POLICY, OUT_DIR, HE_PUBLIC, HE_SECRET)
+_OWN = (POLICY, OUT_DIR, PROFILE_DIR, HE_PUBLIC, HE_SECRET)
 
 
 def experiment(run_config: Mapping[str, Any]) -> tuple[Scenario, RunConfig]:
@@ -84,14 +103,29 @@ server = ServerApp()
 def _server(grid: Grid, context: Context) -> None:
     _, config = experiment(context.run_config)
     policy = POLICIES[str(context.run_config[POLICY])]
-    # round 1 from stored profiles would make a seed's run depend on the runs before it
+    folder = use_profile_dir(context)
     config = dataclasses.replace(
         config,
-        profiles=0,
+        profiles=int(bool(folder)),
         guard=int(policy.guard and bool(config.guard)),
         guard_probe=config.guard_probe if policy.guard_probe is None else policy.guard_probe,
     )
     run_app(grid, config, policy.strategy_class, policy.strategy_args())
+
+
+def use_profile_dir(context: Context) -> str:
+    """Point this process's stored profiles and verdicts at the run config's folder, or
+    turn them off (a Ray worker serves every run of an experiment); the folder."""
+    folder = str(context.run_config.get(PROFILE_DIR, ""))
+    os.environ[ENV_DIR] = folder or OFF
+    return folder
+
+
+def run_config_profiles(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """A silo's profiles where its run config says (a second run), before balance_mod
+    reads or stores one."""
+    use_profile_dir(context)
+    return call_next(msg, context)
 
 
 def scenario_clock(context: Context) -> EmulatedClock:
@@ -121,7 +155,7 @@ def _he_mod(path: str) -> Any:
 
 # The HE mod outside the balancing mod: its seconds join the silo's fixed cost (under
 # the model clock the balancing mod reports the profile's times, plus these).
-client = ClientApp(mods=[run_config_he, balance_mod(scenario_clock)])
+client = ClientApp(mods=[run_config_profiles, run_config_he, balance_mod(scenario_clock)])
 
 
 @client.train()

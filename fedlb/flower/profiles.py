@@ -110,13 +110,13 @@ class SiloProfile:
             "run id": (run_id, 0, 2**64 - 1, ""),  # Flower's run ids are unsigned 64-bit
         }
         for name, (value, least, most, unit) in figures.items():
-            if not _is_number(value):
+            if not is_finite_number(value):
                 shown = f"{value}{unit}" if isinstance(value, float) else f"{value!r:.20}"
                 raise ValueError(f"{name} {shown}, not a finite number")
             if not least <= value <= most or (name == "speed" and value == 0):
                 opening = "(" if name == "speed" else "["
                 raise ValueError(f"{name} {value:.3g}{unit}, not in {opening}{least:g}, {most:g}]")
-        if not _is_number(measured_at):
+        if not is_finite_number(measured_at):
             raise ValueError(f"measured at {measured_at!r:.20}, not a time")
         return cls(
             speed=float(speed),
@@ -129,7 +129,7 @@ class SiloProfile:
         )
 
 
-def _is_number(value: Any) -> bool:
+def is_finite_number(value: Any) -> bool:
     """A real number, finite (JSON has NaN and Infinity; a bool is no figure)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -177,7 +177,7 @@ def _entry(folder: Path, label: str, model: str, machine: Mapping[str, Any]) -> 
     return folder / f"profile-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
-def _write_json(path: Path, value: Any) -> None:
+def write_json_file(path: Path, value: Any) -> None:
     """`value` to `path` atomically (a silo and its server may share the folder), 0600."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
@@ -198,7 +198,7 @@ def save_profile(label: str, model: str, machine: Mapping[str, Any], profile: Si
         return
     stored = {"label": label, "model": model, "hardware": machine, **asdict(profile)}
     try:
-        _write_json(_entry(folder, label, model, machine), stored)
+        write_json_file(_entry(folder, label, model, machine), stored)
     except OSError as error:
         log.warning("could not store this silo's speed profile in %s: %s", folder, error)
 
@@ -302,7 +302,7 @@ def read_profile(reply: Message) -> tuple[SiloProfile, int | None] | None:
         if missing := [key for key in sent if key not in values]:
             raise ValueError(f"no {', '.join(missing)}")
         age = values[PROFILE_AGE]
-        if not _is_number(age) or not 0 <= age <= MAX_AGE_S:  # no silo sends one older
+        if not is_finite_number(age) or not 0 <= age <= MAX_AGE_S:  # no silo sends one older
             raise ValueError(f"age {age!r:.20} s, not in [0, {MAX_AGE_S:g}]")
         profile = SiloProfile.checked(
             values[PROFILE_SPEED],
@@ -356,7 +356,7 @@ def remember_model(model: str) -> None:
         seen = {}
     seen[model] = time.time()
     try:
-        _write_json(path, seen)
+        write_json_file(path, seen)
     except OSError as error:
         log.warning("could not note the model in %s: %s", folder, error)
 

@@ -84,6 +84,9 @@ class RoundRecord:
     guard_growth: float | None = None  # in the probe's round: the silos' steps' growth
     # the noise exponent w the probe was read at (a quiet probe; None: as measured)
     guard_noise_exponent: float | None = None
+    # in round 1 of a run started from stored profiles: the last run's verdict on this app
+    # that the guard took up instead of probing (fedlb.flower.verdicts), in words
+    guard_remembered: str | None = None
 
     @property
     def total_wall_s(self) -> float:
@@ -267,6 +270,8 @@ def stability_of(records: list[RoundRecord]) -> dict[str, Any] | None:
         "probe_growth": next((r.guard_growth for r in guarded if r.guard_growth is not None), None),
         "probe_noise_exponent": None if probe is None else probe.guard_noise_exponent,
         "final_floor": guarded[-1].guard_floor,
+        # the verdict taken up from the last run of this app (then no probe ran)
+        "remembered": next((r.guard_remembered for r in guarded if r.guard_remembered), None),
     }
 
 

@@ -50,6 +50,7 @@ from .round_close import (
 from .round_log import RoundLog, attach_evaluation
 from .rounds_file import RoundReporter
 from .stability import fixed_rounds_advice, guard_round, least_share
+from .verdicts import VerdictMemory
 
 
 class LoadBalancedFedAvg(FedAvg):
@@ -159,6 +160,7 @@ class LoadBalancedFedAvg(FedAvg):
         self.manager: BatchSizeManager | None = None
         self.progress = RunProgress()
         self.stored_profiles = StoredProfiles()
+        self.verdicts = VerdictMemory()  # the guard's verdicts, kept for the next run
         self._rng = random.Random(seed)
         self._sent: dict[int, tuple[int | None, int | None]] = {}  # node -> (B, τ) ordered
         self._messages: list[Message] = []  # this round's train messages
@@ -201,15 +203,20 @@ class LoadBalancedFedAvg(FedAvg):
         """The same, by silo label (silo-<partition-id> where known)."""
         return {self.members.label(n): b for n, b in self.current_sizes().items()}
 
-    def _start_from_profiles(self, grid: Grid, arrays: ArrayRecord, nodes: list[int]) -> None:
+    def _start_from_profiles(
+        self, grid: Grid, arrays: ArrayRecord, nodes: list[int], config: ConfigRecord
+    ) -> None:
         """Round 1 balanced: the silos' stored speed profiles as their first reports,
-        when this server has balanced this model before and every sampled silo has one."""
+        when this server has balanced this model before and every sampled silo has one;
+        the guard then takes up the last verdict on this app, if there is one."""
         stored = self.stored_profiles
         found = stored.ask(grid, arrays, nodes, self.he is not None, self.members)
+        self.verdicts.know(stored.model, config, grid)  # after ask: it knows the layout
         if found is None:
             return
         manager = self._start_balancing({n: report for n, (_, report) in found.items()})
         if self.guard is not None:
+            self.verdicts.adopt(self.guard)
             manager.set_min_share(least_share(self.guard, self._user_floor))
         stored.replay(manager, found, self._load_report)
         stored.say_used(self.members.label, self.sizes_by_silo())
@@ -287,7 +294,7 @@ class LoadBalancedFedAvg(FedAvg):
                 return []
             present, nodes = self._sample(self.fraction_train, self.min_train_nodes, grid)
             if self.manager is None and not self._sent and self.profiles:
-                self._start_from_profiles(grid, arrays, nodes)
+                self._start_from_profiles(grid, arrays, nodes, config)
             if self.manager is not None and not self._sent and self.progress.offset:
                 self._carry_over(grid, present)
             if self.manager is not None:
@@ -441,6 +448,8 @@ class LoadBalancedFedAvg(FedAvg):
             record.guard_probe = verdict.probe
             record.guard_growth = verdict.growth
             record.guard_noise_exponent = verdict.noise_exponent
+            if self.verdicts.adopted is not None and server_round == self.progress.offset + 1:
+                record.guard_remembered = self.verdicts.adopted.said()
         return kept, record
 
     def _guard_round(
@@ -455,7 +464,7 @@ class LoadBalancedFedAvg(FedAvg):
         it) when it says so."""
         if self.guard is None:
             return {}, None
-        return guard_round(
+        diverged, verdict = guard_round(
             self.guard,
             self.manager,
             self._user_floor,
@@ -466,6 +475,8 @@ class LoadBalancedFedAvg(FedAvg):
             self.members.label,
             self.members.events.append,
         )
+        self.verdicts.after(verdict, server_round)  # kept for the next run of this app
+        return diverged, verdict
 
     # ---- evaluation --------------------------------------------------------------------
     def _evaluation_due(self, server_round: int) -> bool:

@@ -1,0 +1,176 @@
+"""The stability guard's verdict, remembered for the next run of the same app.
+
+A run that starts balanced from stored speed profiles has no round at equal sizes to probe
+against: its guard judges the raw update norms of its first unequal rounds, at the floor
+meanwhile. At 100 silos that keeps a second run ~1.1x the floor where full balance from
+round 1 gives ~1.4x (docs/experiments.md, "A second run"). The regime is the app's more
+than the run's (its model, data, learning rate and batch sizes decide it), so the server
+keeps the verdict its guard reached, with the evidence, and a later run of the same app
+that starts from profiles takes it up in round 1 instead of probing again: a stable app
+balances fully from round 1, an app at the edge keeps the floor without a probe that could
+call it calm by chance. A blow-up (an update left out as diverged) in a stable run
+replaces the verdict with the edge: the next run keeps the floor.
+
+"The same app": the model's layout, the train config the server sends (its learning rate,
+for Flower's templates), and the app itself as Flower knows it (its FAB's hash, so an
+edited app is judged anew, and the run's --run-config overrides). Kept in the profiles'
+folder (fedlb.flower.profiles: FEDLB_PROFILE_DIR=off turns both off), 0600; a verdict
+older than the profiles' MAX_AGE_S is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from logging import INFO
+from typing import TYPE_CHECKING, Any
+
+from fedlb.balance import StabilityGuard, Verdict
+
+from .membership import say
+from .profiles import MAX_AGE_S, is_finite_number, profile_dir, write_json_file
+from .protocol import SERVER_ROUND
+from .run_files import read_json_object
+
+if TYPE_CHECKING:
+    from flwr.serverapp import Grid
+
+log = logging.getLogger("fedlb.flower")
+
+VERDICTS_FILE = "verdicts.json"  # the server's: key -> the last verdict its guard reached
+JUDGED = ("stable", "edge")  # the regimes worth remembering (not undecided, not fixed)
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """A verdict a run reached: its regime, when, and on what evidence."""
+
+    regime: str
+    at: float  # time.time() when it was reached
+    why: str  # the evidence, in words (the probe's dispersion, or the blow-up)
+
+    @property
+    def age_s(self) -> float:
+        return max(0.0, time.time() - self.at)
+
+    def said(self) -> str:
+        return f"{self.regime}, found {self.age_s / 3600:.1f} h ago ({self.why})"
+
+
+def app_identity(grid: Grid) -> dict[str, Any]:
+    """The app as Flower knows it: its FAB's hash (id and version where there is none)
+    and the run's config overrides; empty where the grid has no run (a test's)."""
+    try:
+        run = grid.run
+    except (NotImplementedError, AttributeError, RuntimeError):
+        return {}
+    fab = getattr(run, "fab_hash", "") or f"{getattr(run, 'fab_id', '')}@{run.fab_version}"
+    overrides = dict(getattr(run, "override_config", {}) or {})
+    return {"fab": fab, "overrides": {k: str(v) for k, v in sorted(overrides.items())}}
+
+
+def verdict_key(model: str, train_config: Mapping[str, Any], app: Mapping[str, Any]) -> str:
+    """What a verdict is kept under: the model's layout, the train config (less the
+    round number) and the app."""
+    config = {k: str(v) for k, v in sorted(train_config.items()) if k != SERVER_ROUND}
+    text = json.dumps([model, config, dict(app)], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def recall(key: str) -> Remembered | None:
+    """The verdict kept under `key`, if one is there, readable and young enough."""
+    folder = profile_dir()
+    if folder is None:
+        return None
+    path = folder / VERDICTS_FILE
+    try:
+        entry = read_json_object(path).get(key)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        log.warning("ignoring the damaged %s (%s): the guard probes this run", path, error)
+        return None
+    if not isinstance(entry, dict):
+        return None
+    regime, at, why = entry.get("regime"), entry.get("at"), entry.get("why", "")
+    if regime not in JUDGED or not isinstance(at, (int, float)) or not is_finite_number(at):
+        log.warning("ignoring a damaged verdict in %s: the guard probes this run", path)
+        return None
+    found = Remembered(str(regime), float(at), str(why))
+    return found if found.age_s <= MAX_AGE_S else None
+
+
+def keep(key: str, found: Remembered) -> None:
+    """Store `found` under `key` (atomically; a failure is said, never raised: a verdict
+    only saves rounds)."""
+    folder = profile_dir()
+    if folder is None:
+        return
+    path = folder / VERDICTS_FILE
+    try:
+        kept = read_json_object(path)
+    except (OSError, ValueError):  # none yet, or damaged (recall said so)
+        kept = {}
+    kept[key] = {"regime": found.regime, "at": found.at, "why": found.why}
+    try:
+        write_json_file(path, kept)
+    except OSError as error:
+        log.warning("could not keep the guard's verdict in %s: %s", folder, error)
+
+
+class VerdictMemory:
+    """The strategy's side: the key of this run's app, the verdict taken up in round 1,
+    and each verdict the guard reaches, kept for the next run."""
+
+    def __init__(self) -> None:
+        self.key: str | None = None
+        self.adopted: Remembered | None = None
+
+    def know(self, model: str | None, train_config: Mapping[str, Any], grid: Grid) -> None:
+        """This run's key (once, before round 1; no key without the model's layout)."""
+        if self.key is None and model is not None:
+            self.key = verdict_key(model, train_config, app_identity(grid))
+
+    def adopt(self, guard: StabilityGuard) -> Remembered | None:
+        """Round 1 from profiles: the guard takes up the last verdict for this app, if
+        any (said in the log)."""
+        found = None if self.key is None or guard.probe <= 0 else recall(self.key)
+        if found is None:
+            return None
+        guard.adopt(found.regime)
+        self.adopted = found
+        say(
+            INFO,
+            "the stability guard takes up the last run's verdict on this app: %s; every "
+            "silo at least %.0f%% of the mean batch from round 1%s",
+            found.said(),
+            100 * guard.floor,
+            " (an update that blows up still raises the floor)" if found.regime == "stable" else "",
+        )
+        return found
+
+    def after(self, verdict: Verdict, server_round: int) -> None:
+        """Keep what this round's verdict decided: the probe's regime, or the edge after
+        a blow-up in a stable run."""
+        if self.key is None:
+            return
+        if verdict.diverged and verdict.regime in JUDGED:  # before its verdict, or after
+            keep(
+                self.key,
+                Remembered("edge", time.time(), f"an update blew up in round {server_round}"),
+            )
+        elif verdict.stage and verdict.probe is not None and verdict.regime in JUDGED:
+            # (a calm probe awaiting its confirming round is still undecided)
+            how = "confirming round" if verdict.stage == "confirm" else "probe"
+            keep(
+                self.key,
+                Remembered(
+                    verdict.regime,
+                    time.time(),
+                    f"round {server_round}'s {how}: dispersion {verdict.probe:.2f}",
+                ),
+            )

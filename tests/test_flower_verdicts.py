@@ -1,0 +1,148 @@
+"""The stability guard's verdict kept for the next run of the same app
+(fedlb.flower.verdicts): the guard taking one up, the store, and Flower's quickstart run
+twice."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from fedlb.balance import StabilityGuard, Verdict
+from fedlb.flower.verdicts import (
+    VERDICTS_FILE,
+    Remembered,
+    VerdictMemory,
+    keep,
+    recall,
+    verdict_key,
+)
+from tests.apps.adopt import adopt
+from tests.test_balance_guard import EQUAL, UNEQUAL
+from tests.test_flower_profiles import run_quickstart
+
+
+def test_a_guard_that_takes_up_a_stable_verdict_balances_fully_and_still_watches():
+    guard = StabilityGuard()
+    guard.adopt("stable")
+    assert (guard.regime, guard.floor) == ("stable", 0.25)
+    # no probe: the rounds after are not judged again, however scattered ...
+    verdict = guard.check({"a": 1.0, "b": 2.0, "c": 0.5}, None, UNEQUAL)
+    assert (verdict.probe, verdict.regime, verdict.floor) == (None, "stable", 0.25)
+    # ... but a blow-up still raises the floor
+    verdict = guard.check({"a": 1.0, "b": 1.1, "c": 9.0}, None, UNEQUAL)
+    assert (verdict.look, verdict.floor) == ("diverged", 0.5)
+
+
+def test_a_guard_that_takes_up_the_edge_keeps_the_floor_without_a_probe():
+    guard = StabilityGuard()
+    guard.adopt("edge")
+    calm = {"a": 1.0, "b": 1.0, "c": 1.0}
+    for _ in range(3):  # a calm round that would have been a probe changes nothing
+        verdict = guard.check(calm, None, UNEQUAL)
+        assert (verdict.probe, verdict.regime, verdict.floor) == (None, "edge", 0.5)
+    fixed = StabilityGuard(probe=0.0)  # a fixed floor takes nothing up
+    fixed.adopt("stable")
+    assert (fixed.regime, fixed.floor) == ("fixed", 0.5)
+    with pytest.raises(ValueError, match="'stable' or 'edge'"):
+        guard.adopt("undecided")
+
+
+def test_a_verdict_is_kept_per_model_train_config_and_app(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
+    app = {"fab": "abc", "overrides": {}}
+    key = verdict_key("model-a", {"lr": 0.1, "server-round": 3}, app)
+    assert key == verdict_key("model-a", {"server-round": 1, "lr": 0.1}, app)  # round: no
+    others = [
+        verdict_key("model-b", {"lr": 0.1}, app),
+        verdict_key("model-a", {"lr": 0.03}, app),
+        verdict_key("model-a", {"lr": 0.1}, {"fab": "edited", "overrides": {}}),
+        verdict_key("model-a", {"lr": 0.1}, {**app, "overrides": {"batch-size": "64"}}),
+    ]
+    assert len({key, *others}) == 5
+    assert recall(key) is None
+    keep(key, Remembered("stable", time.time(), "round 2's probe: dispersion 0.05"))
+    found = recall(key)
+    assert found is not None
+    assert found.regime == "stable"
+    assert "round 2's probe" in found.said()
+    assert "0.0 h ago" in found.said()
+    assert all(recall(other) is None for other in others)
+    path = tmp_path / "profiles" / VERDICTS_FILE
+    assert path.stat().st_mode & 0o777 == 0o600
+    keep(key, Remembered("edge", time.time() - 40 * 24 * 3600, "old"))
+    assert recall(key) is None  # older than a profile may be: ignored
+
+
+def test_a_damaged_store_is_ignored_and_said(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
+    path = tmp_path / "profiles" / VERDICTS_FILE
+    path.parent.mkdir()
+    path.write_text("{half a file")
+    assert recall("k") is None
+    assert f"ignoring the damaged {path}" in caplog.text
+    keep("k", Remembered("edge", time.time(), "x"))  # written anew
+    assert recall("k").regime == "edge"
+    path.write_text(json.dumps({"k": {"regime": "calm", "at": time.time()}}))
+    assert recall("k") is None
+    path.write_text(json.dumps({"k": {"regime": "stable", "at": float("nan")}}))
+    assert recall("k") is None
+    assert caplog.text.count("ignoring a damaged verdict") == 2
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", "off")
+    keep("k", Remembered("stable", time.time(), "x"))  # off: nothing kept, no error
+    assert recall("k") is None
+
+
+def test_the_memory_keeps_decided_verdicts_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
+    memory = VerdictMemory()
+    memory.key = "k"
+    guard = StabilityGuard()
+    even = {"a": 1.0, "b": 1.05, "c": 0.95}
+    memory.after(guard.check(even, None, EQUAL), 1)
+    assert recall("k") is None  # undecided
+    calm = guard.check({"a": 1.3, "b": 1.3, "c": 1.4}, None, UNEQUAL)  # calm, not clearly
+    assert (calm.look, calm.regime) == ("calm", "undecided")
+    memory.after(calm, 2)
+    assert recall("k") is None  # awaiting its confirming round
+    memory.after(guard.check({"a": 1.3, "b": 1.35, "c": 1.4}, None, UNEQUAL), 3)
+    found = recall("k")
+    assert found is not None
+    assert found.regime == "stable"
+    assert found.why.startswith("round 3's confirming round: dispersion")
+    memory.after(guard.check({"a": 1.3, "b": 1.35, "c": 1.4}, None, UNEQUAL), 4)
+    assert recall("k").why == found.why  # later rounds judge nothing
+    memory.after(guard.check({"a": 1.3, "b": 1.35, "c": 19.0}, None, UNEQUAL), 5)
+    assert (recall("k").regime, recall("k").why) == ("edge", "an update blew up in round 5")
+    memory.key = None  # no key (no model layout, profiles off): nothing kept
+    memory.after(Verdict(regime="stable", stage="probe", probe=0.01), 2)
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_second_run_of_a_stable_app_balances_fully_from_round_1(tmp_path, monkeypatch, caplog):
+    """Flower's quickstart at η = 0.03 (stable there on every seed measured): the first
+    run probes and keeps its verdict; the second starts from the stored profiles and takes
+    it up, at full balance in round 1; at another learning rate it probes again."""
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level("INFO")
+    app, _ = adopt("quickstart_pytorch", tmp_path)
+
+    first, log = run_quickstart(app, 3, caplog, overrides={"learning-rate": 0.03})
+    assert "the stability guard's probe" in log
+    kept = json.loads((tmp_path / "profiles" / VERDICTS_FILE).read_text())
+    ((_, verdict),) = kept.items()
+    assert verdict["regime"] == "stable", log
+    floor_sizes = {silo: after for silo, (_, after, _) in first[1].items()}  # at the floor
+
+    second, log = run_quickstart(app, 1, caplog, overrides={"learning-rate": 0.03})
+    assert "takes up the last run's verdict on this app: stable" in log
+    assert "the stability guard's probe" not in log
+    sizes = {silo: b for silo, (b, _, _) in second[1].items()}
+    slowest = min(sizes, key=sizes.__getitem__)
+    assert sizes[slowest] < floor_sizes[slowest]  # below the floor: full balance
+
+    third, log = run_quickstart(app, 1, caplog, overrides={"learning-rate": 0.05})
+    assert "takes up the last run's verdict" not in log  # another app setting: judged anew
+    assert {silo: b for silo, (b, _, _) in third[1].items()} == floor_sizes

@@ -169,7 +169,10 @@ def run_once(
     rounds: int,
     overrides: dict[str, Any],
     speeds: list[float],
+    profiles: bool = False,
 ) -> dict[str, Any]:
+    """One run; with `profiles`, round 1 from the silos' profiles stored in
+    $FEDLB_PROFILE_DIR by an earlier run, and the guard's verdict taken up from it."""
     folder, _ = APPS[app]
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
@@ -201,6 +204,8 @@ def run_once(
                         sizes, PooledProportional(min_share=share)
                     ),
                 )
+            if profiles:
+                balancing = replace(balancing, profiles=True)
             made.append(self)
             init(self, *args, **{**kwargs, "balancing": balancing})
 
@@ -247,6 +252,7 @@ def run_once(
         manager = made[0].manager
         row["floor"] = float(getattr(manager.tuner, "min_share", 0.0)) if manager else 0.0
         row["regime"] = records[-1].guard if records else None  # the guard's verdict
+        row["remembered"] = records[0].guard_remembered if records else None
     else:  # stock: its uniform sizes' E at these speeds, per round
         by_round: dict[int, list[int]] = {}  # FedAvg shares one config: count pushes
         phase = 0
@@ -349,6 +355,12 @@ def main() -> None:
         "--partition", default="iid", help="quickstart, flwr-new: iid, dirichlet:A, classes:K"
     )
     parser.add_argument("--set", nargs="*", default=[], help="run config overrides key=value")
+    parser.add_argument(
+        "--second-run",
+        action="store_true",
+        help="run each balanced policy twice, its profiles and verdicts in a fresh folder; "
+        "report the second run (round 1 balanced from the first's profiles)",
+    )
     parser.add_argument("--json", type=Path, help="append one JSON line per run here")
     parser.add_argument("--from-json", type=Path, nargs="*", help="only print the table")
     parser.add_argument(
@@ -364,6 +376,7 @@ def main() -> None:
     if args.partition != "iid" and args.app == "advanced":
         raise SystemExit("advanced-pytorch has its own partition (Dirichlet 1.0): no --partition")
     os.environ["FEDLB_APP_PARTITION"] = args.partition  # read by the fixtures' load_data
+    os.environ["FEDLB_PROFILE_DIR"] = "off"  # no run depends on the runs before it ...
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     speeds = [float(v) for v in (args.speeds or APPS[args.app][1]).split(",")]
     overrides = dict(item.split("=", 1) for item in args.set)
@@ -371,7 +384,18 @@ def main() -> None:
     rows = []
     for seed in parse_seeds(args.seeds):
         for policy in args.policies:
-            row = run_once(args.app, policy, seed, args.rounds, overrides, speeds)
+            if args.second_run and policy != "stock":
+                with tempfile.TemporaryDirectory() as folder:
+                    os.environ["FEDLB_PROFILE_DIR"] = folder
+                    first = run_once(args.app, policy, seed, args.rounds, overrides, speeds, True)
+                    row = run_once(args.app, policy, seed, args.rounds, overrides, speeds, True)
+                    os.environ["FEDLB_PROFILE_DIR"] = "off"  # ... but its own second run
+                row["second_run"] = True
+                row["first_run"] = {
+                    k: first.get(k) for k in ("regime", "final_accuracy", "collapsed")
+                }
+            else:
+                row = run_once(args.app, policy, seed, args.rounds, overrides, speeds)
             row["partition"] = args.partition
             rows.append(row)
             print(

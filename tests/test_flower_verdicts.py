@@ -146,3 +146,22 @@ def test_a_second_run_of_a_stable_app_balances_fully_from_round_1(tmp_path, monk
     third, log = run_quickstart(app, 1, caplog, overrides={"learning-rate": 0.05})
     assert "takes up the last run's verdict" not in log  # another app setting: judged anew
     assert {silo: b for silo, (b, _, _) in third[1].items()} == floor_sizes
+
+
+def test_fedlbs_own_runs_keep_a_verdict_across_out_dirs_and_seeds():
+    """fedlb's ServerApp keys its verdicts on the settings that decide how silos train:
+    the next run of the same federation (a new out-dir, another seed, more rounds) takes
+    the verdict up; another learning rate or batch size does not."""
+    from fedlb.deploy import RunConfig
+
+    def key(**settings):
+        memory = VerdictMemory()
+        memory.app = RunConfig(**settings).training_settings()
+        memory.know("model-a", {"learning-rate": 0.05}, grid=None)  # type: ignore[arg-type]
+        return memory.key
+
+    first = key(out_dir="runs/a", seed=0, num_rounds=8)
+    assert first == key(out_dir="runs/b", seed=3, num_rounds=20, tensorboard=0, profiles=1)
+    assert first != key(out_dir="runs/a", learning_rate=0.1)
+    assert first != key(out_dir="runs/a", batch_size=64)
+    assert first != key(out_dir="runs/a", partition="dirichlet:0.5")

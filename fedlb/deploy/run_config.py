@@ -68,6 +68,28 @@ RUN_SETTING_HELP = {
 }
 
 
+# What does not change how the silos train (the rounds planned, the seed, where results
+# go, how the server waits): left out of what the guard's verdict is kept under
+# (fedlb.flower.verdicts), so the next run of the same federation takes it up.
+NOT_TRAINING = frozenset(
+    {
+        "num-rounds",
+        "seed",
+        "profiles",
+        "evaluate-every",
+        "evaluate-mode",
+        "data-dir",
+        "round-timeout",
+        "poll-interval",
+        "keep-updates",
+        "tensorboard",
+        "he-context",
+        "out-dir",
+        "resume",
+    }
+)
+
+
 class ConfigError(ValueError):
     """A setting that cannot be used; the message names the key and what to do."""
 
@@ -186,6 +208,10 @@ class RunConfig:
 
     def to_mapping(self) -> dict[str, Any]:
         return {setting_key(k): v for k, v in dataclasses.asdict(self).items()}
+
+    def training_settings(self) -> dict[str, Any]:
+        """The settings that decide how the silos train (all but NOT_TRAINING's)."""
+        return {k: v for k, v in self.to_mapping().items() if k not in NOT_TRAINING}
 
     def check(self) -> None:
         problems = []

@@ -12,9 +12,11 @@ call it calm by chance. A blow-up (an update left out as diverged) in a stable r
 replaces the verdict with the edge: the next run keeps the floor.
 
 "The same app": the model's layout, the train config the server sends (its learning rate,
-for Flower's templates), and the app itself as Flower knows it (its FAB's hash, so an
-edited app is judged anew, and the run's --run-config overrides). Kept in the profiles'
-folder (fedlb.flower.profiles: FEDLB_PROFILE_DIR=off turns both off), 0600; a verdict
+for Flower's templates), and the app itself: for fedlb's own ServerApp its run settings but
+those that do not change how silos train (fedlb.deploy.run_config.NOT_TRAINING: the rounds
+planned, the seed, where results go); for any other app, as Flower knows it (its FAB's
+hash, so an edited app is judged anew, and the run's --run-config overrides). Kept in the
+profiles' folder (fedlb.flower.profiles: FEDLB_PROFILE_DIR=off turns both off), 0600; a verdict
 older than the profiles' MAX_AGE_S is ignored.
 """
 
@@ -129,11 +131,16 @@ class VerdictMemory:
     def __init__(self) -> None:
         self.key: str | None = None
         self.adopted: Remembered | None = None
+        # the app's settings that decide how its silos train, where the ServerApp knows
+        # them (fedlb's own: its run settings less where results go); else, Flower's
+        # identity of the app (app_identity)
+        self.app: Mapping[str, Any] | None = None
 
     def know(self, model: str | None, train_config: Mapping[str, Any], grid: Grid) -> None:
         """This run's key (once, before round 1; no key without the model's layout)."""
         if self.key is None and model is not None:
-            self.key = verdict_key(model, train_config, app_identity(grid))
+            app = app_identity(grid) if self.app is None else {"settings": dict(self.app)}
+            self.key = verdict_key(model, train_config, app)
 
     def adopt(self, guard: StabilityGuard) -> Remembered | None:
         """Round 1 from profiles: the guard takes up the last verdict for this app, if

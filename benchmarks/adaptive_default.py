@@ -22,7 +22,11 @@ Definitions, the same for both:
   stock's clock time, so a target only stock's last round reaches says nothing of
   time), or `--target`; experiments: the scenario's target;
 - E: the mean over every round, round 1 (uniform sizes) included, on the model clock;
-- regime: how many of the default's runs its probe found stable.
+- regime: how many of the default's runs its probe found stable;
+- second run (`app_accuracy.py --second-run`, `fedlb experiment --second-run`): each
+  balanced policy's second run, round 1 from its first run's stored profiles and the
+  default taking up its first run's verdict; stock's runs are its first (nothing of a
+  first run changes a stock run).
 
     .venv/bin/python benchmarks/adaptive_default.py --apps docs/results/adaptive-default/*.jsonl \
         --experiments docs/results/adaptive-default/experiment-*
@@ -98,9 +102,13 @@ def app_settings(files: list[Path], target: float | None) -> list[dict[str, Any]
                 continue
             lr = row["overrides"].get("learning-rate", "app's")
             key = (row["app"], row.get("partition", "iid"), lr, tuple(row["speeds"]))
-            groups[key][role].append(row)
+            groups[(*key, bool(row.get("second_run")))][role].append(row)
+    for group, by_role in groups.items():  # stock has no second run: its only run stands
+        if group[-1] and "stock" not in by_role:
+            first_run = groups.get((*group[:-1], False), {})
+            by_role["stock"] = list(first_run.get("stock", []))
     settings = []
-    for (app, partition, lr, speeds), by_role in sorted(groups.items(), key=str):
+    for (app, partition, lr, speeds, second), by_role in sorted(groups.items(), key=str):
         stock = [r["final_accuracy"] for r in by_role.get("stock", [])]
         goal = target
         if goal is None and stock:
@@ -128,7 +136,7 @@ def app_settings(files: list[Path], target: float | None) -> list[dict[str, Any]
         settings.append(
             {
                 "setting": f"{app}, {partition}, η {lr}, {len(speeds)} silos 1:{spread:g}, "
-                f"{rows[0]['rounds']} rounds",
+                f"{rows[0]['rounds']} rounds" + (", second run" if second else ""),
                 "target": goal,
                 "roles": roles,
             }
@@ -171,6 +179,7 @@ def experiment_settings(folders: list[Path]) -> list[dict[str, Any]]:
             f"{scenario['dataset']} {scenario['model']}, {scenario['partition']}, "
             f"η {scenario['learning_rate']}, {scenario['silos']} silos "
             f"{scenario['speeds']}, {scenario['rounds']} rounds"
+            + (", second run" if scenario.get("second_run") else "")
         )
         ten_classes[name] = scenario["dataset"] in ("digits", "fashion-mnist")
         _, by_role = runs.setdefault(name, (scenario["target_accuracy"], {}))

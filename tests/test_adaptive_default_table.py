@@ -76,3 +76,31 @@ def test_the_paired_ratio_skips_seeds_neither_reached_and_needs_two():
     assert paired_ratio(floor, default) == pytest.approx(0.5)
     assert paired_ratio({"times": {0: 5.0}}, {"times": {0: 4.0}}) is None
     assert math.isinf(paired_ratio({"times": {0: None, 1: None}}, {"times": {0: 1.0, 1: 2.0}}))
+
+
+def test_a_second_run_is_its_own_setting_with_stocks_only_run_beside_it(tmp_path):
+    from benchmarks.adaptive_default import app_settings
+
+    def row(policy, seed, final, second=False):
+        values = {
+            "app": "quickstart",
+            "policy": policy,
+            "seed": seed,
+            "rounds": 2,
+            "overrides": {"learning-rate": 0.1},
+            "speeds": [100, 400],
+            "final_accuracy": final,
+            "accuracy_by_round": [0.1, 0.5, final],
+            "round_s": [4.0, 2.0],
+            "efficiency": [0.5, 1.0],
+        }
+        return json.dumps({**values, "second_run": True} if second else values)
+
+    runs = tmp_path / "runs.jsonl"
+    lines = [row("stock", 0, 0.8), row("default", 0, 0.7), row("default", 0, 0.9, second=True)]
+    runs.write_text("\n".join(lines) + "\n")
+    first, second = app_settings([runs], target=0.6)
+    assert not first["setting"].endswith("second run")
+    assert second["setting"].endswith(", 2 rounds, second run")
+    assert second["roles"]["default"]["final_accuracy"] == [0.9]
+    assert second["roles"]["stock"] == first["roles"]["stock"]  # stock's one run, both

@@ -171,6 +171,56 @@ def test_three_silos_with_speed_factors_1_2_4(tmp_path):
             os.kill(pid, 0)
 
 
+def test_the_next_run_starts_balanced_at_the_first_runs_verdict(tmp_path, monkeypatch):
+    """Real processes, run twice with one profiles folder (as a deployment would be): the
+    second run's round 1 is balanced from the silos' stored profiles, and its guard takes
+    up the first run's verdict instead of probing, though its out-dir and seed differ."""
+    from pathlib import Path
+
+    from fedlb.deploy import run_server, server_settings, silo_settings, start_silo
+
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))  # every process's
+
+    def run(name, seed):
+        out, silos = tmp_path / name, []
+
+        def start_silos(ready):
+            for i, factor in enumerate((1, 2, 4)):
+                values = {
+                    "server": ready.address,
+                    "slowdown": float(factor),
+                    "base-speed": BASE_SPEED,
+                    "workdir": str(tmp_path / f"{name}-silo-{i}"),
+                }
+                silos.append(start_silo(silo_settings(Path(f"silos/silo-{i}.toml"), values)))
+
+        server, settings = server_settings(
+            Path("server/server.toml"),
+            {"port": 0, "out-dir": str(out), "run-timeout": 400.0},
+            {k: v for k, v in run_settings(out, seed=seed).items() if k != "out-dir"},
+        )
+        try:
+            outcome = run_server(server, settings, on_ready=start_silos)
+        finally:
+            for silo in silos:
+                silo.stop()
+        assert outcome.ok, (outcome.status, outcome.log_path.read_text()[-3000:])
+        return outcome, json.loads((out / "summary.json").read_text())["stability"]
+
+    first, judged = run("first", seed=0)
+    assert judged["regime"] in ("stable", "edge")
+    assert judged["remembered"] is None
+    assert {s.batch_size for s in first.records[0].silos} == {16}  # round 1 uniform
+    second, taken = run("second", seed=1)
+    assert taken["remembered"].startswith(f"{judged['regime']}, found ")
+    assert taken["decided_in_round"] is None  # no probe ran
+    sizes = {s.silo: s.batch_size for s in second.records[0].silos}
+    assert sizes["silo-0"] > sizes["silo-1"] > sizes["silo-2"]  # balanced from round 1
+    floor = 0.25 if judged["regime"] == "stable" else 0.5
+    assert min(sizes.values()) >= floor * 16
+    assert (min(sizes.values()) < 8) == (judged["regime"] == "stable")  # 27:14:7 or 26:14:8
+
+
 def test_he_fedavg_over_tls_with_silo_authentication(tmp_path):
     """One federation set up as a deployment across organisations would be, serving the
     assertions of all three layers.

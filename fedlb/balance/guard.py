@@ -56,6 +56,10 @@ of the quickstart's, those calm by dispersion had all grown 1.43x or more, and t
 steps did not grow scatter by 0.16-0.73 even net of noise (13 of them classes:2 at η = 0.1;
 docs/experiments.md, "A false alarm on a real deployment").
 
+A run that starts balanced (from stored speed profiles) has no round at equal sizes to
+probe against; the server then gives its guard the verdict the last run of the same app
+reached (`adopt`; fedlb.flower.verdicts), instead of a probe on raw norms.
+
 The silos report their update norm (`balance_mod`) and their loss (the app's own metric);
 both travel in the clear, so the guard works under HE too.
 """

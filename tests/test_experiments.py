@@ -19,7 +19,7 @@ from fedlb.experiments import (
     SpeedProfile,
     preset,
 )
-from fedlb.flower import Balancing
+from fedlb.flower import Balancing, records_from_json_lines
 
 
 def test_speed_traces():
@@ -455,6 +455,32 @@ def test_a_small_comparison_end_to_end(tmp_path):
     parts = json.loads((tmp_path / "seed-0" / "partition.json").read_text())
     assert len(parts) == 3
     assert np.sum([p["samples"] for p in parts]) > 1000
+
+
+@pytest.mark.slow
+def test_a_second_run_starts_balanced_at_the_first_runs_verdict(tmp_path):
+    """--second-run: each policy runs twice with its own profiles folder; the second run,
+    reported, starts from the first's stored profiles and takes up its verdict."""
+    result = CliRunner().invoke(
+        app,
+        [
+            "experiment",
+            *("--silos", "3", "--speeds", "1,2,4", "--rounds", "3", "--local-steps", "5"),
+            *("--batch-size", "16", "--learning-rate", "0.1", "--policies", "lb"),
+            *("--second-run", "--out", str(tmp_path), "--no-page"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "each policy's second run" in result.output
+    folder = tmp_path / "policies" / "lb"
+    first = json.loads((folder / "first-run" / "summary.json").read_text())["stability"]
+    assert first["regime"] in ("stable", "edge")
+    assert first["remembered"] is None
+    assert (folder / "profiles" / "verdicts.json").exists()
+    second = json.loads((tmp_path / "summary.json").read_text())["policies"]["lb"]
+    assert second["stability"]["remembered"].startswith(f"{first['regime']}, found ")
+    rounds = records_from_json_lines((folder / "rounds.jsonl").read_text().splitlines())
+    assert len({s.batch_size for s in rounds[0].silos}) == 3  # balanced from round 1
 
 
 @pytest.mark.slow

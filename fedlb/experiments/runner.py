@@ -38,9 +38,8 @@ def run_policy(
     for this run alone); its records and clock times. `he`: the (public, secret) key
     files when updates travel encrypted (None under a scenario with HE: fresh keys).
     Under `second_run` the policy runs twice with a fresh folder of stored profiles and
-    verdicts (`out_dir`/profiles), the first run's files moved to `out_dir`/first-run
-    (the two runs' configs are the same: a verdict is kept per app and run config), and
-    the second run is returned."""
+    verdicts (`out_dir`/profiles), the first run's files in `out_dir`/first-run, and the
+    second run is returned."""
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     if scenario.he and he is None:
@@ -54,11 +53,7 @@ def run_policy(
         first = out_dir / FIRST_RUN
         for earlier in (profiles, first):
             shutil.rmtree(earlier, ignore_errors=True)
-        _run_once(scenario, policy, out_dir, federation, he, on_round, profiles)
-        first.mkdir()
-        for path in out_dir.iterdir():
-            if path.name not in (SECOND_RUN_PROFILES, FIRST_RUN, "keys", "processes"):
-                path.rename(first / path.name)
+        _run_once(scenario, policy, first, federation, he, on_round, profiles)
         return _run_once(scenario, policy, out_dir, federation, he, on_round, profiles)
 
 

@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.app_accuracy import DEAD, time_to
 
 # (app policy, experiment policy) -> the table's name
+SECOND_RUN = ", second run"  # a setting's name, where its runs are second runs
 ROLES = {
     "stock": "stock",
     "fedavg": "stock",
@@ -136,7 +137,7 @@ def app_settings(files: list[Path], target: float | None) -> list[dict[str, Any]
         settings.append(
             {
                 "setting": f"{app}, {partition}, η {lr}, {len(speeds)} silos 1:{spread:g}, "
-                f"{rows[0]['rounds']} rounds" + (", second run" if second else ""),
+                f"{rows[0]['rounds']} rounds" + (SECOND_RUN if second else ""),
                 "target": goal,
                 "roles": roles,
             }
@@ -179,7 +180,7 @@ def experiment_settings(folders: list[Path]) -> list[dict[str, Any]]:
             f"{scenario['dataset']} {scenario['model']}, {scenario['partition']}, "
             f"η {scenario['learning_rate']}, {scenario['silos']} silos "
             f"{scenario['speeds']}, {scenario['rounds']} rounds"
-            + (", second run" if scenario.get("second_run") else "")
+            + (SECOND_RUN if scenario.get("second_run") else "")
         )
         ten_classes[name] = scenario["dataset"] in ("digits", "fashion-mnist")
         _, by_role = runs.setdefault(name, (scenario["target_accuracy"], {}))
@@ -189,6 +190,11 @@ def experiment_settings(folders: list[Path]) -> list[dict[str, Any]]:
                 continue
             seeds = combined.get("per_seed", {str(scenario["seed"]): combined})
             by_role.setdefault(role, {}).update(seeds)
+    for name, (_, by_role) in runs.items():  # stock has no second run: its only run stands
+        if name.endswith(SECOND_RUN) and "stock" not in by_role:
+            first_run = runs.get(name.removesuffix(SECOND_RUN), (0.0, {}))[1]
+            if "stock" in first_run:
+                by_role["stock"] = first_run["stock"]
     settings: list[dict[str, Any]] = []
     for name, (target, by_role) in runs.items():
         roles = {}

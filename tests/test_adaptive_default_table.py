@@ -104,3 +104,18 @@ def test_a_second_run_is_its_own_setting_with_stocks_only_run_beside_it(tmp_path
     assert second["setting"].endswith(", 2 rounds, second run")
     assert second["roles"]["default"]["final_accuracy"] == [0.9]
     assert second["roles"]["stock"] == first["roles"]["stock"]  # stock's one run, both
+
+
+def test_an_experiments_second_run_takes_stock_from_its_first_run(tmp_path):
+    first = folder(tmp_path, "a", {"fedavg": {"0": run(20.0)}, "lb": {"0": run(10.0)}})
+    second = tmp_path / "b"
+    second.mkdir()
+    summary = {
+        "scenario": {**SCENARIO, "second_run": True},
+        "policies": {"lb": {"per_seed": {"0": run(7.0)}}},
+    }
+    (second / "summary.json").write_text(json.dumps(summary))
+    one, two = experiment_settings([first, second])
+    assert two["setting"] == one["setting"] + ", second run"
+    assert two["roles"]["stock"] == one["roles"]["stock"]
+    assert two["roles"]["default"]["times"] == {0: 7.0}

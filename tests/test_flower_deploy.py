@@ -214,6 +214,8 @@ def test_the_next_run_starts_balanced_at_the_first_runs_verdict(tmp_path, monkey
     second, taken = run("second", seed=1)
     assert taken["remembered"].startswith(f"{judged['regime']}, found ")
     assert taken["decided_in_round"] is None  # no probe ran
+    said = [e for e in second.records[0].events if "takes up the last run's verdict" in e]
+    assert len(said) == 1  # in round 1's table, as the log says it
     sizes = {s.silo: s.batch_size for s in second.records[0].silos}
     assert sizes["silo-0"] > sizes["silo-1"] > sizes["silo-2"]  # balanced from round 1
     floor = 0.25 if judged["regime"] == "stable" else 0.5

@@ -216,7 +216,7 @@ class LoadBalancedFedAvg(FedAvg):
             return
         manager = self._start_balancing({n: report for n, (_, report) in found.items()})
         if self.guard is not None:
-            self.verdicts.adopt(self.guard)
+            self.verdicts.adopt(self.guard, self.members.events.append)
             manager.set_min_share(least_share(self.guard, self._user_floor))
         stored.replay(manager, found, self._load_report)
         stored.say_used(self.members.label, self.sizes_by_silo())

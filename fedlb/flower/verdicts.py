@@ -26,7 +26,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from logging import INFO
 from typing import TYPE_CHECKING, Any
@@ -142,22 +142,25 @@ class VerdictMemory:
             app = app_identity(grid) if self.app is None else {"settings": dict(self.app)}
             self.key = verdict_key(model, train_config, app)
 
-    def adopt(self, guard: StabilityGuard) -> Remembered | None:
+    def adopt(
+        self, guard: StabilityGuard, note: Callable[[str], None] | None = None
+    ) -> Remembered | None:
         """Round 1 from profiles: the guard takes up the last verdict for this app, if
-        any (said in the log)."""
+        any, said in the log and to `note` (the round record's events)."""
         found = None if self.key is None or guard.probe <= 0 else recall(self.key)
         if found is None:
             return None
         guard.adopt(found.regime)
         self.adopted = found
-        say(
-            INFO,
-            "the stability guard takes up the last run's verdict on this app: %s; every "
-            "silo at least %.0f%% of the mean batch from round 1%s",
-            found.said(),
-            100 * guard.floor,
-            " (an update that blows up still raises the floor)" if found.regime == "stable" else "",
+        watch = " (an update that blows up still raises it)" if found.regime == "stable" else ""
+        text = (
+            f"the stability guard takes up the last run's verdict on this app: "
+            f"{found.said()}; every silo at least {100 * guard.floor:.0f}% of the mean batch "
+            f"from round 1{watch}"
         )
+        say(INFO, "%s", text)
+        if note is not None:
+            note(text)
         return found
 
     def after(self, verdict: Verdict, server_round: int) -> None:

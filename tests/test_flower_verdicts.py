@@ -88,7 +88,9 @@ def test_a_damaged_store_is_ignored_and_said(tmp_path, monkeypatch, caplog):
     assert recall("k") is None
     path.write_text(json.dumps({"k": {"regime": "stable", "at": float("nan")}}))
     assert recall("k") is None
-    assert caplog.text.count("ignoring a damaged verdict") == 2
+    path.write_text(json.dumps({"k": "stable"}))
+    assert recall("k") is None
+    assert caplog.text.count("ignoring a damaged verdict") == 3
     monkeypatch.setenv("FEDLB_PROFILE_DIR", "off")
     keep("k", Remembered("stable", time.time(), "x"))  # off: nothing kept, no error
     assert recall("k") is None

@@ -96,13 +96,17 @@ def recall(key: str) -> Remembered | None:
     except (OSError, ValueError) as error:
         log.warning("ignoring the damaged %s (%s): the guard probes this run", path, error)
         return None
-    if not isinstance(entry, dict):
+    if entry is None:
         return None
-    regime, at, why = entry.get("regime"), entry.get("at"), entry.get("why", "")
+    regime, at, why = (
+        (entry.get(k) for k in ("regime", "at", "why"))
+        if isinstance(entry, dict)
+        else (None, None, None)
+    )
     if regime not in JUDGED or not isinstance(at, (int, float)) or not is_finite_number(at):
         log.warning("ignoring a damaged verdict in %s: the guard probes this run", path)
         return None
-    found = Remembered(str(regime), float(at), str(why))
+    found = Remembered(str(regime), float(at), str(why or ""))
     return found if found.age_s <= MAX_AGE_S else None
 
 

@@ -64,6 +64,7 @@ from fedlb.balance import (  # noqa: E402
     StabilityGuard,
     ideal_round_time,
 )
+from fedlb.data import use_profile_dir  # noqa: E402
 from fedlb.flower import Balancing, LoadBalancedFedAvg  # noqa: E402
 from tests.apps.adopt import adopt, app_config, imported  # noqa: E402
 from tests.flower_fakes import InProcessGrid  # noqa: E402
@@ -376,7 +377,7 @@ def main() -> None:
     if args.partition != "iid" and args.app == "advanced":
         raise SystemExit("advanced-pytorch has its own partition (Dirichlet 1.0): no --partition")
     os.environ["FEDLB_APP_PARTITION"] = args.partition  # read by the fixtures' load_data
-    os.environ["FEDLB_PROFILE_DIR"] = "off"  # no run depends on the runs before it ...
+    use_profile_dir("")  # no run depends on the runs before it ...
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     speeds = [float(v) for v in (args.speeds or APPS[args.app][1]).split(",")]
     overrides = dict(item.split("=", 1) for item in args.set)
@@ -386,10 +387,10 @@ def main() -> None:
         for policy in args.policies:
             if args.second_run and policy != "stock":
                 with tempfile.TemporaryDirectory() as folder:
-                    os.environ["FEDLB_PROFILE_DIR"] = folder
+                    use_profile_dir(folder)
                     first = run_once(args.app, policy, seed, args.rounds, overrides, speeds, True)
                     row = run_once(args.app, policy, seed, args.rounds, overrides, speeds, True)
-                    os.environ["FEDLB_PROFILE_DIR"] = "off"  # ... but its own second run
+                    use_profile_dir("")  # ... but its own second run
                 row["second_run"] = True
                 row["first_run"] = {
                     k: first.get(k) for k in ("regime", "final_accuracy", "collapsed")

@@ -1,6 +1,13 @@
 """fedlb.data: dataset loaders and partitioners (numpy only)."""
 
-from .cache import cached_partition, dataset_fingerprint, partition_cache_dir, user_cache_dir
+from .cache import (
+    cached_partition,
+    dataset_fingerprint,
+    partition_cache_dir,
+    profile_cache_dir,
+    use_profile_dir,
+    user_cache_dir,
+)
 from .digits import load_digits
 from .files import load_npz
 from .images import (
@@ -57,8 +64,10 @@ __all__ = [
     "partition_by_id",
     "partition_cache_dir",
     "partition_dirichlet",
+    "profile_cache_dir",
     "server_holdout",
     "silo_split",
     "split_holdout",
+    "use_profile_dir",
     "user_cache_dir",
 ]

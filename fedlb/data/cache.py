@@ -42,6 +42,7 @@ FORMAT_VERSION = 1
 ENV_DIR = "FEDLB_CACHE_DIR"
 ENV_MAX_MB = "FEDLB_CACHE_MAX_MB"
 OFF = "off"
+PROFILE_ENV_DIR = "FEDLB_PROFILE_DIR"  # fedlb.flower.profiles's folder
 DEFAULT_MAX_MB = 2048
 PREFIX = "partition-"
 Split = tuple[LabelledData, LabelledData]
@@ -57,6 +58,17 @@ def user_cache_dir(env: str, leaf: str) -> Path | None:
         return Path(chosen).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "fedlb" / leaf
+
+
+def profile_cache_dir() -> Path | None:
+    """Where silos keep their speed profiles and servers their guard verdicts
+    (fedlb.flower.profiles); None when FEDLB_PROFILE_DIR=off."""
+    return user_cache_dir(PROFILE_ENV_DIR, "profiles")
+
+
+def use_profile_dir(folder: str) -> None:
+    """This process's profiles and verdicts in `folder` from now on ('': none, off)."""
+    os.environ[PROFILE_ENV_DIR] = folder or OFF
 
 
 def partition_cache_dir() -> Path | None:

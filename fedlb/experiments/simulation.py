@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
@@ -23,10 +22,9 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.serverapp import Grid, ServerApp
 
-from fedlb.data.cache import OFF
+from fedlb.data import use_profile_dir
 from fedlb.deploy import RunConfig, evaluate_reply, run_app, train_reply
 from fedlb.flower import balance_mod, he_mod
-from fedlb.flower.profiles import ENV_DIR
 
 from .profiles import EmulatedClock
 from .scenario import POLICIES, Scenario
@@ -103,7 +101,7 @@ server = ServerApp()
 def _server(grid: Grid, context: Context) -> None:
     _, config = experiment(context.run_config)
     policy = POLICIES[str(context.run_config[POLICY])]
-    folder = use_profile_dir(context)
+    folder = run_profile_dir(context)
     config = dataclasses.replace(
         config,
         profiles=int(bool(folder)),
@@ -113,18 +111,18 @@ def _server(grid: Grid, context: Context) -> None:
     run_app(grid, config, policy.strategy_class, policy.strategy_args())
 
 
-def use_profile_dir(context: Context) -> str:
+def run_profile_dir(context: Context) -> str:
     """Point this process's stored profiles and verdicts at the run config's folder, or
     turn them off (a Ray worker serves every run of an experiment); the folder."""
     folder = str(context.run_config.get(PROFILE_DIR, ""))
-    os.environ[ENV_DIR] = folder or OFF
+    use_profile_dir(folder)
     return folder
 
 
 def run_config_profiles(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """A silo's profiles where its run config says (a second run), before balance_mod
     reads or stores one."""
-    use_profile_dir(context)
+    run_profile_dir(context)
     return call_next(msg, context)
 
 

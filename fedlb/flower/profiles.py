@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from fedlb.data import user_cache_dir
+from fedlb.data import profile_cache_dir
 
 from .protocol import PARTITION_ID, SERVER_ROUND, SiloReport, numbers
 from .run_files import read_json_object
@@ -46,7 +46,6 @@ if TYPE_CHECKING:  # a silo answering a query never needs the server side
 
 log = logging.getLogger("fedlb.flower")
 
-ENV_DIR = "FEDLB_PROFILE_DIR"
 MAX_AGE_S = 30 * 24 * 3600.0  # older profiles are ignored: hardware and software drift
 QUERY_TIMEOUT_S = 20.0  # a silo that has not answered by then: round 1 at B0
 STALE = 0.3  # measured speed off the profile's by more than this: the profile was stale
@@ -135,7 +134,7 @@ def is_finite_number(value: Any) -> bool:
 
 
 def profile_dir() -> Path | None:
-    return user_cache_dir(ENV_DIR, "profiles")
+    return profile_cache_dir()
 
 
 def model_key(arrays: ArrayRecord) -> str:

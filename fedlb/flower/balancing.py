@@ -127,11 +127,10 @@ class StoredProfiles:
     ) -> Found | None:
         """The sampled silos' stored profiles as their first reports (the silos named by
         them), or None where round 1 runs at every silo's B0."""
-        if self.model is None and not encrypted:  # a ciphertext has no plaintext layout
-            self.model = model_key(arrays)
-        if self.model is None or not seen_before(self.model):
+        model = self.layout(arrays, encrypted)
+        if model is None or not seen_before(model):
             return None
-        found = ask_profiles(grid, nodes, self.model)
+        found = ask_profiles(grid, nodes, model)
         missing = [n for n in nodes if n not in found]
         if missing:
             say(
@@ -147,6 +146,13 @@ class StoredProfiles:
         for node, (_, report) in said.items():
             members.name(node, report.partition_id)
         return said
+
+    def layout(self, arrays: ArrayRecord, encrypted: bool) -> str | None:
+        """The model's layout, what profiles are kept under (None: only a ciphertext
+        seen, which has no plaintext layout)."""
+        if self.model is None and not encrypted:
+            self.model = model_key(arrays)
+        return self.model
 
     def replay(
         self,

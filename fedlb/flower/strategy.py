@@ -207,16 +207,22 @@ class LoadBalancedFedAvg(FedAvg):
         self, grid: Grid, arrays: ArrayRecord, nodes: list[int], config: ConfigRecord
     ) -> None:
         """Round 1 balanced: the silos' stored speed profiles as their first reports,
-        when this server has balanced this model before and every sampled silo has one;
-        the guard then takes up the last verdict on this app, if there is one."""
+        when this server has balanced this model before and every sampled silo has one.
+        The guard first takes up the last verdict on this app; a guard that probes starts
+        from profiles only where the app was found stable (at the edge, or not judged
+        yet, round 1 runs at every silo's B0 as in a first run: on the quickstart at
+        η = 0.1 over 1:2:4, the floor from round 1 ended 7 networks of 60 dead, stock 3)."""
         stored = self.stored_profiles
+        self.verdicts.know(stored.layout(arrays, self.he is not None), config, grid)
+        if self.guard is not None:
+            taken = self.verdicts.adopt(self.guard, self.members.events.append)
+            if self.guard.probe > 0 and (taken is None or taken.regime != "stable"):
+                return
         found = stored.ask(grid, arrays, nodes, self.he is not None, self.members)
-        self.verdicts.know(stored.model, config, grid)  # after ask: it knows the layout
         if found is None:
             return
         manager = self._start_balancing({n: report for n, (_, report) in found.items()})
         if self.guard is not None:
-            self.verdicts.adopt(self.guard, self.members.events.append)
             manager.set_min_share(least_share(self.guard, self._user_floor))
         stored.replay(manager, found, self._load_report)
         stored.say_used(self.members.label, self.sizes_by_silo())

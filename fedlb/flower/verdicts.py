@@ -156,11 +156,17 @@ class VerdictMemory:
             return None
         guard.adopt(found.regime)
         self.adopted = found
-        watch = " (an update that blows up still raises it)" if found.regime == "stable" else ""
+        then = (
+            " from round 1, balanced from the stored speed profiles (an update that blows up "
+            "still raises it)"
+            if found.regime == "stable"
+            else " once balancing starts, and round 1 at every silo's B0 as in a first run "
+            "(no probe)"
+        )
         text = (
             f"the stability guard takes up the last run's verdict on this app: "
-            f"{found.said()}; every silo at least {100 * guard.floor:.0f}% of the mean batch "
-            f"from round 1{watch}"
+            f"{found.said()}; every silo at least {100 * guard.floor:.0f}% of the mean "
+            f"batch{then}"
         )
         say(INFO, "%s", text)
         if note is not None:

@@ -480,7 +480,8 @@ def test_a_second_run_starts_balanced_at_the_first_runs_verdict(tmp_path):
     second = json.loads((tmp_path / "summary.json").read_text())["policies"]["lb"]
     assert second["stability"]["remembered"].startswith(f"{first['regime']}, found ")
     rounds = records_from_json_lines((folder / "rounds.jsonl").read_text().splitlines())
-    assert len({s.batch_size for s in rounds[0].silos}) == 3  # balanced from round 1
+    balanced = len({s.batch_size for s in rounds[0].silos}) == 3  # from round 1
+    assert balanced == (first["regime"] == "stable")  # at the edge: B0, as a first run
 
 
 @pytest.mark.slow

@@ -173,8 +173,9 @@ def test_three_silos_with_speed_factors_1_2_4(tmp_path):
 
 def test_the_next_run_starts_balanced_at_the_first_runs_verdict(tmp_path, monkeypatch):
     """Real processes, run twice with one profiles folder (as a deployment would be): the
-    second run's round 1 is balanced from the silos' stored profiles, and its guard takes
-    up the first run's verdict instead of probing, though its out-dir and seed differ."""
+    second run's guard takes up the first run's verdict instead of probing, though its
+    out-dir and seed differ; stable, its round 1 is balanced from the silos' stored
+    profiles at full balance, at the edge it runs at B0 as a first run's."""
     from pathlib import Path
 
     from fedlb.deploy import run_server, server_settings, silo_settings, start_silo
@@ -217,10 +218,11 @@ def test_the_next_run_starts_balanced_at_the_first_runs_verdict(tmp_path, monkey
     said = [e for e in second.records[0].events if "takes up the last run's verdict" in e]
     assert len(said) == 1  # in round 1's table, as the log says it
     sizes = {s.silo: s.batch_size for s in second.records[0].silos}
-    assert sizes["silo-0"] > sizes["silo-1"] > sizes["silo-2"]  # balanced from round 1
-    floor = 0.25 if judged["regime"] == "stable" else 0.5
-    assert min(sizes.values()) >= floor * 16
-    assert (min(sizes.values()) < 8) == (judged["regime"] == "stable")  # 27:14:7 or 26:14:8
+    if judged["regime"] == "stable":  # balanced from round 1, below the floor's 8: 27:14:7
+        assert sizes["silo-0"] > sizes["silo-1"] > sizes["silo-2"]
+        assert 4 <= sizes["silo-2"] < 8
+    else:
+        assert set(sizes.values()) == {16}
 
 
 def test_he_fedavg_over_tls_with_silo_authentication(tmp_path):

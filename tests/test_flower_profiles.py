@@ -91,7 +91,7 @@ def test_a_malformed_answer_is_no_profile():
         assert read_profile(reply) is None
 
 
-def run_quickstart(app, rounds, caplog, profiles=True, overrides=None):
+def run_quickstart(app, rounds, caplog, profiles=True, overrides=None, guard=True):
     """Flower's quickstart on 3 silos of speeds 400:200:100 (model clock), its run config
     `overrides` set; its balance lines."""
     nodes = {
@@ -110,6 +110,7 @@ def run_quickstart(app, rounds, caplog, profiles=True, overrides=None):
 
     def with_profiles(self, *args, **kwargs):
         balancing = replace(kwargs.get("balancing", Balancing()), profiles=profiles)
+        balancing = balancing if guard else replace(balancing, guard=False)
         init(self, *args, **{**kwargs, "balancing": balancing})
 
     caplog.clear()
@@ -126,21 +127,23 @@ def run_quickstart(app, rounds, caplog, profiles=True, overrides=None):
 
 @pytest.mark.usefixtures("task_identity")
 def test_a_federation_that_ran_before_starts_balanced(tmp_path, monkeypatch, caplog):
-    """Flower's quickstart with the drop-in: the first run's round 1 at B0; a second run
-    asks its silos for their profiles and runs round 1 at the sizes round 2 had; a profile
-    the measurement contradicts is said to be stale; without profiles, B0 again."""
+    """Flower's quickstart with the drop-in, unguarded (with a guard, round 1 starts from
+    profiles only where the app was found stable: test_flower_verdicts): the first run's
+    round 1 at B0; a second run asks its silos for their profiles and runs round 1 at the
+    sizes round 2 had; a profile the measurement contradicts is said to be stale; without
+    profiles, B0 again."""
     monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
     monkeypatch.chdir(tmp_path)
     caplog.set_level("INFO")
     app, _ = adopt("quickstart_pytorch", tmp_path)
 
-    first, _ = run_quickstart(app, 2, caplog)
+    first, _ = run_quickstart(app, 2, caplog, guard=False)
     assert {b for b, _, _ in first[1].values()} == {32}  # nothing known yet: every B0
     balanced = {silo: after for silo, (_, after, _) in first[1].items()}
     assert len(set(balanced.values())) == 3
     assert len(list((tmp_path / "profiles").glob("profile-*.json"))) == 3
 
-    second, log = run_quickstart(app, 1, caplog)
+    second, log = run_quickstart(app, 1, caplog, guard=False)
     assert "round 1 balanced from the silos' stored speed profiles" in log
     assert {silo: b for silo, (b, _, _) in second[1].items()} == balanced
     assert "stale" not in log
@@ -148,10 +151,10 @@ def test_a_federation_that_ran_before_starts_balanced(tmp_path, monkeypatch, cap
     for path in (tmp_path / "profiles").glob("profile-*.json"):  # the silos got 3x faster
         stored = json.loads(path.read_text())
         path.write_text(json.dumps({**stored, "speed": stored["speed"] / 3}))
-    _, log = run_quickstart(app, 1, caplog)
+    _, log = run_quickstart(app, 1, caplog, guard=False)
     assert log.count("stored speed profile was stale") == 3
 
-    third, log = run_quickstart(app, 1, caplog, profiles=False)
+    third, log = run_quickstart(app, 1, caplog, profiles=False, guard=False)
     assert {b for b, _, _ in third[1].values()} == {32}
     assert seen_before(next(iter(json.loads((tmp_path / "profiles/models-seen.json").read_text()))))
 
@@ -214,11 +217,11 @@ def test_a_run_with_a_damaged_profile_starts_at_b0_and_says_so(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     caplog.set_level("INFO")
     app, _ = adopt("quickstart_pytorch", tmp_path)
-    run_quickstart(app, 2, caplog)
+    run_quickstart(app, 2, caplog, guard=False)
     damaged = sorted((tmp_path / "profiles").glob("profile-*.json"))[0]
     damaged.write_text(json.dumps({**json.loads(damaged.read_text()), "speed": 1e300}))
 
-    sizes, log = run_quickstart(app, 1, caplog)
+    sizes, log = run_quickstart(app, 1, caplog, guard=False)
     assert {b for b, _, _ in sizes[1].values()} == {32}  # every silo's B0, as said:
     assert "round 1 at every silo's B0: 1 of 3 silos have no usable stored speed" in log
     assert f"ignoring the damaged speed profile {damaged} (speed 1e+300 samples/s" in log

@@ -125,7 +125,9 @@ def test_the_memory_keeps_decided_verdicts_only(tmp_path, monkeypatch):
 def test_a_second_run_of_a_stable_app_balances_fully_from_round_1(tmp_path, monkeypatch, caplog):
     """Flower's quickstart at η = 0.03 (stable there on every seed measured): the first
     run probes and keeps its verdict; the second starts from the stored profiles and takes
-    it up, at full balance in round 1; at another learning rate it probes again."""
+    it up, at full balance in round 1. At η = 0.1 (the edge on every seed measured) a
+    first run probes again; the next takes up the edge: round 1 at B0 as in a first run,
+    then the floor, no probe."""
     monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
     monkeypatch.chdir(tmp_path)
     caplog.set_level("INFO")
@@ -145,9 +147,17 @@ def test_a_second_run_of_a_stable_app_balances_fully_from_round_1(tmp_path, monk
     slowest = min(sizes, key=sizes.__getitem__)
     assert sizes[slowest] < floor_sizes[slowest]  # below the floor: full balance
 
-    third, log = run_quickstart(app, 1, caplog, overrides={"learning-rate": 0.05})
+    third, log = run_quickstart(app, 2, caplog, overrides={"learning-rate": 0.1})
     assert "takes up the last run's verdict" not in log  # another app setting: judged anew
-    assert {silo: b for silo, (b, _, _) in third[1].items()} == floor_sizes
+    assert {b for b, _, _ in third[1].values()} == {32}  # round 1 at B0, as a first run's
+    assert "the stability guard's probe: at the edge of stability" in log
+
+    fourth, log = run_quickstart(app, 2, caplog, overrides={"learning-rate": 0.1})
+    assert "takes up the last run's verdict on this app: edge" in log
+    assert "the stability guard's probe" not in log
+    assert {b for b, _, _ in fourth[1].values()} == {32}  # at the edge: round 1 at B0 ...
+    assert {silo: b for silo, (b, _, _) in fourth[2].items()} == floor_sizes  # ... then the floor
+    assert "stored speed profiles" not in log  # not even asked for
 
 
 def test_fedlbs_own_runs_keep_a_verdict_across_out_dirs_and_seeds():

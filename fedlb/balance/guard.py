@@ -56,9 +56,9 @@ of the quickstart's, those calm by dispersion had all grown 1.43x or more, and t
 steps did not grow scatter by 0.16-0.73 even net of noise (13 of them classes:2 at η = 0.1;
 docs/experiments.md, "A false alarm on a real deployment").
 
-A run that starts balanced (from stored speed profiles) has no round at equal sizes to
-probe against; the server then gives its guard the verdict the last run of the same app
-reached (`adopt`; fedlb.flower.verdicts), instead of a probe on raw norms.
+A deployment's next run of the same app takes up the verdict its last run reached
+(`adopt`; fedlb.flower.verdicts) instead of probing again: stable, it starts balanced from
+the silos' stored speed profiles; at the edge, it keeps the floor with no probe.
 
 The silos report their update norm (`balance_mod`) and their loss (the app's own metric);
 both travel in the clear, so the guard works under HE too.
@@ -353,10 +353,9 @@ class StabilityGuard:
         return diverged
 
     def adopt(self, regime: str) -> None:
-        """Start judged: a run that begins balanced (from stored speed profiles) has no
-        round at equal sizes to probe against, and takes the regime the last run of the
-        same app found ("stable" or "edge"; fedlb.flower.verdicts). A stable run starts at
-        its floor; a blow-up still raises it, as in any stable run."""
+        """Start judged, at the regime the last run of the same app found ("stable" or
+        "edge"; fedlb.flower.verdicts): no probe. A stable run starts at its floor; a
+        blow-up still raises it, as in any stable run."""
         if regime not in ("stable", "edge"):
             raise ValueError(f"a remembered regime is 'stable' or 'edge', got {regime!r}")
         if self.probe <= 0:  # a fixed floor judges nothing, remembered or not

@@ -1,15 +1,17 @@
 """The stability guard's verdict, remembered for the next run of the same app.
 
 A run that starts balanced from stored speed profiles has no round at equal sizes to probe
-against: its guard judges the raw update norms of its first unequal rounds, at the floor
-meanwhile. At 100 silos that keeps a second run ~1.1x the floor where full balance from
-round 1 gives ~1.4x (docs/experiments.md, "A second run"). The regime is the app's more
-than the run's (its model, data, learning rate and batch sizes decide it), so the server
-keeps the verdict its guard reached, with the evidence, and a later run of the same app
-that starts from profiles takes it up in round 1 instead of probing again: a stable app
-balances fully from round 1, an app at the edge keeps the floor without a probe that could
-call it calm by chance. A blow-up (an update left out as diverged) in a stable run
-replaces the verdict with the edge: the next run keeps the floor.
+against: its guard would judge the raw update norms of its first unequal rounds, at the
+floor meanwhile (at 100 silos ~1.1x the floor where full balance from round 1 gives 1.41x;
+docs/experiments.md, "A second run"), and at the edge the floor from round 1 costs
+networks (the quickstart at η = 0.1 over 1:2:4: 7 of 60 dead, stock 3). The regime is the
+app's more than the run's (its model, data, learning rate and batch sizes decide it), so
+the server keeps the verdict its guard reached, with the evidence, and the next run of the
+same app takes it up before round 1 instead of probing again: a stable app starts from the
+profiles at full balance; an app at the edge runs round 1 at every silo's B0, as a first
+run does, then the floor, with no probe that could call it calm by chance; an app not
+judged yet runs as a first run (B0, then the probe). A blow-up (an update left out as
+diverged) in a stable run replaces the verdict with the edge.
 
 "The same app": the model's layout, the train config the server sends (its learning rate,
 for Flower's templates), and the app itself: for fedlb's own ServerApp its run settings but

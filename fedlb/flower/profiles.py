@@ -345,19 +345,26 @@ def seen_before(model: str) -> bool:
 
 
 def remember_model(model: str) -> None:
+    store_entry(SEEN_FILE, model, time.time(), "note the model")
+
+
+def store_entry(name: str, key: str, value: Any, what: str) -> None:
+    """Set `key` to `value` in the JSON object of the profiles' folder's file `name`
+    (a damaged file, which its reader said, is written anew); a failure is said ("could
+    not `what` in FOLDER"), never raised: what is kept there only saves time."""
     folder = profile_dir()
     if folder is None:
         return
-    path = folder / SEEN_FILE
+    path = folder / name
     try:
-        seen = read_json_object(path)
-    except (OSError, ValueError):  # none yet, or damaged (seen_before said so)
-        seen = {}
-    seen[model] = time.time()
+        kept = read_json_object(path)
+    except (OSError, ValueError):  # none yet, or damaged
+        kept = {}
+    kept[key] = value
     try:
-        write_json_file(path, seen)
+        write_json_file(path, kept)
     except OSError as error:
-        log.warning("could not note the model in %s: %s", folder, error)
+        log.warning("could not %s in %s: %s", what, folder, error)
 
 
 def ask_profiles(

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from fedlb.balance import StabilityGuard, Verdict
 
 from .membership import say
-from .profiles import MAX_AGE_S, is_finite_number, profile_dir, write_json_file
+from .profiles import MAX_AGE_S, is_finite_number, profile_dir, store_entry
 from .protocol import SERVER_ROUND
 from .run_files import read_json_object
 
@@ -115,19 +115,8 @@ def recall(key: str) -> Remembered | None:
 def keep(key: str, found: Remembered) -> None:
     """Store `found` under `key` (atomically; a failure is said, never raised: a verdict
     only saves rounds)."""
-    folder = profile_dir()
-    if folder is None:
-        return
-    path = folder / VERDICTS_FILE
-    try:
-        kept = read_json_object(path)
-    except (OSError, ValueError):  # none yet, or damaged (recall said so)
-        kept = {}
-    kept[key] = {"regime": found.regime, "at": found.at, "why": found.why}
-    try:
-        write_json_file(path, kept)
-    except OSError as error:
-        log.warning("could not keep the guard's verdict in %s: %s", folder, error)
+    entry = {"regime": found.regime, "at": found.at, "why": found.why}
+    store_entry(VERDICTS_FILE, key, entry, "keep the guard's verdict")
 
 
 class VerdictMemory:

@@ -24,9 +24,9 @@ Definitions, the same for both:
 - E: the mean over every round, round 1 (uniform sizes) included, on the model clock;
 - regime: how many of the default's runs its probe found stable;
 - second run (`app_accuracy.py --second-run`, `fedlb experiment --second-run`): each
-  balanced policy's second run, round 1 from its first run's stored profiles and the
-  default taking up its first run's verdict; stock's runs are its first (nothing of a
-  first run changes a stock run).
+  balanced policy's second run: the default takes up its first run's verdict and, where
+  stable, starts round 1 from the first run's stored profiles (the floor always does);
+  stock's runs are its first (nothing of a first run changes a stock run).
 
     .venv/bin/python benchmarks/adaptive_default.py --apps docs/results/adaptive-default/*.jsonl \
         --experiments docs/results/adaptive-default/experiment-*

@@ -172,8 +172,8 @@ def run_once(
     speeds: list[float],
     profiles: bool = False,
 ) -> dict[str, Any]:
-    """One run; with `profiles`, round 1 from the silos' profiles stored in
-    $FEDLB_PROFILE_DIR by an earlier run, and the guard's verdict taken up from it."""
+    """One run; with `profiles`, at the verdict an earlier run kept in
+    $FEDLB_PROFILE_DIR, round 1 from the silos' profiles stored there where it allows."""
     folder, _ = APPS[app]
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
@@ -360,7 +360,8 @@ def main() -> None:
         "--second-run",
         action="store_true",
         help="run each balanced policy twice, its profiles and verdicts in a fresh folder; "
-        "report the second run (round 1 balanced from the first's profiles)",
+        "report the second run (at the first's verdict; round 1 from its profiles where "
+        "stable, or for a policy without a probe)",
     )
     parser.add_argument("--json", type=Path, help="append one JSON line per run here")
     parser.add_argument("--from-json", type=Path, nargs="*", help="only print the table")

@@ -248,7 +248,7 @@ def test_a_blow_up_before_the_probe_means_the_edge():
 
 
 def test_without_a_round_at_equal_sizes_the_probe_reads_the_raw_norms():
-    """A run started from stored speed profiles is unequal from round 1."""
+    """Silos with different own batch sizes are unequal from round 1."""
     guard = StabilityGuard()
     verdict = guard.check({"a": 1.0, "b": 1.02, "c": 0.98}, None, UNEQUAL)
     assert verdict.probe == pytest.approx(0.0163, abs=1e-3)

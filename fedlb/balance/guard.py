@@ -305,8 +305,8 @@ class StabilityGuard:
         a yardstick (a norm from an earlier round at equal sizes) that ran unequal sizes
         (`need_unequal`: the probe; the confirming round only needs two), and reads those
         silos' norms each divided by its yardstick, net of batch noise if `net_of_noise`
-        (see `quiet`). A run whose first rounds were all unequal (started from stored
-        speed profiles) has no yardstick: it is judged on the raw norms."""
+        (see `quiet`). A run whose first rounds were all unequal (silos with different
+        own batch sizes) has no yardstick: it is judged on the raw norms."""
         measured = {n: v for n, v in norms.items() if n in sizes}
         distinct = (lambda names: len({sizes[n] for n in names})) if need_unequal else len
         if len(measured) < 2 or distinct(measured) < 2:

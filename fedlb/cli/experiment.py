@@ -183,9 +183,9 @@ def experiment(
         bool | None,
         typer.Option(
             "--second-run/--first-run",
-            help="Report each policy's second run: round 1 balanced from the profiles "
-            "its first run stored, and the guard's verdict taken up (a deployment run "
-            "again); default the first run.",
+            help="Report each policy's second run, as a deployment run again: the guard "
+            "takes up the first run's verdict, and where it was stable round 1 starts "
+            "balanced from the profiles the first run stored; default the first run.",
         ),
     ] = None,
     ray_address: Annotated[

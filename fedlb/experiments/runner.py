@@ -25,6 +25,9 @@ from .results import PolicyResult, combine_seeds, write_results
 from .scenario import POLICIES, Scenario, ScenarioError
 from .simulation import app_dir, run_config
 
+SECOND_RUN_PROFILES = "profiles"  # a policy's folder under second-run: what run 1 stored
+FIRST_RUN = "first-run"  # ... and run 1's files
+
 
 def run_policy(
     scenario: Scenario,
@@ -55,10 +58,6 @@ def run_policy(
             shutil.rmtree(earlier, ignore_errors=True)
         _run_once(scenario, policy, first, federation, he, on_round, profiles)
         return _run_once(scenario, policy, out_dir, federation, he, on_round, profiles)
-
-
-SECOND_RUN_PROFILES = "profiles"  # a policy's folder under second-run: what run 1 stored
-FIRST_RUN = "first-run"  # ... and run 1's files
 
 
 def _run_once(

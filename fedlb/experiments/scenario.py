@@ -140,10 +140,11 @@ class Scenario:
         measured HE seconds join each silo's fixed cost on either clock, so the model
         clock is no longer bit-for-bit repeatable with it.
     second_run: every policy runs twice, the second time as a deployment's second run of
-        the same app would: round 1 balanced from the silos' speed profiles stored by the
-        first, and the stability guard taking up the first run's verdict
-        (fedlb.flower.verdicts). The second run is reported; the first's files are in
-        its policy's folder, under first-run.
+        the same app would: the stability guard takes up the first run's verdict
+        (fedlb.flower.verdicts) and, where it was stable (or the policy has no probe),
+        round 1 starts balanced from the silos' speed profiles stored by the first. The
+        second run is reported; the first's files are in its policy's folder, under
+        first-run.
     ray_address: the Ray cluster the policies' runs use: '' a head fedlb starts on this
         machine for all of them (one Ray start instead of one per run); host:port the
         head of a running cluster (`ray start --head` on one machine, `ray start

@@ -84,8 +84,8 @@ class RoundRecord:
     guard_growth: float | None = None  # in the probe's round: the silos' steps' growth
     # the noise exponent w the probe was read at (a quiet probe; None: as measured)
     guard_noise_exponent: float | None = None
-    # in round 1 of a run started from stored profiles: the last run's verdict on this app
-    # that the guard took up instead of probing (fedlb.flower.verdicts), in words
+    # in a run's round 1: the last run's verdict on this app that the guard took up
+    # instead of probing (fedlb.flower.verdicts), in words
     guard_remembered: str | None = None
 
     @property

@@ -91,7 +91,7 @@ def regime_text(verdict: Verdict, guard: StabilityGuard) -> str:
     against = (
         "each against its own at equal sizes"
         if verdict.own
-        else "as they are (no round at equal sizes to compare with: started from profiles)"
+        else "as they are (no round at equal sizes to compare with)"
     )
     net = (
         ""

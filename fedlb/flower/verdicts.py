@@ -72,9 +72,8 @@ def app_identity(grid: Grid) -> dict[str, Any]:
         run = grid.run
     except (NotImplementedError, AttributeError, RuntimeError):
         return {}
-    fab = getattr(run, "fab_hash", "") or f"{getattr(run, 'fab_id', '')}@{run.fab_version}"
-    overrides = dict(getattr(run, "override_config", {}) or {})
-    return {"fab": fab, "overrides": {k: str(v) for k, v in sorted(overrides.items())}}
+    overrides = {k: str(v) for k, v in sorted(run.override_config.items())}
+    return {"fab": run.fab_hash or f"{run.fab_id}@{run.fab_version}", "overrides": overrides}
 
 
 def verdict_key(model: str, train_config: Mapping[str, Any], app: Mapping[str, Any]) -> str:
@@ -100,11 +99,8 @@ def recall(key: str) -> Remembered | None:
         return None
     if entry is None:
         return None
-    regime, at, why = (
-        (entry.get(k) for k in ("regime", "at", "why"))
-        if isinstance(entry, dict)
-        else (None, None, None)
-    )
+    fields = entry if isinstance(entry, dict) else {}
+    regime, at, why = fields.get("regime"), fields.get("at"), fields.get("why")
     if regime not in JUDGED or not isinstance(at, (int, float)) or not is_finite_number(at):
         log.warning("ignoring a damaged verdict in %s: the guard probes this run", path)
         return None

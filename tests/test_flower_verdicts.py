@@ -177,3 +177,25 @@ def test_fedlbs_own_runs_keep_a_verdict_across_out_dirs_and_seeds():
     assert first != key(out_dir="runs/a", learning_rate=0.1)
     assert first != key(out_dir="runs/a", batch_size=64)
     assert first != key(out_dir="runs/a", partition="dirichlet:0.5")
+
+
+def test_a_process_is_pointed_at_a_profiles_folder_without_touching_its_environment(
+    tmp_path, monkeypatch
+):
+    """An experiment points each reused process at its run's folder; the environment is
+    left alone (setenv in a running process races its other threads' getenv)."""
+    import os
+
+    from fedlb.data import cache, profile_cache_dir, use_profile_dir
+
+    monkeypatch.setattr(cache, "_profile_dir", None)  # restored after the test
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "env"))
+    assert profile_cache_dir() == tmp_path / "env"
+    use_profile_dir(str(tmp_path / "run"))
+    assert profile_cache_dir() == tmp_path / "run"
+    assert os.environ["FEDLB_PROFILE_DIR"] == str(tmp_path / "env")
+    keep("k", Remembered("stable", time.time(), "x"))
+    assert (tmp_path / "run" / VERDICTS_FILE).exists()
+    use_profile_dir("")  # none: nothing stored or read
+    assert profile_cache_dir() is None
+    assert recall("k") is None

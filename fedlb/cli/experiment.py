@@ -269,7 +269,7 @@ def experiment(
         + (f"; seeds {', '.join(map(str, chosen.seeds()))}" if chosen.repeats > 1 else "")
         + ("; HE: CKKS (measured HE seconds join each silo's fixed cost)" if chosen.he else "")
         + (
-            "; each policy's second run (round 1 from its first's profiles)"
+            "; each policy's second run (at its first's verdict, from its profiles)"
             if chosen.second_run
             else ""
         )

@@ -60,15 +60,26 @@ def user_cache_dir(env: str, leaf: str) -> Path | None:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "fedlb" / leaf
 
 
+# use_profile_dir's folder for this process ('': none), over $FEDLB_PROFILE_DIR; not the
+# environment itself: setenv in a running process races the getenv of its other threads
+# (torch's, Ray's), and a simulated server crashed in getenv that way
+_profile_dir: str | None = None
+
+
 def profile_cache_dir() -> Path | None:
     """Where silos keep their speed profiles and servers their guard verdicts
-    (fedlb.flower.profiles); None when FEDLB_PROFILE_DIR=off."""
+    (fedlb.flower.profiles); None when FEDLB_PROFILE_DIR=off (or `use_profile_dir('')`)."""
+    if _profile_dir is not None:
+        return Path(_profile_dir) if _profile_dir else None
     return user_cache_dir(PROFILE_ENV_DIR, "profiles")
 
 
 def use_profile_dir(folder: str) -> None:
-    """This process's profiles and verdicts in `folder` from now on ('': none, off)."""
-    os.environ[PROFILE_ENV_DIR] = folder or OFF
+    """This process's profiles and verdicts in `folder` from now on ('': none, off),
+    whatever $FEDLB_PROFILE_DIR says (an experiment points a reused process at each run's
+    folder)."""
+    global _profile_dir
+    _profile_dir = folder
 
 
 def partition_cache_dir() -> Path | None:

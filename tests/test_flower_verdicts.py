@@ -8,19 +8,25 @@ import json
 import time
 
 import pytest
+from typer.testing import CliRunner
 
 from fedlb.balance import StabilityGuard, Verdict
+from fedlb.cli import app as cli
+from fedlb.cli.common import console
 from fedlb.flower.verdicts import (
     VERDICTS_FILE,
     Remembered,
     VerdictMemory,
     keep,
     recall,
+    remembered,
     verdict_key,
 )
 from tests.apps.adopt import adopt
 from tests.test_balance_guard import EQUAL, UNEQUAL
 from tests.test_flower_profiles import run_quickstart
+
+runner = CliRunner()
 
 
 def test_a_guard_that_takes_up_a_stable_verdict_balances_fully_and_still_watches():
@@ -158,6 +164,58 @@ def test_a_second_run_of_a_stable_app_balances_fully_from_round_1(tmp_path, monk
     assert {b for b, _, _ in fourth[1].values()} == {32}  # at the edge: round 1 at B0 ...
     assert {silo: b for silo, (b, _, _) in fourth[2].items()} == floor_sizes  # ... then the floor
     assert "stored speed profiles" not in log  # not even asked for
+
+    # the user's view: both verdicts listed with the app in words; forgetting the edge's
+    # makes the next run at η = 0.1 probe again
+    monkeypatch.setattr(console, "width", 300)
+    kept = json.loads((tmp_path / "profiles" / VERDICTS_FILE).read_text())
+    assert sorted(v["regime"] for v in kept.values()) == ["edge", "stable"]
+    assert sorted(v["app"].rsplit("; ", 1)[-1] for v in kept.values()) == [
+        "sends lr=0.03",
+        "sends lr=0.1",
+    ]
+    listed = runner.invoke(cli, ["verdicts"])
+    assert listed.exit_code == 0, listed.output
+    assert all(key in listed.output for key in kept)
+    (edge,) = [k for k, v in kept.items() if v["regime"] == "edge"]
+    assert f"fedlb verdicts --forget {edge}" in log  # the log says how
+    forgotten = runner.invoke(cli, ["verdicts", "--forget", edge])
+    assert forgotten.exit_code == 0, forgotten.output
+    _, log = run_quickstart(app, 2, caplog, overrides={"learning-rate": 0.1})
+    assert "takes up the last run's verdict" not in log
+    assert "the stability guard's probe" in log
+
+
+def test_the_verdicts_command_lists_forgets_and_says_what_is_wrong(tmp_path, monkeypatch):
+    monkeypatch.setattr(console, "width", 300)  # a wide terminal: each row on one line
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
+    assert "No verdicts kept" in runner.invoke(cli, ["verdicts"]).output
+    keep("k1", Remembered("stable", time.time() - 7200, "round 2's probe: dispersion 0.05", "a"))
+    keep("k2", Remembered("edge", time.time() - 40 * 24 * 3600, "an update blew up", "b"))
+    listed = runner.invoke(cli, ["verdicts"])
+    assert listed.exit_code == 0, listed.output
+    assert "2.0 h ago" in listed.output
+    assert "too old: ignored" in listed.output
+    missing = runner.invoke(cli, ["verdicts", "--forget", "k9"])
+    assert missing.exit_code == 2
+    assert "no verdict is kept under k9" in missing.output
+    assert runner.invoke(cli, ["verdicts", "--forget", "k1", "--forget-all"]).exit_code == 2
+    assert runner.invoke(cli, ["verdicts", "--forget", "k1"]).exit_code == 0
+    assert recall("k1") is None
+    assert set(remembered()) == {"k2"}
+    path = tmp_path / "profiles" / VERDICTS_FILE
+    assert path.stat().st_mode & 0o777 == 0o600
+    path.write_text("{half")
+    damaged = runner.invoke(cli, ["verdicts"])
+    assert damaged.exit_code == 2
+    assert "--forget-all" in damaged.output
+    assert runner.invoke(cli, ["verdicts", "--forget-all"]).exit_code == 2  # unreadable
+    path.write_text(json.dumps({"k3": "stable"}))
+    assert "damaged" in runner.invoke(cli, ["verdicts"]).output
+    assert runner.invoke(cli, ["verdicts", "--forget-all"]).exit_code == 0
+    assert remembered() == {}
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", "off")
+    assert "off" in runner.invoke(cli, ["verdicts"]).output
 
 
 def test_fedlbs_own_runs_keep_a_verdict_across_out_dirs_and_seeds():

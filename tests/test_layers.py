@@ -30,6 +30,7 @@ LAYERS = {
 PUBLIC_MODULES = {
     "fedlb.flower.protocol": "the wire protocol: every key fedlb adds to Flower's messages",
     "fedlb.flower.identity": "a silo's identity (its node id) and the names derived from it",
+    "fedlb.flower.verdicts": "the guard's remembered verdicts, which `fedlb verdicts` lists",
 }
 MAX_FACE = 30
 

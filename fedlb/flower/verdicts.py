@@ -28,15 +28,16 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from logging import INFO
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedlb.balance import StabilityGuard, Verdict
 
 from .membership import say
-from .profiles import MAX_AGE_S, is_finite_number, profile_dir, store_entry
+from .profiles import MAX_AGE_S, is_finite_number, profile_dir, store_entry, write_json_file
 from .protocol import SERVER_ROUND
 from .run_files import read_json_object
 
@@ -51,15 +52,21 @@ JUDGED = ("stable", "edge")  # the regimes worth remembering (not undecided, not
 
 @dataclass(frozen=True)
 class Remembered:
-    """A verdict a run reached: its regime, when, and on what evidence."""
+    """A verdict a run reached: its regime, when, on what evidence, and of which app."""
 
     regime: str
     at: float  # time.time() when it was reached
     why: str  # the evidence, in words (the probe's dispersion, or the blow-up)
+    app: str = ""  # the app, in words (the key is a hash): for `fedlb verdicts`
 
     @property
     def age_s(self) -> float:
         return max(0.0, time.time() - self.at)
+
+    @property
+    def expired(self) -> bool:
+        """Older than the profiles' MAX_AGE_S: hardware and software drift, so ignored."""
+        return self.age_s > MAX_AGE_S
 
     def said(self) -> str:
         return f"{self.regime}, found {self.age_s / 3600:.1f} h ago ({self.why})"
@@ -76,12 +83,45 @@ def app_identity(grid: Grid) -> dict[str, Any]:
     return {"fab": run.fab_hash or f"{run.fab_id}@{run.fab_version}", "overrides": overrides}
 
 
+def describe_app(train_config: Mapping[str, Any], app: Mapping[str, Any]) -> str:
+    """The app a verdict is of, in words: Flower's name of it (or fedlb's own settings)
+    and the train config it sends, less the round number."""
+    sent = ", ".join(f"{k}={v}" for k, v in sorted(train_config.items()) if k != SERVER_ROUND)
+    if "settings" in app:
+        settings = ", ".join(f"{k}={v}" for k, v in sorted(dict(app["settings"]).items()))
+        named = f"fedlb's ServerApp ({settings})"
+    else:
+        overrides = dict(app.get("overrides", {}))
+        named = str(app.get("fab") or "an app the grid did not name") + (
+            " with " + ", ".join(f"{k}={v}" for k, v in overrides.items()) if overrides else ""
+        )
+    return named + (f"; sends {sent}" if sent else "")
+
+
 def verdict_key(model: str, train_config: Mapping[str, Any], app: Mapping[str, Any]) -> str:
     """What a verdict is kept under: the model's layout, the train config (less the
     round number) and the app."""
     config = {k: str(v) for k, v in sorted(train_config.items()) if k != SERVER_ROUND}
     text = json.dumps([model, config, dict(app)], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _kept(path: Path) -> dict[str, Any]:
+    """The verdicts file's object ({} where there is none yet); damage raised as
+    OSError or ValueError."""
+    try:
+        return read_json_object(path)
+    except FileNotFoundError:
+        return {}
+
+
+def _read(entry: Any) -> Remembered | None:
+    """One kept entry, None where it is damaged."""
+    fields = entry if isinstance(entry, dict) else {}
+    regime, at, why = fields.get("regime"), fields.get("at"), fields.get("why")
+    if regime not in JUDGED or not isinstance(at, (int, float)) or not is_finite_number(at):
+        return None
+    return Remembered(str(regime), float(at), str(why or ""), str(fields.get("app") or ""))
 
 
 def recall(key: str) -> Remembered | None:
@@ -91,28 +131,54 @@ def recall(key: str) -> Remembered | None:
         return None
     path = folder / VERDICTS_FILE
     try:
-        entry = read_json_object(path).get(key)
-    except FileNotFoundError:
-        return None
+        entry = _kept(path).get(key)
     except (OSError, ValueError) as error:
         log.warning("ignoring the damaged %s (%s): the guard probes this run", path, error)
         return None
     if entry is None:
         return None
-    fields = entry if isinstance(entry, dict) else {}
-    regime, at, why = fields.get("regime"), fields.get("at"), fields.get("why")
-    if regime not in JUDGED or not isinstance(at, (int, float)) or not is_finite_number(at):
+    found = _read(entry)
+    if found is None:
         log.warning("ignoring a damaged verdict in %s: the guard probes this run", path)
         return None
-    found = Remembered(str(regime), float(at), str(why or ""))
-    return found if found.age_s <= MAX_AGE_S else None
+    return None if found.expired else found
 
 
 def keep(key: str, found: Remembered) -> None:
     """Store `found` under `key` (atomically; a failure is said, never raised: a verdict
     only saves rounds)."""
-    entry = {"regime": found.regime, "at": found.at, "why": found.why}
+    entry = {"regime": found.regime, "at": found.at, "why": found.why, "app": found.app}
     store_entry(VERDICTS_FILE, key, entry, "keep the guard's verdict")
+
+
+def verdicts_file() -> Path | None:
+    """Where the verdicts are kept (None: profiles, and so verdicts, are off)."""
+    folder = profile_dir()
+    return None if folder is None else folder / VERDICTS_FILE
+
+
+def remembered() -> dict[str, Remembered | None]:
+    """Every kept verdict by key, a damaged entry as None (the next run of its app
+    probes), those past the profiles' MAX_AGE_S included (`Remembered.expired`).
+    Raises OSError or ValueError where the file itself cannot be read."""
+    path = verdicts_file()
+    return {} if path is None else {k: _read(v) for k, v in _kept(path).items()}
+
+
+def forget(keys: Collection[str] | None = None) -> list[str]:
+    """Drop the verdicts kept under `keys` (None: every one), so the next run of each app
+    probes anew; the keys dropped. Raises KeyError naming a key that is not kept, and
+    OSError or ValueError where the file cannot be read or written."""
+    path = verdicts_file()
+    if path is None:
+        return []
+    kept = _kept(path)
+    unknown = sorted(set(keys or ()) - set(kept))
+    if unknown:
+        raise KeyError(", ".join(unknown))
+    dropped = sorted(kept) if keys is None else sorted(set(keys))
+    write_json_file(path, {k: v for k, v in kept.items() if k not in dropped})
+    return dropped
 
 
 class VerdictMemory:
@@ -121,6 +187,7 @@ class VerdictMemory:
 
     def __init__(self) -> None:
         self.key: str | None = None
+        self.described = ""  # the app, in words, kept beside its verdict
         self.adopted: Remembered | None = None
         # the app's settings that decide how its silos train, where the ServerApp knows
         # them (fedlb's own: its run settings less where results go); else, Flower's
@@ -132,6 +199,7 @@ class VerdictMemory:
         if self.key is None and model is not None:
             app = app_identity(grid) if self.app is None else {"settings": dict(self.app)}
             self.key = verdict_key(model, train_config, app)
+            self.described = describe_app(train_config, app)
 
     def adopt(
         self, guard: StabilityGuard, note: Callable[[str], None] | None = None
@@ -155,7 +223,8 @@ class VerdictMemory:
             f"{found.said()}; every silo at least {100 * guard.floor:.0f}% of the mean "
             f"batch{then}"
         )
-        say(INFO, "%s", text)
+        # the log says how to judge the app anew; the round's table only what was taken up
+        say(INFO, "%s (to probe it anew: fedlb verdicts --forget %s)", text, self.key)
         if note is not None:
             note(text)
         return found
@@ -168,7 +237,12 @@ class VerdictMemory:
         if verdict.diverged and verdict.regime in JUDGED:  # before its verdict, or after
             keep(
                 self.key,
-                Remembered("edge", time.time(), f"an update blew up in round {server_round}"),
+                Remembered(
+                    "edge",
+                    time.time(),
+                    f"an update blew up in round {server_round}",
+                    self.described,
+                ),
             )
         elif verdict.stage and verdict.probe is not None and verdict.regime in JUDGED:
             # (a calm probe awaiting its confirming round is still undecided)
@@ -179,5 +253,6 @@ class VerdictMemory:
                     verdict.regime,
                     time.time(),
                     f"round {server_round}'s {how}: dispersion {verdict.probe:.2f}",
+                    self.described,
                 ),
             )

@@ -43,6 +43,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from scipy import stats
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.app_accuracy import DEAD, time_to
 
@@ -215,10 +218,10 @@ def experiment_settings(folders: list[Path]) -> list[dict[str, Any]]:
     return settings
 
 
-def paired_ratio(floor: dict[str, Any], default: dict[str, Any]) -> float | None:
-    """The median over the seeds both ran of the floor's time over the default's (a
-    seed's own partition, model and data order: the pairing removes what the seed does
-    to both); None where under two seeds pair up."""
+def paired_ratios(floor: dict[str, Any], default: dict[str, Any]) -> list[float]:
+    """Each seed both ran: the floor's time over the default's (a seed's own partition,
+    model and data order: the pairing removes what the seed does to both); a seed neither
+    reached the target in is left out, one only the default reached counts as infinite."""
     a, b = floor.get("times", {}), default.get("times", {})
     ratios = []
     for seed in set(a) & set(b):
@@ -227,7 +230,58 @@ def paired_ratio(floor: dict[str, Any], default: dict[str, Any]) -> float | None
         if math.isinf(fa) and math.isinf(fb):
             continue  # neither reached it: no ratio
         ratios.append(math.inf if math.isinf(fa) else fa / fb)
+    return ratios
+
+
+def paired_ratio(floor: dict[str, Any], default: dict[str, Any]) -> float | None:
+    """The median of the paired ratios; None where under two seeds pair up."""
+    ratios = paired_ratios(floor, default)
     return statistics.median(ratios) if len(ratios) >= 2 else None
+
+
+def paired_interval(
+    floor: dict[str, Any], default: dict[str, Any], confidence: float = 0.95
+) -> tuple[float, float] | None:
+    """A bootstrap interval (percentile, seeds resampled) of the paired ratios' median:
+    how sure the seeds make the ratio; None under five pairs."""
+    ratios = paired_ratios(floor, default)
+    if len(ratios) < 5:
+        return None
+    with np.errstate(invalid="ignore"):  # a seed only the default reached: an infinite ratio
+        result = stats.bootstrap(
+            (np.array(ratios),),
+            np.median,
+            confidence_level=confidence,
+            n_resamples=4000,
+            method="percentile",
+            rng=np.random.default_rng(0),  # the table is the same on every rerun
+        )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def more_collapses_p(stock: dict[str, Any], default: dict[str, Any]) -> float | None:
+    """Fisher's exact test, one-sided: the chance of the default's collapses being as many
+    more than stock's as seen (or more) if both lost networks at the same rate. Small:
+    the default loses more; near 1: no sign of it. None where either has no count."""
+    if stock.get("collapsed") is None or default.get("collapsed") is None:
+        return None
+    counts = [
+        [default["collapsed"], default["runs"] - default["collapsed"]],
+        [stock["collapsed"], stock["runs"] - stock["collapsed"]],
+    ]
+    return float(stats.fisher_exact(counts, alternative="greater").pvalue)
+
+
+def comparison(roles: dict[str, Any]) -> dict[str, Any]:
+    """The default against the floor's times and stock's collapses, for the JSON."""
+    floor, default, stock = roles.get("floor"), roles.get("default"), roles.get("stock")
+    out: dict[str, Any] = {}
+    if floor and default:
+        out["paired_ratio"] = paired_ratio(floor, default)
+        out["paired_interval_95"] = paired_interval(floor, default)
+    if stock and default:
+        out["more_collapses_p"] = more_collapses_p(stock, default)
+    return out
 
 
 def cell(values: list[str]) -> str:
@@ -238,6 +292,10 @@ def seconds(value: float) -> str:
     if math.isnan(value):
         return "–"
     return "never" if math.isinf(value) else f"{value:.1f}"
+
+
+def ratio_text(value: float) -> str:
+    return "∞" if math.isinf(value) else f"{value:.2f}"
 
 
 def table(settings: list[dict[str, Any]]) -> str:
@@ -263,7 +321,10 @@ def table(settings: list[dict[str, Any]]) -> str:
                 for r in present
             ]
         )
-        floor, default = roles.get("floor"), roles.get("default")
+        floor, default, stock = roles.get("floor"), roles.get("default"), roles.get("stock")
+        p_more = more_collapses_p(stock, default) if stock and default else None
+        if p_more is not None and default and stock and default["collapsed"] > stock["collapsed"]:
+            collapsed += f" (p {p_more:.2f})"
         ratio = "–"
         if floor and default:
             a, b = floor["time_to_target"], default["time_to_target"]
@@ -276,8 +337,11 @@ def table(settings: list[dict[str, Any]]) -> str:
             else:  # one median beyond the run
                 ratio = "default only" if math.isinf(a) else "floor only"
             paired = paired_ratio(floor, default)
-            if paired is not None and ratio != "–":
-                ratio += f" (paired {paired:.2f}x)" if math.isfinite(paired) else ""
+            interval = paired_interval(floor, default)
+            if paired is not None and ratio != "–" and math.isfinite(paired):
+                ratio += f" (paired {paired:.2f}x" + (
+                    f", 95% {interval[0]:.2f}-{ratio_text(interval[1])})" if interval else ")"
+                )
         accuracy = cell(
             [
                 "–"
@@ -310,9 +374,11 @@ def table(settings: list[dict[str, Any]]) -> str:
     out.append("")
     out.append(
         "time to target: median over seeds (reached in how many); default vs floor: the "
-        "ratio of those medians (paired: the median over seeds of each seed's own ratio); "
-        "collapsed: final accuracy <= 0.15; E: mean over every round, round 1 included "
-        "(model clock)."
+        "ratio of those medians (paired: the median over seeds of each seed's own ratio, "
+        "with a 95% bootstrap interval over the seeds); collapsed: final accuracy <= 0.15 "
+        "(p: where the default lost more networks than stock, Fisher's exact test, "
+        "one-sided, of it doing so at stock's rate); E: mean over every round, round 1 "
+        "included (model clock)."
     )
     return "\n".join(out)
 
@@ -329,6 +395,8 @@ def main() -> None:
     settings = app_settings(args.apps, args.target) + experiment_settings(args.experiments)
     print(table(settings))
     if args.json:
+        for setting in settings:
+            setting["comparison"] = comparison(setting["roles"])
         args.json.write_text(json.dumps(settings, indent=1, default=str))
 
 

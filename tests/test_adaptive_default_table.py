@@ -78,6 +78,27 @@ def test_the_paired_ratio_skips_seeds_neither_reached_and_needs_two():
     assert math.isinf(paired_ratio({"times": {0: None, 1: None}}, {"times": {0: 1.0, 1: 2.0}}))
 
 
+def test_the_paired_interval_and_the_collapse_test_say_how_sure_the_seeds_make_it():
+    from benchmarks.adaptive_default import more_collapses_p, paired_interval
+
+    seeds = range(20)
+    floor = {"times": {s: 10.0 for s in seeds}}
+    steady = {"times": {s: 8.0 for s in seeds}}  # every seed 1.25x: no doubt
+    assert paired_interval(floor, steady) == pytest.approx((1.25, 1.25))
+    mixed = {"times": {s: 8.0 if s % 2 else 12.0 for s in seeds}}  # half sooner, half later
+    low, high = paired_interval(floor, mixed)
+    assert low < 1.0 < high
+    assert paired_interval({"times": {0: 1.0}}, {"times": {0: 1.0}}) is None  # too few
+    # a seed only the default reached is an infinite ratio, not an error
+    low, high = paired_interval({"times": {**floor["times"], 0: None}}, steady)
+    assert (low, high) == pytest.approx((1.25, 1.25))  # 19 of 20 at 1.25x: the median
+    stock = {"runs": 60, "collapsed": 0}
+    assert more_collapses_p(stock, {"runs": 60, "collapsed": 0}) == pytest.approx(1.0)
+    assert more_collapses_p(stock, {"runs": 60, "collapsed": 1}) == pytest.approx(0.5)
+    assert more_collapses_p(stock, {"runs": 60, "collapsed": 8}) < 0.01
+    assert more_collapses_p(stock, {"runs": 60, "collapsed": None}) is None
+
+
 def test_a_second_run_is_its_own_setting_with_stocks_only_run_beside_it(tmp_path):
     from benchmarks.adaptive_default import app_settings
 

@@ -39,6 +39,7 @@ def test_a_fixed_floor_is_half_the_mean_batch_and_rises_only_on_a_blow_up():
 EQUAL = {"a": 32, "b": 32, "c": 32}
 UNEQUAL = {"a": 16, "b": 26, "c": 54}
 OWN = {"a": 1.0, "b": 2.0, "c": 0.5}  # non-IID: raw dispersion 0.54 at equal sizes
+SCATTERED = {"a": 0.9, "b": 3.0, "c": 1.35}  # against OWN: scattered, and grown 1.7x
 
 
 def judged(guard, rounds):
@@ -77,16 +78,16 @@ def test_the_default_probe_judges_each_silo_against_itself_at_equal_sizes():
     assert stable.check({"a": 0.5, "b": 2.0, "c": 0.9}, None, UNEQUAL).probe is None  # done
 
     edge = StabilityGuard()
-    verdict = judged(edge, [(OWN, EQUAL), ({"a": 0.6, "b": 2.0, "c": 0.9}, UNEQUAL)])
+    verdict = judged(edge, [(OWN, EQUAL), (SCATTERED, UNEQUAL)])
     assert verdict.probe is not None
-    assert verdict.probe > 0.15  # a 0.6x, c 1.8x
+    assert verdict.probe > 0.15  # a 0.9x, c 2.7x, grown 1.7x
     assert (verdict.regime, verdict.floor) == ("edge", 0.5)
     # decided once: calm rounds later do not take the floor off
     assert judged(edge, [(scaled(OWN, 0.8), UNEQUAL)] * 2).floor == 0.5
     assert edge.regime == "edge"
     # an edge floor a step above the probe's, if asked: from the verdict on
     raised = StabilityGuard(edge_floor=0.75)
-    verdict = judged(raised, [(OWN, EQUAL), ({"a": 0.6, "b": 2.0, "c": 0.9}, UNEQUAL)])
+    verdict = judged(raised, [(OWN, EQUAL), (SCATTERED, UNEQUAL)])
     assert (verdict.floor_before, verdict.regime, verdict.floor) == (0.5, "edge", 0.75)
     assert judged(raised, [(scaled(OWN, 0.8), UNEQUAL)] * 2).floor == 0.75
     assert StabilityGuard(edge_floor=0.0).edge_level == 2  # never below the start's
@@ -206,8 +207,57 @@ def test_a_quiet_probe_is_read_net_of_batch_noise():
     assert (verdict.noise_exponent, verdict.regime) == (None, "edge")
     # scatter that runs against the sizes (the small batch's step smaller) is no noise
     against = {n: v * math.sqrt(UNEQUAL[n] / 32) for n, v in OWN.items()}
-    verdict = judged(StabilityGuard(), [(OWN, EQUAL), (against, UNEQUAL)])
-    assert (verdict.noise_exponent, verdict.regime) == (0.0, "edge")
+    guard = StabilityGuard()
+    verdict = judged(guard, [(OWN, EQUAL), (against, UNEQUAL)])
+    assert (verdict.noise_exponent, verdict.look, verdict.regime) == (0.0, "scattered", "undecided")
+    verdict = guard.check(against, None, UNEQUAL)  # not grown: a second look, which decides
+    assert (verdict.second_look, verdict.noise_exponent, verdict.regime) == (True, 0.0, "edge")
+
+
+# The measured H200 federation's seed 1 (docs/results/gpu/federation-2026-11-27-h200,
+# warm-default-s1): each silo's update per step (x 1000) in round 3 (all at 32, the
+# yardstick), round 4 (the probe: the GPU silo's run spiked, 1.8x what B = 42 predicts)
+# and round 5 (every silo's step as its batch predicts).
+H200_SIZES = [{"gpu": 32, "cpu4": 32, "cpu1": 32}, {"gpu": 42, "cpu4": 32, "cpu1": 22}]
+H200_SIZES.append({"gpu": 44, "cpu4": 31, "cpu1": 21})
+H200_NORMS = [
+    {"gpu": 4.394, "cpu4": 4.321, "cpu1": 4.098},
+    {"gpu": 5.524, "cpu4": 3.052, "cpu1": 3.692},
+    {"gpu": 2.389, "cpu4": 2.620, "cpu1": 3.169},
+]
+
+
+def test_a_scattered_probe_whose_steps_did_not_grow_gets_a_second_look():
+    """One silo's local run can spike in any round; where the steps did not grow (no mark
+    of the edge), the next round, still at the floor, decides. The real H200 run the probe
+    alone called the edge is calm at its second look; a second look that scatters again
+    is the edge, and without the second look the probe decides alone."""
+    from fedlb.flower.stability import regime_text
+
+    guard = StabilityGuard()
+    rounds = list(zip(H200_NORMS, H200_SIZES, strict=True))
+    verdict = judged(guard, rounds[:2])
+    assert verdict.probe == pytest.approx(0.24, abs=0.01)
+    assert verdict.growth == pytest.approx(0.95, abs=0.01)
+    assert (verdict.look, verdict.regime, verdict.floor) == ("scattered", "undecided", 0.5)
+    assert "did not grow" in regime_text(verdict, guard)
+    restored = StabilityGuard()  # a resumed run keeps waiting for its second look
+    restored.load_state_dict(guard.state_dict())
+    for g in (guard, restored):
+        verdict = g.check(H200_NORMS[2], None, H200_SIZES[2])
+        assert verdict.probe < 0.05  # net of batch noise, as the probe was read
+        assert (verdict.stage, verdict.second_look) == ("confirm", True)
+        assert (verdict.regime, verdict.floor) == ("stable", 0.25)
+    assert regime_text(verdict, guard).startswith("the stability guard's second look: calm")
+
+    again = StabilityGuard()
+    spiked = {"gpu": 2.389, "cpu4": 2.620, "cpu1": 9.0}
+    verdict = judged(again, [*rounds[:2], (spiked, H200_SIZES[2])])
+    assert (verdict.second_look, verdict.look, verdict.regime) == (True, "scattered", "edge")
+    assert "scattered again" in regime_text(verdict, again)
+
+    alone = StabilityGuard(second_look=False)
+    assert judged(alone, rounds[:2]).regime == "edge"
 
 
 def test_a_silo_without_a_size_gets_a_yardstick_but_no_size():

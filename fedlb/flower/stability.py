@@ -112,6 +112,16 @@ def regime_text(verdict: Verdict, guard: StabilityGuard) -> str:
             "batch from now on, full balance wherever none needs less (an update that "
             "blows up still raises the floor)"
         )
+    if verdict.second_look:
+        outcome = (
+            f"calm: stable at this learning rate: {evidence}; every silo at least "
+            f"{100 * verdict.floor:.0f}% of the mean batch from now on, full balance wherever "
+            "none needs less (an update that blows up still raises the floor)"
+            if verdict.regime == "stable"
+            else f"scattered again: at the edge of stability: {evidence}; every silo keeps "
+            f"at least {100 * verdict.floor:.0f}% of the mean batch"
+        )
+        return f"the stability guard's second look: {outcome}"
     if verdict.stage == "confirm" and verdict.regime == "stable":
         return (
             f"the stability guard's probe, confirmed: stable at this learning rate: "
@@ -124,6 +134,12 @@ def regime_text(verdict: Verdict, guard: StabilityGuard) -> str:
             f"the stability guard's probe, not confirmed: at the edge of stability: "
             f"{evidence}; every silo keeps at least {100 * verdict.floor:.0f}% of the mean "
             "batch"
+        )
+    if verdict.look == "scattered":  # a probe looked at again next round
+        return (
+            f"the stability guard's probe: scattered, though the silos' steps did not grow: "
+            f"{evidence}; one silo's run can spike in any round, so the floor stays one "
+            "more round, which decides"
         )
     if verdict.look == "calm":
         return (

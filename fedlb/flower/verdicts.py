@@ -246,7 +246,13 @@ class VerdictMemory:
             )
         elif verdict.stage and verdict.probe is not None and verdict.regime in JUDGED:
             # (a calm probe awaiting its confirming round is still undecided)
-            how = "confirming round" if verdict.stage == "confirm" else "probe"
+            how = (
+                "second look"
+                if verdict.second_look
+                else "confirming round"
+                if verdict.stage == "confirm"
+                else "probe"
+            )
             keep(
                 self.key,
                 Remembered(

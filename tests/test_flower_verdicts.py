@@ -186,6 +186,28 @@ def test_a_second_run_of_a_stable_app_balances_fully_from_round_1(tmp_path, monk
     assert "the stability guard's probe" in log
 
 
+def test_a_verdict_found_with_another_number_of_silos_is_not_taken_up(
+    tmp_path, monkeypatch, caplog
+):
+    """A federation that gained or lost silos is another federation: its guard probes."""
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
+    caplog.set_level("INFO")
+    memory = VerdictMemory()
+    memory.key = "k"
+    memory.after(Verdict(regime="stable", stage="probe", probe=0.03), 2, silos=3)
+    assert recall("k").silos == 3
+    events: list[str] = []
+    guard = StabilityGuard()
+    assert memory.adopt(guard, events.append, silos=5) is None
+    assert guard.regime == "undecided"  # a first run's: B0, then the probe
+    assert "found with 3 silos a round, this run has 5" in events[0]
+    assert memory.adopt(guard, events.append, silos=3).regime == "stable"
+    assert guard.regime == "stable"
+    keep("old", Remembered("edge", time.time(), "x"))  # kept before silos were: any count
+    memory.key = "old"
+    assert memory.adopt(StabilityGuard(), None, silos=7).regime == "edge"
+
+
 def test_the_verdicts_command_lists_forgets_and_says_what_is_wrong(tmp_path, monkeypatch):
     monkeypatch.setattr(console, "width", 300)  # a wide terminal: each row on one line
     monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))

@@ -66,5 +66,6 @@ def verdicts(
             continue
         age = f"{found.age_s / 3600:.1f} h ago" + (" (too old: ignored)" if found.expired else "")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found.at))
-        table.add_row(key, found.regime, f"{when}, {age}", found.why, found.app or "–")
+        evidence = found.why + (f" ({found.silos} silos a round)" if found.silos else "")
+        table.add_row(key, found.regime, f"{when}, {age}", evidence, found.app or "–")
     console.print(table)

@@ -215,7 +215,7 @@ class LoadBalancedFedAvg(FedAvg):
         stored = self.stored_profiles
         self.verdicts.know(stored.layout(arrays, self.he is not None), config, grid)
         if self.guard is not None:
-            taken = self.verdicts.adopt(self.guard, self.members.events.append)
+            taken = self.verdicts.adopt(self.guard, self.members.events.append, len(nodes))
             if self.guard.probe > 0 and (taken is None or taken.regime != "stable"):
                 return
         found = stored.ask(grid, arrays, nodes, self.he is not None, self.members)
@@ -481,7 +481,8 @@ class LoadBalancedFedAvg(FedAvg):
             self.members.label,
             self.members.events.append,
         )
-        self.verdicts.after(verdict, server_round)  # kept for the next run of this app
+        trained = len(set(said) | set(blown_up))
+        self.verdicts.after(verdict, server_round, trained)  # for the next run of this app
         return diverged, verdict
 
     # ---- evaluation --------------------------------------------------------------------

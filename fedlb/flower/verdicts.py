@@ -29,7 +29,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from logging import INFO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +58,7 @@ class Remembered:
     at: float  # time.time() when it was reached
     why: str  # the evidence, in words (the probe's dispersion, or the blow-up)
     app: str = ""  # the app, in words (the key is a hash): for `fedlb verdicts`
+    silos: int | None = None  # how many silos trained in the round that decided it
 
     @property
     def age_s(self) -> float:
@@ -121,7 +122,14 @@ def _read(entry: Any) -> Remembered | None:
     regime, at, why = fields.get("regime"), fields.get("at"), fields.get("why")
     if regime not in JUDGED or not isinstance(at, (int, float)) or not is_finite_number(at):
         return None
-    return Remembered(str(regime), float(at), str(why or ""), str(fields.get("app") or ""))
+    silos = fields.get("silos")
+    return Remembered(
+        str(regime),
+        float(at),
+        str(why or ""),
+        str(fields.get("app") or ""),
+        silos if isinstance(silos, int) and not isinstance(silos, bool) else None,
+    )
 
 
 def recall(key: str) -> Remembered | None:
@@ -147,7 +155,7 @@ def recall(key: str) -> Remembered | None:
 def keep(key: str, found: Remembered) -> None:
     """Store `found` under `key` (atomically; a failure is said, never raised: a verdict
     only saves rounds)."""
-    entry = {"regime": found.regime, "at": found.at, "why": found.why, "app": found.app}
+    entry = {**asdict(found)}
     store_entry(VERDICTS_FILE, key, entry, "keep the guard's verdict")
 
 
@@ -202,12 +210,27 @@ class VerdictMemory:
             self.described = describe_app(train_config, app)
 
     def adopt(
-        self, guard: StabilityGuard, note: Callable[[str], None] | None = None
+        self,
+        guard: StabilityGuard,
+        note: Callable[[str], None] | None = None,
+        silos: int | None = None,
     ) -> Remembered | None:
         """Round 1 from profiles: the guard takes up the last verdict for this app, if
-        any, said in the log and to `note` (the round record's events)."""
+        any, said in the log and to `note` (the round record's events). A verdict found
+        with another number of silos a round than this run's `silos` is not taken up:
+        another federation, judged anew."""
         found = None if self.key is None or guard.probe <= 0 else recall(self.key)
         if found is None:
+            return None
+        if found.silos is not None and silos is not None and found.silos != silos:
+            text = (
+                f"the stability guard does not take up the last run's verdict on this app "
+                f"({found.said()}): it was found with {found.silos} silos a round, this run "
+                f"has {silos}; it probes anew"
+            )
+            say(INFO, "%s", text)
+            if note is not None:
+                note(text)
             return None
         guard.adopt(found.regime)
         self.adopted = found
@@ -229,9 +252,9 @@ class VerdictMemory:
             note(text)
         return found
 
-    def after(self, verdict: Verdict, server_round: int) -> None:
+    def after(self, verdict: Verdict, server_round: int, silos: int | None = None) -> None:
         """Keep what this round's verdict decided: the probe's regime, or the edge after
-        a blow-up in a stable run."""
+        a blow-up in a stable run; `silos`: how many trained this round."""
         if self.key is None:
             return
         if verdict.diverged and verdict.regime in JUDGED:  # before its verdict, or after
@@ -242,6 +265,7 @@ class VerdictMemory:
                     time.time(),
                     f"an update blew up in round {server_round}",
                     self.described,
+                    silos,
                 ),
             )
         elif verdict.stage and verdict.probe is not None and verdict.regime in JUDGED:
@@ -260,5 +284,6 @@ class VerdictMemory:
                     time.time(),
                     f"round {server_round}'s {how}: dispersion {verdict.probe:.2f}",
                     self.described,
+                    silos,
                 ),
             )

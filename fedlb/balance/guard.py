@@ -168,10 +168,10 @@ class StabilityGuard:
             the GPU silo's step in the probe round was 1.8x what its batch predicts and
             followed 1/√B in every round after (FedAvg's runs on that machine show such
             spikes at equal sizes, 1.8-3.7x their peers'), and the probe alone called the
-            run the edge. Replayed on the recorded runs (docs/experiments.md, "A second
-            look"): that false alarm and 1 of 10 quickstart runs at η = 0.03 become
-            stable, no quickstart run at η = 0.1 changes (their next round scatters too).
-            Default True.
+            run the edge. Replayed on the recorded runs (docs/experiments.md, "A false
+            alarm on a real GPU federation"): that false alarm, 1 of 10 quickstart runs
+            at η = 0.03 and 1 of 6 of advanced-pytorch's become stable; no quickstart
+            run at η = 0.1 changes (their next round scatters too). Default True.
         ratio: an update diverged when its norm per local step exceeds `ratio` times its
             reference (the larger of its peers' median this round and its own recent
             median). Default 5.0: balanced silos' updates run up to ~2x their peers'

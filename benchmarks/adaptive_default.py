@@ -273,7 +273,7 @@ def more_collapses_p(stock: dict[str, Any], default: dict[str, Any]) -> float | 
 
 
 def comparison(roles: dict[str, Any]) -> dict[str, Any]:
-    """The default against the floor's times and stock's collapses, for the JSON."""
+    """The default against the floor's times and stock's collapses (where both ran)."""
     floor, default, stock = roles.get("floor"), roles.get("default"), roles.get("stock")
     out: dict[str, Any] = {}
     if floor and default:
@@ -282,6 +282,12 @@ def comparison(roles: dict[str, Any]) -> dict[str, Any]:
     if stock and default:
         out["more_collapses_p"] = more_collapses_p(stock, default)
     return out
+
+
+def with_comparisons(settings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each setting with its `comparison` (the bootstrap runs once per setting, for both
+    the table and the JSON)."""
+    return [{**s, "comparison": comparison(s["roles"])} for s in settings]
 
 
 def cell(values: list[str]) -> str:
@@ -299,6 +305,7 @@ def ratio_text(value: float) -> str:
 
 
 def table(settings: list[dict[str, Any]]) -> str:
+    """The markdown table of `settings`, each with its `comparison` (with_comparisons)."""
     out = [
         "| setting | seeds | collapsed (stock / floor / default) | time to target, s "
         "(stock / floor / default) | default vs floor | final accuracy (stock / floor / "
@@ -322,7 +329,8 @@ def table(settings: list[dict[str, Any]]) -> str:
             ]
         )
         floor, default, stock = roles.get("floor"), roles.get("default"), roles.get("stock")
-        p_more = more_collapses_p(stock, default) if stock and default else None
+        compared = s["comparison"]
+        p_more = compared.get("more_collapses_p")
         if p_more is not None and default and stock and default["collapsed"] > stock["collapsed"]:
             collapsed += f" (p {p_more:.2f})"
         ratio = "–"
@@ -336,8 +344,7 @@ def table(settings: list[dict[str, Any]]) -> str:
                 ratio = "neither (median)"
             else:  # one median beyond the run
                 ratio = "default only" if math.isinf(a) else "floor only"
-            paired = paired_ratio(floor, default)
-            interval = paired_interval(floor, default)
+            paired, interval = compared["paired_ratio"], compared["paired_interval_95"]
             if paired is not None and ratio != "–" and math.isfinite(paired):
                 ratio += f" (paired {paired:.2f}x" + (
                     f", 95% {interval[0]:.2f}-{ratio_text(interval[1])})" if interval else ")"
@@ -392,11 +399,11 @@ def main() -> None:
     parser.add_argument("--target", type=float, help="app runs: this target, not stock's")
     parser.add_argument("--json", type=Path, help="also write the settings' figures here")
     args = parser.parse_args()
-    settings = app_settings(args.apps, args.target) + experiment_settings(args.experiments)
+    settings = with_comparisons(
+        app_settings(args.apps, args.target) + experiment_settings(args.experiments)
+    )
     print(table(settings))
     if args.json:
-        for setting in settings:
-            setting["comparison"] = comparison(setting["roles"])
         args.json.write_text(json.dumps(settings, indent=1, default=str))
 
 

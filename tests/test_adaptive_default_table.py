@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.adaptive_default import experiment_settings, paired_ratio, table
+from benchmarks.adaptive_default import (
+    experiment_settings,
+    paired_ratio,
+    table,
+    with_comparisons,
+)
 
 SCENARIO = {
     "name": "s",
@@ -66,7 +71,7 @@ def test_a_later_folder_adds_its_seeds_and_replaces_those_it_ran_again(tmp_path)
     assert default["times"] == {0: 8.0, 1: 10.0, 2: 9.0}
     # seed by seed: 10/8, 12/10, and seed 2 reached only by the default (infinitely sooner)
     assert paired_ratio(floor, default) == pytest.approx(1.25)
-    assert "(paired 1.25x)" in table([setting])
+    assert "(paired 1.25x)" in table(with_comparisons([setting]))
 
 
 def test_the_paired_ratio_skips_seeds_neither_reached_and_needs_two():

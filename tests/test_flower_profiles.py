@@ -12,12 +12,12 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
+from fedlb.data import profile_cache_dir
 from fedlb.flower import Balancing, LoadBalancedFedAvg
 from fedlb.flower.profiles import (
     MAX_AGE_S,
     SiloProfile,
     load_profile,
-    profile_dir,
     read_profile,
     save_profile,
     seen_before,
@@ -56,7 +56,7 @@ def test_a_profile_is_found_only_for_the_same_silo_model_and_hardware(tmp_path, 
     stored.write_text("{half a profile")
     assert load_profile("silo-0", "model-a", MACHINE) is None  # unreadable: ignored
     monkeypatch.setenv("FEDLB_PROFILE_DIR", "off")
-    assert profile_dir() is None
+    assert profile_cache_dir() is None
     save_profile("silo-0", "model-a", MACHINE, profile())  # off: nothing stored, no error
     assert load_profile("silo-0", "model-a", MACHINE) is None
 

@@ -270,7 +270,7 @@ class StabilityGuard:
                 kept, sizes, need_unequal=probing, net_of_noise=net
             )
             verdict.stage = "probe" if probing else "confirm"
-            verdict.second_look = confirming and self.looking_again
+            verdict.second_look = self.looking_again  # only ever set while confirming
             verdict.own = bool(self.baseline)
             if probing and verdict.probe is not None:
                 verdict.growth = growth

@@ -133,10 +133,6 @@ def is_finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def profile_dir() -> Path | None:
-    return profile_cache_dir()
-
-
 def model_key(arrays: ArrayRecord) -> str:
     """The model's identity for speed: its arrays' names, shapes and dtypes."""
     layout = [[name, list(array.shape), str(array.dtype)] for name, array in arrays.items()]
@@ -192,7 +188,7 @@ def write_json_file(path: Path, value: Any) -> None:
 def save_profile(label: str, model: str, machine: Mapping[str, Any], profile: SiloProfile) -> None:
     """Store a silo's profile (atomically; a failure is said, never raised: a profile
     only saves time)."""
-    folder = profile_dir()
+    folder = profile_cache_dir()
     if folder is None:
         return
     stored = {"label": label, "model": model, "hardware": machine, **asdict(profile)}
@@ -229,7 +225,7 @@ def record_round(
 def load_profile(label: str, model: str, machine: Mapping[str, Any]) -> SiloProfile | None:
     """The silo's profile for this model on this hardware; None if there is none, it is
     unreadable or older than MAX_AGE_S."""
-    folder = profile_dir()
+    folder = profile_cache_dir()
     if folder is None:
         return None
     path = _entry(folder, label, model, machine)
@@ -326,7 +322,7 @@ def read_profile(reply: Message) -> tuple[SiloProfile, int | None] | None:
 def seen_before(model: str) -> bool:
     """Whether this machine's server has balanced this model before (then its silos may
     have profiles: worth a query before round 1)."""
-    folder = profile_dir()
+    folder = profile_cache_dir()
     if folder is None:
         return False
     path = folder / SEEN_FILE
@@ -352,7 +348,7 @@ def store_entry(name: str, key: str, value: Any, what: str) -> None:
     """Set `key` to `value` in the JSON object of the profiles' folder's file `name`
     (a damaged file, which its reader said, is written anew); a failure is said ("could
     not `what` in FOLDER"), never raised: what is kept there only saves time."""
-    folder = profile_dir()
+    folder = profile_cache_dir()
     if folder is None:
         return
     path = folder / name

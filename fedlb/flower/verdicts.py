@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedlb.balance import StabilityGuard, Verdict
+from fedlb.data import profile_cache_dir
 
 from .membership import say
-from .profiles import MAX_AGE_S, is_finite_number, profile_dir, store_entry, write_json_file
+from .profiles import MAX_AGE_S, is_finite_number, store_entry, write_json_file
 from .protocol import SERVER_ROUND
 from .run_files import read_json_object
 
@@ -134,10 +135,9 @@ def _read(entry: Any) -> Remembered | None:
 
 def recall(key: str) -> Remembered | None:
     """The verdict kept under `key`, if one is there, readable and young enough."""
-    folder = profile_dir()
-    if folder is None:
+    path = verdicts_file()
+    if path is None:
         return None
-    path = folder / VERDICTS_FILE
     try:
         entry = _kept(path).get(key)
     except (OSError, ValueError) as error:
@@ -155,13 +155,12 @@ def recall(key: str) -> Remembered | None:
 def keep(key: str, found: Remembered) -> None:
     """Store `found` under `key` (atomically; a failure is said, never raised: a verdict
     only saves rounds)."""
-    entry = {**asdict(found)}
-    store_entry(VERDICTS_FILE, key, entry, "keep the guard's verdict")
+    store_entry(VERDICTS_FILE, key, asdict(found), "keep the guard's verdict")
 
 
 def verdicts_file() -> Path | None:
     """Where the verdicts are kept (None: profiles, and so verdicts, are off)."""
-    folder = profile_dir()
+    folder = profile_cache_dir()
     return None if folder is None else folder / VERDICTS_FILE
 
 

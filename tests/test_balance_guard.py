@@ -9,7 +9,7 @@ import pytest
 
 from fedlb.balance import BatchSizeManager, PooledProportional, StabilityGuard
 from fedlb.flower import Balancing, Keeping, LoadBalancedFedAvg, RoundReporter
-from fedlb.flower.protocol import NOTICE, UPDATE_NORM
+from fedlb.flower.protocol import NOTICE, PROTOCOL, UPDATE_NORM
 from tests.test_flower_strategy import make_grid, sent_sizes, start, train_messages
 
 
@@ -457,7 +457,7 @@ def test_balance_mod_reports_how_far_the_update_moved_the_model():
 
     weights = {"w": np.ones((2, 3), np.float32), "steps": np.array([7], np.int64)}
     message = Message(
-        RecordDict({"arrays": record(weights), "config": ConfigRecord({})}),
+        RecordDict({"arrays": record(weights), "config": ConfigRecord({PROTOCOL: 1})}),
         dst_node_id=1,
         message_type="train",
     )

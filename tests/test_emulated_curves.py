@@ -31,6 +31,7 @@ from fedlb.flower.protocol import (
     BATCH_SIZE,
     EMULATED_CURVE,
     LOCAL_STEPS,
+    PROTOCOL,
     SiloReport,
     read_emulation,
     read_report,
@@ -222,7 +223,11 @@ def test_the_measured_clock_pads_a_real_step_to_the_curve():
     for batch in (16, 300):
         message = Message(
             RecordDict(
-                {"config": ConfigRecord({BATCH_SIZE: batch, LOCAL_STEPS: 9, "server-round": 1})}
+                {
+                    "config": ConfigRecord(
+                        {BATCH_SIZE: batch, LOCAL_STEPS: 9, "server-round": 1, PROTOCOL: 1}
+                    )
+                }
             ),
             dst_node_id=1,
             message_type="train",
@@ -372,7 +377,13 @@ def test_a_drop_in_silo_takes_its_curve_from_the_run_config_by_partition_id():
         return Message(RecordDict({"metrics": MetricRecord({"own": 1})}), reply_to=msg)
 
     message = Message(
-        RecordDict({"config": ConfigRecord({BATCH_SIZE: 40, LOCAL_STEPS: 5, "server-round": 2})}),
+        RecordDict(
+            {
+                "config": ConfigRecord(
+                    {BATCH_SIZE: 40, LOCAL_STEPS: 5, "server-round": 2, PROTOCOL: 1}
+                )
+            }
+        ),
         dst_node_id=1,
         message_type="train",
     )

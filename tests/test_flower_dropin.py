@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from fedlb.deploy import processes as deploy
 from fedlb.deploy.control import Control
 from fedlb.flower import LoadBalancedFedAvg, balance_mod, balanced_loader
-from fedlb.flower.protocol import BATCH_SIZE, COMPUTE_S, LOCAL_STEPS, PARTITION_ID
+from fedlb.flower.protocol import BATCH_SIZE, COMPUTE_S, LOCAL_STEPS, PARTITION_ID, PROTOCOL
 from tests.apps.adopt import adopt, app_config, imported
 from tests.flower_fakes import InProcessGrid
 from tests.test_data_files import make_mnist_folder
@@ -218,7 +218,7 @@ def test_at_its_own_batch_size_the_loader_draws_the_apps_own_batches(tmp_path):
             torch.manual_seed(0)
             weights = ArrayRecord(modules["task"].Net().state_dict())
             message = Message(
-                RecordDict({"arrays": weights, "config": ConfigRecord({"lr": 0.1})}),
+                RecordDict({"arrays": weights, "config": ConfigRecord({"lr": 0.1, PROTOCOL: 1})}),
                 dst_node_id=1,
                 message_type="train",
             )
@@ -245,7 +245,7 @@ def test_balanced_loader_keeps_the_loader_and_times_the_steps():
 
     loader = DataLoader(data, batch_size=10, shuffle=True, collate_fn=collate)
     message = Message(
-        RecordDict({"config": ConfigRecord({BATCH_SIZE: 7})}),
+        RecordDict({"config": ConfigRecord({BATCH_SIZE: 7, PROTOCOL: 1})}),
         dst_node_id=1,
         message_type="train",
     )
@@ -288,7 +288,12 @@ def test_a_carried_stream_goes_on_across_rounds_through_the_contexts_state():
             RecordDict(
                 {
                     "config": ConfigRecord(
-                        {BATCH_SIZE: batch_size, LOCAL_STEPS: steps, "server-round": server_round}
+                        {
+                            BATCH_SIZE: batch_size,
+                            LOCAL_STEPS: steps,
+                            "server-round": server_round,
+                            PROTOCOL: 1,
+                        }
                     )
                 }
             ),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -81,7 +82,6 @@ def build_strategy(
         evaluate_every=config.evaluate_every,
         evaluate_with_train=config.evaluate_mode == "with-train",
         poll_interval=config.poll_interval or None,
-        seed=config.seed,
         he=EncryptedAggregation.from_file(config.he_context) if config.he_context else None,
         **extra,
     )
@@ -161,6 +161,10 @@ def run_app(
         initial = strategy.restore(checkpoint)
         story = checkpoint.story(config.num_rounds, Path(config.resume))
         log.info("resuming %s: %s", config.resume, story)
+    # Flower's strategies sample silos with Python's random: the run's seed fixes it (a
+    # resumed run's checkpoint put back the state it had reached)
+    if checkpoint is None:
+        random.seed(config.seed)
     started = time.monotonic()
     try:
         result = strategy.start(

@@ -1,9 +1,11 @@
 """fedlb.flower: the Flower adapters, what a user of their own Flower app imports
 (docs/flower.md).
 
-- `LoadBalancedFedAvg`: the strategy, a drop-in for Flower's FedAvg, its own options in
-  three groups (`Balancing`, `Joining`, `Keeping`); `PollingGrid`.
-- `balance_mod`, `balanced_loader` (`BalancedLoader`, `SiloClock`), `warm_up_torch`:
+- `LoadBalanced(strategy)`: any Flower strategy balanced, wrapped as Flower's DP wrappers
+  wrap one; `LoadBalancedFedAvg`, the drop-in for Flower's FedAvg
+  (`LoadBalanced(FedAvg(...))`); their options in three groups (`Balancing`, `Joining`,
+  `Keeping`); `PollingGrid`.
+- `balance_mod`, `balanced_loader` (`BalancedLoader`), `warm_up_torch`:
   anybody's ClientApp, balanced.
 - `he_mod`, `EncryptedAggregation`, `EncryptedModel`, `save_encrypted`, `load_encrypted`,
   `decrypt_record`: updates averaged under CKKS, the server never seeing a model.
@@ -35,7 +37,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         start_run_identity,
     )
     from .dropin import BalancedLoader, balance_mod, balanced_loader, warm_up_torch
-    from .emulation import SiloClock
+    from .fedavg import LoadBalancedFedAvg
     from .grid import PollingGrid
     from .he import (
         EncryptedAggregation,
@@ -55,7 +57,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     )
     from .rounds_file import RoundReporter, records_from_json_lines
     from .run_files import RUN_FILES
-    from .strategy import LoadBalancedFedAvg
+    from .strategy import LoadBalanced
 
 __all__ = [
     "RUN_FILES",
@@ -67,11 +69,11 @@ __all__ = [
     "EncryptedModel",
     "Joining",
     "Keeping",
+    "LoadBalanced",
     "LoadBalancedFedAvg",
     "PollingGrid",
     "RoundRecord",
     "RoundReporter",
-    "SiloClock",
     "accuracy_of",
     "balance_mod",
     "balanced_loader",
@@ -93,9 +95,9 @@ __all__ = [
 __getattr__ = lazy_face(
     __name__,
     {
-        ".strategy": ["LoadBalancedFedAvg"],
+        ".strategy": ["LoadBalanced"],
+        ".fedavg": ["LoadBalancedFedAvg"],
         ".grid": ["PollingGrid"],
-        ".emulation": ["SiloClock"],
         ".dropin": [
             "BalancedLoader",
             "balance_mod",

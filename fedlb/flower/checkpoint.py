@@ -1,11 +1,11 @@
 """Per-round checkpoints of a federated run: one file, replaced atomically after every round.
 
 What a checkpoint holds is what the server needs to go on as if it had never stopped: the
-global model after the round (ciphertexts under HE: the server never had more), the
-strategy's state (the BatchSizeManager with every estimator and the tuner, the node-sampling
-RNG, silo labels, the round's record not yet published), the round number, and the run's
-settings. Results so far are in the run's rounds.jsonl; resuming keeps the rounds the
-checkpoint covers and drops any written after it.
+global model after the round (ciphertexts under HE: the server never had more), fedlb's
+side of the strategy (the BatchSizeManager with every estimator and the tuner, silo labels,
+the round's record not yet published), the round number, and the run's settings. Results
+so far are in the run's rounds.jsonl; resuming keeps the rounds the checkpoint covers and
+drops any written after it.
 
 A checkpoint belongs to one run: fedlb's server writes the run's id and its settings'
 digest to run.json in the run folder when the run starts, every checkpoint carries both,
@@ -57,7 +57,7 @@ class Checkpoint:
     round: int
     num_rounds: int
     arrays: ArrayRecord  # the global model after `round` (ciphertexts under HE)
-    strategy: dict[str, Any]  # LoadBalancedFedAvg.state_dict()
+    strategy: dict[str, Any]  # LoadBalanced.state_dict()
     settings: dict[str, Any]  # the run's settings (RunConfig.to_mapping()), or {}
 
     @property
@@ -309,16 +309,18 @@ def check_resume(
 
 
 def strategy_state(
-    manager: BatchSizeManager | None, rng: random.Random, members: Membership, rounds: RoundLog
+    manager: BatchSizeManager | None, members: Membership, rounds: RoundLog
 ) -> dict[str, Any]:
-    """What a resumed run needs of the strategy's parts (JSON-serialisable): the balancer
-    with its estimators and tuner, the sampling RNG, the silos' labels, who is left out and
-    what each brought to X, and the last round's record if still unpublished."""
-    version, internal, gauss = rng.getstate()
+    """What a resumed run needs of fedlb's side of the strategy (JSON-serialisable): the
+    balancer with its estimators and tuner, the state of Python's `random` (Flower's
+    strategies sample silos with it: a resumed run samples as the uninterrupted one
+    would), the silos' labels, who is left out and what each brought to X, and the last
+    round's record if still unpublished."""
+    version, internal, gauss = random.getstate()
     pending = rounds.pending
     return {
         "manager": None if manager is None else manager.state_dict(),
-        "rng": [version, list(internal), gauss],
+        "sampling": [version, list(internal), gauss],
         **members.state_dict(),
         "pending": None if pending is None else record_to_dict(pending),
     }
@@ -327,20 +329,22 @@ def strategy_state(
 def restore_strategy_state(
     state: Mapping[str, Any],
     balancer: Callable[[Mapping[str, int]], BatchSizeManager],
-    rng: random.Random,
     members: Membership,
     rounds: RoundLog,
 ) -> BatchSizeManager | None:
     """Put `strategy_state` back into the parts; the balancer, rebuilt with `balancer`.
-    CheckpointError if the state does not fit (another fedlb, another balancer kind)."""
+    CheckpointError if the state does not fit (another fedlb, another balancer kind).
+    (An older checkpoint's "rng", fedlb's own sampling before it wrapped a strategy that
+    samples, is not needed.)"""
     try:
         manager = None
         if state["manager"] is not None:
             manager_state = state["manager"]
             manager = balancer({w: int(b) for w, b in manager_state["sizes"].items()})
             manager.load_state_dict(manager_state)
-        version, internal, gauss = state["rng"]
-        rng.setstate((int(version), tuple(int(x) for x in internal), gauss))
+        if "sampling" in state:
+            version, internal, gauss = state["sampling"]
+            random.setstate((int(version), tuple(int(x) for x in internal), gauss))
         members.load_state_dict(dict(state))
         pending = state["pending"]
         rounds.pending = None if pending is None else record_from_dict(pending)

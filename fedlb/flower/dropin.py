@@ -119,6 +119,15 @@ def clientapp_age() -> float | None:
     return None
 
 
+_SAID: set[str] = set()  # what this process has said once
+
+
+def _say_once(key: str, text: str) -> None:
+    if key not in _SAID:
+        _SAID.add(key)
+        log.warning("%s", text)
+
+
 def warm_up_torch() -> None:
     """Pay torch's one-time lazy initialisation (autograd, optimizer step: ~1.5 s in a
     fresh process here) outside the timed steps, on a throwaway parameter. It runs a
@@ -267,6 +276,14 @@ class BalanceMod:
             )
         if pace is not None and timing.real_compute_s > timing.compute_s * 0.999:
             log.warning("this silo cannot keep up with its emulated speed: steps ran unpadded")
+        if not orders.balanced:
+            _say_once(
+                "stock",
+                "the server sent no fedlb orders (its strategy is not wrapped in LoadBalanced): "
+                "this silo trains at its loader's own batch size and sends no balancing "
+                "report, which the server would average into the app's metrics",
+            )
+            return reply
         resources = probe.sample()
         sent = _plain_arrays(reply.content)
         report = SiloReport(
@@ -329,6 +346,15 @@ class BalancedLoader:
         self.batch_size = timing.orders.batch_size or own
         steps = timing.orders.local_steps
         self.steps_per_pass = steps if steps is not None else len(loader)
+        if self.batch_size != own and timing.orders.balanced:
+            drawn = self.batch_size * self.steps_per_pass / max(1, len(loader.dataset))  # type: ignore[arg-type]
+            _say_once(
+                "pass",
+                f"balanced_loader: B = {self.batch_size} this round (the loader's own is {own}) "
+                f"for {self.steps_per_pass} steps per pass: a pass covers {drawn:.2f}x this "
+                "silo's data, not one epoch (LB-BSP keeps the steps and balances B); a loop "
+                "that counts epochs counts these passes",
+            )
         if timing.batch_size is None:
             timing.batch_size = self.batch_size
         elif timing.batch_size != self.batch_size:

@@ -1,4 +1,8 @@
-"""A Grid that waits for replies by polling every `interval` seconds.
+"""The grids fedlb puts between Flower and a strategy: `PollingGrid` waits for replies by
+polling every `interval` seconds; `SiloView` shows the wrapped strategy the silos that
+take part.
+
+`PollingGrid`:
 
 Flower 1.41's deployment Grid pulls replies, then sleeps a fixed 3 s before pulling again
 (`send_and_receive`), so a round whose replies are ready after 0.5 s still costs 3 s. This
@@ -14,6 +18,8 @@ from typing import Any
 
 from flwr.app import Message
 from flwr.serverapp import Grid
+
+from .membership import Membership
 
 
 class PollingGrid(Grid):
@@ -74,3 +80,55 @@ class PollingGrid(Grid):
                 break
             time.sleep(self.interval)
         return replies
+
+
+class SiloView(Grid):
+    """The grid as the wrapped strategy sees it when it samples: only the silos fedlb lets
+    take part (fedlb.flower.membership: those that missed a round sit out a grace period,
+    a silo started twice is refused; before this process's first round, all the silos
+    expected are waited for). Where the strategy needs more silos than that leaves (its
+    `min_available_nodes`: FedAvg would wait for them), it is shown every silo online,
+    and `sitting_out` names those whose messages fedlb then holds back. Everything else
+    is the real grid's."""
+
+    def __init__(self, grid: Grid, members: Membership, first: bool, needed: int) -> None:
+        self.inner = grid
+        self.members = members
+        self.first = first
+        self.needed = needed
+        self.listed: list[int] | None = None  # what the strategy was last shown
+        self.sitting_out: set[int] = set()  # shown to it, though not taking part
+
+    def set_run(self, run: Any) -> None:
+        self.inner.set_run(run)
+
+    @property
+    def run(self) -> Any:
+        return self.inner.run
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:
+        return self.inner.create_message(*args, **kwargs)
+
+    def get_node_ids(self) -> Iterable[int]:
+        eligible = self.members.eligible(self.inner, self.first)
+        nodes = eligible
+        if len(eligible) < self.needed and len(self.members.online) > len(eligible):
+            nodes = sorted(self.members.online)
+        self.sitting_out = set(nodes) - set(eligible)
+        self.listed = nodes
+        return list(nodes)
+
+    def get_nodes(self) -> Iterable[Any]:
+        shown = set(self.get_node_ids())
+        return [n for n in self.inner.get_nodes() if getattr(n, "node_id", None) in shown]
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.inner.pull_messages(message_ids)
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        return self.inner.send_and_receive(messages, timeout=timeout)

@@ -4,7 +4,6 @@ them back in, and keeping the balancer's set of workers in step (X re-divided ea
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -120,18 +119,6 @@ class Membership:
                 say(logging.WARNING, "no silo can take the round: waiting for one to (re)join")
                 warned = True
             self.sleep(0.5)
-
-    def sample(
-        self, grid: Grid, first: bool, fraction: float, minimum: int, rng: random.Random
-    ) -> tuple[list[int], list[int]]:
-        """(every eligible node, those sampled: FedAvg's count, ⌊fraction·n⌋ but at least
-        `minimum`, of the silos not left out). `first`: before this process's first round
-        (a fresh run, or a resumed one whose silos are reconnecting) wait for all the silos
-        expected; later, go on with those present."""
-        nodes = self.eligible(grid, first)
-        count = min(len(nodes), max(int(len(nodes) * fraction), minimum, 1))
-        chosen = nodes if count >= len(nodes) else sorted(rng.sample(nodes, count))
-        return nodes, chosen
 
     def holder_active(self, partition: int) -> bool:
         holder = self.claims.get(partition)
@@ -340,15 +327,23 @@ class Membership:
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        labels = state["labels"]
-        assert isinstance(labels, dict)
+        labels, brought, claims = state["labels"], state["brought"], state.get("claims", {})
+        benched, too_slow = state["benched"], state["too_slow"]
+        if not (
+            isinstance(labels, dict)
+            and isinstance(brought, dict)
+            and isinstance(claims, dict)
+            and isinstance(benched, list)
+            and isinstance(too_slow, list)
+        ):
+            raise TypeError(
+                "labels, brought and claims must be objects, benched and too_slow lists: "
+                f"got {type(labels).__name__}, {type(brought).__name__}, "
+                f"{type(claims).__name__}, {type(benched).__name__}, {type(too_slow).__name__}"
+            )
         self.labels = {int(n): str(label) for n, label in labels.items()}
         # Left out before the stop: wait out a fresh grace (the clock restarted).
-        self.benched = {int(n): time.monotonic() for n in state["benched"]}  # type: ignore[attr-defined]
-        self.too_slow = {str(w) for w in state["too_slow"]}  # type: ignore[attr-defined]
-        brought = state["brought"]
-        assert isinstance(brought, dict)
+        self.benched = {int(n): time.monotonic() for n in benched}
+        self.too_slow = {str(w) for w in too_slow}
         self.brought = {int(n): int(b) for n, b in brought.items()}
-        claims = state.get("claims", {})
-        assert isinstance(claims, dict)
         self.claims = {int(p): int(n) for p, n in claims.items()}

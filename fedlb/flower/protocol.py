@@ -33,6 +33,10 @@ if TYPE_CHECKING:  # the silo side never needs the balancer: imported where a se
 PREFIX = "fedlb."
 
 # server -> silo, in the train ConfigRecord
+# in every train message of a balancing server: a silo's balance_mod reports only then
+# (a stock strategy's server would average fedlb's keys into the app's metrics)
+PROTOCOL = "fedlb.protocol"
+PROTOCOL_VERSION = 1
 BATCH_SIZE = "fedlb.batch-size"  # absent: the silo draws its own loader's batch size (B0)
 LOCAL_STEPS = "fedlb.local-steps"  # absent: as many steps as the silo's loop runs
 EVALUATE_FIRST = "fedlb.evaluate"  # fedlb's silo app: evaluate the incoming model first
@@ -136,10 +140,12 @@ class Orders:
     local_steps: int | None = None  # None: as many as its loop runs (fixed after round 1)
     evaluate_first: bool = False
     notice: str = ""  # why its last update was left out (the silo's console says it)
+    balanced: bool = True  # False: no fedlb server sent them (a stock strategy's message)
 
     def into(self, config: ConfigRecord) -> ConfigRecord:
         """`config` (the app's train config, copied) with the orders added."""
         out = ConfigRecord(dict(config))
+        out[PROTOCOL] = PROTOCOL_VERSION
         out[SERVER_ROUND] = self.server_round
         if self.batch_size is not None:
             out[BATCH_SIZE] = self.batch_size
@@ -165,6 +171,7 @@ class Orders:
             local_steps=None if steps is None else _whole(steps, f"the server's {LOCAL_STEPS}"),
             evaluate_first=config.get(EVALUATE_FIRST) is True,
             notice=str(config.get(NOTICE, ""))[:NOTICE_CHARS],
+            balanced=PROTOCOL in config,
         )
 
 

@@ -23,8 +23,8 @@ def only_metrics(msg: Message) -> MetricRecord:
 
 
 class UpdateCheck:
-    """Checks train replies against the round's global model (shapes, dtypes, finite
-    values; under HE the run's key and layout) and keeps the checked ciphertexts."""
+    """Checks train replies against the round's global model (keys, shapes, numbers,
+    finite values; under HE the run's key and layout) and keeps the checked ciphertexts."""
 
     def __init__(self, weighted_by_key: str, he: EncryptedAggregation | None) -> None:
         self.weighted_by_key = weighted_by_key
@@ -83,8 +83,10 @@ class UpdateCheck:
         if set(arrays.keys()) != set(self._template):
             return "its arrays do not have the global model's keys"
         for key, array in arrays.items():
+            # By shape, not dtype: a server optimizer may hand out the model in another
+            # dtype than the app's (FedAdam's float64), and the app answers in its own.
             shape, dtype = self._template[key]
-            if tuple(array.shape) != shape or str(array.dtype) != dtype:
+            if tuple(array.shape) != shape:
                 return (
                     f"array {key} is {array.dtype}{list(array.shape)}, "
                     f"expected {dtype}{list(shape)}"
@@ -93,6 +95,8 @@ class UpdateCheck:
                 values = array.numpy()
             except Exception as error:  # a corrupt payload must not take the server down
                 return f"array {key} cannot be decoded: {error}"
+            if values.dtype.kind not in "biuf":
+                return f"array {key} is {values.dtype}, not numbers (expected {dtype})"
             if not np.all(np.isfinite(values)):
                 return f"array {key} {NON_FINITE}"
         return None

@@ -1,36 +1,49 @@
-"""LoadBalancedFedAvg: FedAvg with per-silo batch sizes tuned from measured throughput.
+"""LoadBalanced: any Flower strategy, its silos each at their own batch size.
 
 The class holds Flower's round (configure/aggregate train and evaluate, start) and the hooks
-its variants override; each concern its hooks need lives beside it: the balancer's start and
-reports (balancing), the stability guard (stability), averaging and metrics (aggregation),
-the silos taking part (membership), rounds closed in the run's numbering (round_close)."""
+its variants override; each concern its hooks need lives beside it: what can be wrapped and
+how fedlb stays out of the wrapped strategy's sight (composition), the balancer's start and
+reports (balancing), the stability guard (stability), averaging under HE and metrics
+(aggregation), the silos taking part (membership, grid), rounds closed in the run's
+numbering (round_close)."""
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from logging import INFO, WARNING
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, Result
+from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedlb.balance import BatchSizeManager, StabilityGuard, Verdict, WorkerReport
 
-from .aggregation import (
-    MetricsAggregation,
-    app_metrics,
-    audit,
-    average,
-    encrypted_start,
-    with_round_figures,
-)
+from .aggregation import app_metrics, audit, average, encrypted_start, with_round_figures
 from .balancing import StoredProfiles, describe_balancing, read_reports, start_manager
 from .checkpoint import Checkpoint, restore_strategy_state, save_checkpoint, strategy_state
-from .grid import PollingGrid
+from .composition import (
+    BALANCES,
+    LEGACY_HOOKS,
+    as_stock,
+    chain,
+    check_wrappable,
+    config_name,
+    dtypes_of,
+    in_dtypes,
+    innermost,
+    legacy_refusal,
+    outer_strategy,
+    silos_expected,
+    silos_needed,
+    weighting_key,
+    with_config,
+)
+from .grid import PollingGrid, SiloView
 from .he import EncryptedAggregation, EncryptedModel
 from .identity import by_node, node_label, worker_name
 from .membership import Membership, say
@@ -52,62 +65,75 @@ from .rounds_file import RoundReporter
 from .stability import fixed_rounds_advice, guard_round, least_share
 from .verdicts import VerdictMemory
 
+HOOKS = ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate")
 
-class LoadBalancedFedAvg(FedAvg):
-    """FedAvg whose silos each get their own batch size, so all finish a round together.
 
-    A drop-in for Flower's `FedAvg`: the same arguments, each honoured as FedAvg does, plus
-    optional fedlb arguments after them. τ (each silo's local steps) and the learning rate
-    are the app's and never tuned (LB-BSP Section 3.5: tuning either biases the model on
-    non-IID data). Only B_i moves, decided by a `BatchSizeManager` from each silo's
-    measured compute seconds and fixed costs, with X = Σ B_i kept. Arrays are averaged
-    weighted by `weighted_by_key` (the local dataset size), never by samples processed,
-    so a fast silo gains no bigger say. The silos' ClientApp needs `balance_mod()` and
-    `balanced_loader` (fedlb.flower.dropin).
+class NoUsableUpdateError(RuntimeError):
+    """Rounds in a row ended without a model to go on from: the run stops, non-zero."""
+
+
+class LoadBalanced(Strategy):
+    """Any Flower strategy whose silos each get their own batch size, so all finish a
+    round together.
+
+    Wraps `strategy` as Flower's DP wrappers do: every hook is the wrapped strategy's (its
+    sampling, its config keys such as FedProx's `proximal-mu`, its aggregation with its
+    server optimizer and state, its metrics). fedlb adds each silo's batch size B_i and
+    local steps τ to the train messages it builds, reads its reports out of the replies
+    before the wrapped strategy sees them, and hands it the replies a stock run would
+    (fedlb's metric keys taken out, the model unpacked, in its own record keys). τ and
+    the learning rate are the app's and never tuned (LB-BSP Section 3.5: tuning either
+    biases the model on non-IID data); only B_i moves, decided by a `BatchSizeManager`
+    from each silo's measured compute seconds and fixed costs, with X = Σ B_i kept. The
+    weights stay the wrapped strategy's (FedAvg's local dataset sizes), never samples
+    processed, so a fast silo gains no bigger say. The silos' ClientApp needs
+    `balance_mod()` and `balanced_loader` (fedlb.flower.dropin).
 
     Round 1 runs as the app wrote it: each silo draws its own loader's batch size B0 for
-    as many steps as its loop runs, and reports both, so the server needs no new settings
-    (X = Σ B0_i, τ_i = the silo's steps). From round 2 each silo draws its own B_i.
+    as many steps as its loop runs, and reports both (X = Σ B0_i, τ_i = the silo's steps).
+    From round 2 each silo draws its own B_i.
 
-    Args (FedAvg's, same order and defaults):
-        fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
-        min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key,
-        train_metrics_aggr_fn, evaluate_metrics_aggr_fn: as in FedAvg. The metric
-            aggregation functions see the app's own metrics (fedlb's keys taken out).
-    Args (fedlb's, all optional, keyword only; the groups are fedlb.flower.options'):
+    Put LoadBalanced outermost (`LoadBalanced(DifferentialPrivacyServerSideFixedClipping(
+    FedAvg(...), ...))`): inside another wrapper it still balances, but that wrapper sees
+    the replies first (fedlb's keys in them, the model unpacked), and fedlb says so. A
+    strategy with a `start()` loop of its own (advanced-pytorch's `CustomFedAvg`) keeps
+    it: `LoadBalanced.start` runs that loop with fedlb's hooks around its own.
+
+    Args:
+        strategy: the strategy to balance (a `flwr.serverapp.strategy.Strategy`). Refused
+            with the reason: Flower's legacy strategies, XGBoost's (nothing to balance),
+            one already balanced, and under HE one that must read plaintext updates.
         balancing: how each silo's batch size is decided (`Balancing`: B0, τ, the
             balancer, the stability guard, round 1 from stored profiles).
         joining: which silos take part (`Joining`: how many to wait for, how long, how
-            long a silo that missed a round stays out).
+            long a silo that missed a round sits out). Default: as many as the wrapped
+            strategy's `min_available_nodes`.
         keeping: what the run keeps (`Keeping`: the round reporter, checkpoints, the
             run's settings, an audit of every round's updates).
         evaluate_every: federated evaluation every k rounds and after the last.
-            Default 1 (as FedAvg).
+            Default 1 (as Flower's strategies).
         evaluate_with_train: fedlb's own silo app only: the silo evaluates the model it
             receives before training and reports it with its update (one round trip
             instead of two); only the final model gets an evaluate phase. Default False.
         poll_interval: seconds between pulls of replies (Flower's deployment Grid
             sleeps 3 s). Default 0.1; None keeps Flower's.
-        seed: seed of node sampling. Default 0.
         he: CKKS aggregation (`EncryptedAggregation` over a public context): the initial
             model is encrypted, replies must be ciphertexts under the run's key, and the
-            weighted average is computed on ciphertexts. `Result.arrays` is then an
-            `EncryptedModel`: save it with `save_encrypted`, decrypt it at a silo.
-            Default None.
+            weighted average is computed on ciphertexts (a strategy that aggregates as
+            FedAvg does only). `Result.arrays` is then an `EncryptedModel`. Default None.
+        pack_model: the model travels as one array between this server and silos that
+            run `balance_mod()` (fedlb.flower.packing); invisible to the wrapped
+            strategy and the app. Default True.
+        stop_after: rounds in a row without a model to go on from (no usable update, or
+            the wrapped strategy aggregated nothing) after which the run stops with
+            `NoUsableUpdateError`, instead of running on a frozen model. Default 3.
     """
+
+    _fedlb_balances = True  # composition.BALANCES: never wrapped twice
 
     def __init__(
         self,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        min_train_nodes: int = 2,
-        min_evaluate_nodes: int = 2,
-        min_available_nodes: int = 2,
-        weighted_by_key: str = "num-examples",
-        arrayrecord_key: str = "arrays",
-        configrecord_key: str = "config",
-        train_metrics_aggr_fn: MetricsAggregation | None = None,
-        evaluate_metrics_aggr_fn: MetricsAggregation | None = None,
+        strategy: Strategy,
         *,
         balancing: Balancing = Balancing(),  # noqa: B008 (frozen: shared safely)
         joining: Joining = Joining(),  # noqa: B008
@@ -115,24 +141,17 @@ class LoadBalancedFedAvg(FedAvg):
         evaluate_every: int = 1,
         evaluate_with_train: bool = False,
         poll_interval: float | None = 0.1,
-        seed: int = 0,
         he: EncryptedAggregation | None = None,
         pack_model: bool = True,
+        stop_after: int = 3,
     ) -> None:
-        super().__init__(
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_train_nodes=min_train_nodes,
-            min_evaluate_nodes=min_evaluate_nodes,
-            min_available_nodes=min_available_nodes,
-            weighted_by_key=weighted_by_key,
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
-            train_metrics_aggr_fn=train_metrics_aggr_fn,
-            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
-        )
+        check_wrappable(strategy, he is not None)
         if evaluate_every < 1:
             raise ValueError(f"evaluate_every must be >= 1, got {evaluate_every}")
+        if stop_after < 1:
+            raise ValueError(f"stop_after must be >= 1 rounds, got {stop_after}")
+        self.strategy = strategy
+        self.weighted_by_key = weighting_key(strategy)
         self.batch_size = balancing.batch_size
         self.local_steps = balancing.local_steps
         self.balancer = balancing.balancer
@@ -141,34 +160,82 @@ class LoadBalancedFedAvg(FedAvg):
         self.evaluate_every = evaluate_every
         self.evaluate_with_train = evaluate_with_train
         self.poll_interval = poll_interval
+        self.stop_after = stop_after
         reporter = keeping.reporter
         self.rounds = RoundLog(reporter if reporter is not None else RoundReporter())
         self.audit_dir = keeping.audit_dir
         self.checkpoint_dir = keeping.checkpoint_dir
         self.run_settings = dict(keeping.run_settings)
         self.he = he
-        # the model on the wire as one array (fedlb.flower.packing): plaintext only
         self.pack_model = pack_model and he is None
-        self._layout: tuple[Layout, str] | None = None  # this round's packing, as text too
         self.members = Membership(
-            joining.expected_silos or min_available_nodes,
+            joining.expected_silos or silos_expected(strategy),
             joining.join_timeout,
             joining.rejoin_grace,
         )
-        self.updates = UpdateCheck(weighted_by_key, he)
-        self.report_check = ReportCheck(weighted_by_key)
+        self.updates = UpdateCheck(self.weighted_by_key, he)
+        self.report_check = ReportCheck(self.weighted_by_key)
         self.manager: BatchSizeManager | None = None
         self.progress = RunProgress()
         self.stored_profiles = StoredProfiles()
         self.verdicts = VerdictMemory()  # the guard's verdicts, kept for the next run
-        self._rng = random.Random(seed)
+        self._hooks: dict[str, Callable[..., Any]] = {}  # the wrapped strategy's, while patched
         self._sent: dict[int, tuple[int | None, int | None]] = {}  # node -> (B, τ) ordered
         self._messages: list[Message] = []  # this round's train messages
         self._notices: dict[int, str] = {}  # node -> why its last update was left out
+        self._reporting: set[int] = set()  # nodes whose last reply carried fedlb's report
+        self._layout: tuple[Layout, str] | None = None  # this round's packing, as text too
+        self._sent_model: dict[str, tuple[tuple[int, ...], str]] = {}  # shapes and dtypes
         self._started = 0.0
         self._user_floor = 0.0  # the floor the user set on the tuner: the guard's least
         self._aggregated: ArrayRecord | None = None  # the model the last round ended with
         self._polling: PollingGrid | None = None  # its replies' arrival times per round
+        self._configured: int | None = None  # the last round fedlb configured
+        self._aggregated_round: int | None = None  # and the last it aggregated
+        self._barren = 0  # rounds in a row without a model to go on from
+        self._told: set[str] = set()  # what was said once
+        self._outer: Strategy | None = None  # a strategy wrapping this one, if any
+        self._ready = True  # from here, the wrapped strategy's attributes are set on it
+
+    # Attributes the wrapped strategy owns (FedAvg's `fraction_train`, a subclass's own)
+    # read and written through the wrapper, so it stands in for the strategy it wraps.
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "strategy" not in self.__dict__:
+            raise AttributeError(name)
+        if name in LEGACY_HOOKS:
+            raise AttributeError(legacy_refusal(name))
+        return getattr(self.__dict__["strategy"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        inner = self.__dict__.get("strategy")
+        if (
+            inner is not None
+            and self.__dict__.get("_ready", False)
+            and name not in self.__dict__
+            and not hasattr(type(self), name)
+            and hasattr(inner, name)
+        ):
+            setattr(inner, name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        mixed = [
+            base
+            for base in cls.__mro__
+            if issubclass(base, Strategy)
+            and base is not Strategy
+            and not getattr(base, BALANCES, False)
+        ]
+        if mixed:
+            name = mixed[0].__name__
+            raise TypeError(
+                f"{cls.__name__} inherits from both {LoadBalanced.__name__} and {name}: "
+                f"fedlb wraps a strategy instead of mixing with it; subclass {name} alone "
+                f"and wrap it: LoadBalanced({name}(...)), e.g. "
+                "LoadBalanced(FedProx(proximal_mu=0.1))"
+            )
 
     @property
     def reporter(self) -> RoundReporter:
@@ -176,19 +243,24 @@ class LoadBalancedFedAvg(FedAvg):
         return self.rounds.reporter
 
     def summary(self) -> None:
-        """What Flower logs at the start, and fedlb's balancing after it."""
-        super().summary()
+        """What Flower logs at the start: the wrapped strategy's, then fedlb's balancing."""
+        flwr_log(
+            INFO, "\t├──> Balancing (fedlb): %s", " ⊃ ".join(type(s).__name__ for s in chain(self))
+        )
+        self.strategy.summary()
         describe_balancing(self.batch_size, self.local_steps, self.balancer, self.guard)
+
+    def _hook(self, name: str) -> Callable[..., Any]:
+        """The wrapped strategy's own hook (not fedlb's, while its own loop runs them)."""
+        return self._hooks.get(name) or getattr(self.strategy, name)
 
     # ---- nodes and sizes ---------------------------------------------------------------
     def _round(self, flower_round: int) -> int:
         """The run's round number (Flower's loop restarts at 1 after a resume)."""
         return self.progress.run_round(flower_round)
 
-    def _sample(self, fraction: float, minimum: int, grid: Grid) -> tuple[list[int], list[int]]:
-        """(every eligible node, those sampled), all the expected silos awaited before this
-        process's first round."""
-        return self.members.sample(grid, not self._sent, fraction, minimum, self._rng)
+    def _view(self, grid: Grid, first: bool) -> SiloView:
+        return SiloView(grid, self.members, first, silos_needed(self.strategy))
 
     def current_sizes(self) -> dict[int, int]:
         """Every known silo's batch size for the next round, by node id."""
@@ -250,12 +322,6 @@ class LoadBalancedFedAvg(FedAvg):
                 {worker_name(o): worker_name(n) for o, n in successors.items()}
             )
 
-    def _check_profiles(self, said: Mapping[int, SiloReport]) -> None:
-        """After round 1: say which stored profiles the measurement contradicts."""
-        self.stored_profiles.check(
-            said, self.members.label, self.profiles, self.members.events.append
-        )
-
     # Hooks the experiment-only variants (fedlb.experiments) override ------------------
     def _orders(self, server_round: int, node: int) -> Orders:
         """What `node` is told to run this round."""
@@ -269,7 +335,7 @@ class LoadBalancedFedAvg(FedAvg):
         )
 
     def _node_config(self, node: int, orders: Orders, config: ConfigRecord) -> ConfigRecord:
-        """The train ConfigRecord `node` gets: the app's config plus its orders."""
+        """The train ConfigRecord `node` gets: the strategy's config plus its orders."""
         return orders.into(config)
 
     def _load_report(self, node: int, report: SiloReport) -> WorkerReport:
@@ -293,43 +359,96 @@ class LoadBalancedFedAvg(FedAvg):
             self._foreign_loop(grid)
             if self.he is not None:  # a foreign loop starts from the plaintext model
                 arrays = self.he.encrypt(arrays)
+        self._check_aggregated(server_round)
         self._finish_round(server_round - 1, arrays)
         self.rounds.server_s = 0.0
         with self.rounds.server_time():
-            if self.fraction_train == 0.0:
-                return []
-            present, nodes = self._sample(self.fraction_train, self.min_train_nodes, grid)
-            if self.manager is None and not self._sent and self.profiles:
+            first = self._configured is None
+            self._configured = server_round
+            view = self._view(grid, first)
+            messages = self._taking_part(
+                list(self._hook("configure_train")(server_round, arrays, config, view)), view
+            )
+            train = [m for m in messages if m.metadata.message_type == MessageType.TRAIN]
+            nodes = [m.metadata.dst_node_id for m in train]
+            present = view.listed if view.listed is not None else sorted(grid.get_node_ids())
+            if self.manager is None and first and self.profiles and nodes:
                 self._start_from_profiles(grid, arrays, nodes, config)
-            if self.manager is not None and not self._sent and self.progress.offset:
+            if self.manager is not None and first and self.progress.offset:
                 self._carry_over(grid, present)
             if self.manager is not None:
                 self.members.sync(self.manager, present, nodes)
-            flwr_log(
-                INFO, "configure_train: Sampled %s nodes (out of %s)", len(nodes), len(present)
-            )
             self.updates.new_round(arrays)
-            wire, self._layout = self._on_the_wire(arrays)
-            messages = []
+            self._sent_model = dtypes_of(arrays) if self.he is None else {}
+            self._layout = self._packing(arrays)
+            packed = pack(arrays)[0] if self._layout is not None else None
+            preferred = getattr(innermost(self.strategy), "configrecord_key", None)
             self._sent = {}
-            for node in nodes:
+            for msg in train:
+                node = msg.metadata.dst_node_id
                 orders = self._orders(server_round, node)
                 self._sent[node] = (orders.batch_size, orders.local_steps)
-                node_config = self._node_config(node, orders, config)
-                if self._layout is not None:
-                    node_config = ConfigRecord({**node_config, LAYOUT: self._layout[1]})
-                # A new RecordDict per node: Message does not copy its content.
-                content = RecordDict(
-                    {self.arrayrecord_key: wire, self.configrecord_key: node_config}
+                name = config_name(msg.content, preferred)
+                node_config = self._node_config(
+                    node, orders, msg.content.config_records.get(name, ConfigRecord())
                 )
-                messages.append(
-                    Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
-                )
-            self._messages = messages
+                content = with_config(msg.content, name, node_config)
+                if packed is not None and self._layout is not None and node in self._reporting:
+                    content = self._packed(content, arrays, packed, name, self._layout[1])
+                msg.content = content
+            self._messages = train
             self._started = time.monotonic()
             if self._polling is not None:
-                self._polling.on_reply = self._progress(server_round, messages)
+                self._polling.on_reply = self._progress(server_round, train)
             return messages
+
+    def _taking_part(self, messages: list[Message], view: SiloView) -> list[Message]:
+        """The strategy's messages less those to silos sitting out (it was shown them only
+        so as not to wait for them), unless that would leave none."""
+        kept = [m for m in messages if m.metadata.dst_node_id not in view.sitting_out]
+        held = len(messages) - len(kept)
+        if held and kept:
+            say(
+                INFO,
+                "%d message(s) of %s held back: %s sitting out (missed a round, or a "
+                "partition claimed twice)",
+                held,
+                type(self.strategy).__name__,
+                ", ".join(sorted(self.members.label(n) for n in view.sitting_out)),
+            )
+            return kept
+        return messages
+
+    def _packing(self, arrays: ArrayRecord) -> tuple[Layout, str] | None:
+        """(the layout, as text) where the model travels packed this round: plaintext
+        float32 arrays, fedlb's own hooks seeing every reply first (no outer strategy,
+        no subclass aggregating on its own), and only to silos whose replies carried
+        fedlb's report last time (their `balance_mod()` unpacks it)."""
+        if (
+            not self.pack_model
+            or not packable(arrays)
+            or self._outer is not None
+            or type(self).aggregate_train is not LoadBalanced.aggregate_train
+            or not self._reporting
+        ):
+            return None
+        layout = pack(arrays)[1]
+        return layout, layout_text(layout)
+
+    @staticmethod
+    def _packed(
+        content: Any, arrays: ArrayRecord, packed: ArrayRecord, config: str, layout: str
+    ) -> Any:
+        """`content` with the global model (the ArrayRecord the strategy was given) packed
+        and its layout in the message's ConfigRecord."""
+        names = [k for k, record in content.array_records.items() if record is arrays]
+        if not names:
+            return content
+        with_layout = ConfigRecord({**content.config_records[config], LAYOUT: layout})
+        out = with_config(content, config, with_layout)
+        for name in names:
+            out[name] = packed
+        return out
 
     def _progress(
         self, server_round: int, messages: list[Message]
@@ -345,17 +464,11 @@ class LoadBalancedFedAvg(FedAvg):
 
         return write
 
-    def _on_the_wire(self, arrays: ArrayRecord) -> tuple[ArrayRecord, tuple[Layout, str] | None]:
-        """(the model as sent, (its layout, as text) where it travels packed)."""
-        if not self.pack_model or not packable(arrays):
-            return arrays, None
-        packed, layout = pack(arrays)
-        return packed, (layout, layout_text(layout))
-
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round = self._round(server_round)
+        self._aggregated_round = server_round
         with self.rounds.server_time():
             replies = list(replies)
             if self._polling is not None:  # an evaluation or a query is not the round
@@ -363,7 +476,6 @@ class LoadBalancedFedAvg(FedAvg):
             if self._layout is not None:  # before anything reads them
                 for msg in replies:
                     unpack_in_place(msg, self._layout[0])
-            self._check_and_log_replies(replies, is_train=True, validate=False)
             valid, record = self._collect(server_round, replies)
             if self.evaluate_with_train and self.rounds.pending is not None:
                 # These replies carry the evaluation of the model this round started
@@ -371,15 +483,66 @@ class LoadBalancedFedAvg(FedAvg):
                 attach_evaluation(self.rounds.pending, valid, EVAL_EXAMPLES)
             self.rounds.open(record)
             say(INFO, "%s", balance_line(record))
-            if not valid:
-                say(WARNING, "round %d: no usable update; the model stays as it was", server_round)
-                return None, None
-            arrays = average(valid, self.updates, self.he, self.weighted_by_key)
+            errors = [m for m in replies if m.has_error()]
+            arrays, metrics = self._aggregate(server_round, valid, errors)
+            if arrays is None:
+                self._no_model(server_round, "no usable update" if not valid else None)
+                return None, (None if metrics is None else with_round_figures(metrics, record))
+            self._barren = 0
+            arrays = self._in_app_dtypes(arrays)
             self._aggregated = arrays
             if self.audit_dir is not None:
                 audit(self.audit_dir, server_round, valid, self.updates, arrays)
-            metrics = app_metrics(valid, self.train_metrics_aggr_fn, self.weighted_by_key)
-            return arrays, with_round_figures(metrics, record)
+            return arrays, with_round_figures(metrics or MetricRecord(), record)
+
+    def _aggregate(
+        self, server_round: int, valid: list[Message], errors: list[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The wrapped strategy's aggregation of the kept updates, handed over as a stock
+        run would (and its failures); under HE fedlb's average of the ciphertexts, with
+        the strategy's metric aggregation."""
+        inner = innermost(self.strategy)
+        if self.he is None:
+            stock = [as_stock(m) for m in valid] + errors
+            return self._hook("aggregate_train")(server_round, stock)  # type: ignore[no-any-return]
+        if not valid:
+            return None, None
+        arrays = average(valid, self.updates, self.he, self.weighted_by_key)
+        metrics_fn = getattr(inner, "train_metrics_aggr_fn", None) or aggregate_metricrecords
+        return arrays, app_metrics(valid, metrics_fn, self.weighted_by_key)
+
+    def _no_model(self, server_round: int, why: str | None) -> None:
+        """A round without a model to go on from: said, and after `stop_after` in a row
+        the run stops (a frozen model is not a run)."""
+        if not self._messages:  # nothing was trained this round (fraction_train = 0)
+            return
+        self._barren += 1
+        why = why or f"{type(self.strategy).__name__}.aggregate_train returned no model"
+        say(WARNING, "round %d: %s; the model stays as it was", server_round, why)
+        if self._barren >= self.stop_after:
+            raise NoUsableUpdateError(
+                f"fedlb: {self._barren} rounds in a row ended without a model to go on from "
+                f"(round {server_round}: {why}); the run stops rather than go on with a "
+                "frozen model: see the warnings above for each round's replies"
+            )
+
+    def _in_app_dtypes(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The aggregate in the dtypes the model was sent in (said once where cast)."""
+        if not self._sent_model:
+            return arrays
+        arrays, cast = in_dtypes(arrays, self._sent_model)
+        if cast and "dtypes" not in self._told:
+            self._told.add("dtypes")
+            say(
+                INFO,
+                "%s returned the model in other dtypes than the app's (%s%s): the silos get "
+                "it in the app's, as its load_state_dict would make it; the strategy's own "
+                "state keeps its precision",
+                type(self.strategy).__name__,
+                ", ".join(cast[:3]),
+                ", ..." if len(cast) > 3 else "",
+            )
+        return arrays
 
     def _collect(
         self, server_round: int, replies: list[Message]
@@ -404,8 +567,12 @@ class LoadBalancedFedAvg(FedAvg):
         read = read_reports(
             server_round, kept, self.report_check, self._sent, self.members, self._load_report
         )
+        self._reporting = set(read.said)
+        self._say_unbalanced(server_round, kept, read.said)
         if self.profiles and server_round == self.progress.offset + 1:
-            self._check_profiles(read.said)
+            self.stored_profiles.check(
+                read.said, self.members.label, self.profiles, self.members.events.append
+            )
         if self.manager is None and read.said:  # the first reports: each silo's own B0 and τ
             self._start_balancing(read.said)
         # The guard first: the floor it sets bounds this step's sizes.
@@ -458,6 +625,25 @@ class LoadBalancedFedAvg(FedAvg):
                 record.guard_remembered = self.verdicts.adopted.said()
         return kept, record
 
+    def _say_unbalanced(
+        self, server_round: int, kept: list[Message], said: Mapping[int, SiloReport]
+    ) -> None:
+        """Updates came back but none with fedlb's report: nothing can be balanced, and
+        the log says why (once, and again every 10 such rounds)."""
+        if not kept or said:
+            self._told.discard("no reports")
+            return
+        if "no reports" not in self._told or server_round % 10 == 0:
+            self._told.add("no reports")
+            say(
+                WARNING,
+                "round %d: no silo's reply carried fedlb's report, so nothing is balanced "
+                "(every silo keeps its batch size): the ClientApp needs "
+                "ClientApp(mods=[balance_mod()]) and its train loop must draw from "
+                "balanced_loader(msg, trainloader)",
+                server_round,
+            )
+
     def _guard_round(
         self,
         server_round: int,
@@ -497,39 +683,46 @@ class LoadBalancedFedAvg(FedAvg):
             due = server_round == self.progress.num_rounds or (
                 not self.evaluate_with_train and self._evaluation_due(server_round)
             )
-            if self.fraction_evaluate == 0.0 or not due:
+            if not due:
                 return []
-            present, nodes = self._sample(self.fraction_evaluate, self.min_evaluate_nodes, grid)
-            flwr_log(
-                INFO, "configure_evaluate: Sampled %s nodes (out of %s)", len(nodes), len(present)
+            view = self._view(grid, first=False)
+            messages = self._taking_part(
+                list(self._hook("configure_evaluate")(server_round, arrays, config, view)), view
             )
-            self.rounds.evaluation_sent()
-            eval_config = ConfigRecord(dict(config))
-            eval_config["server-round"] = server_round
-            wire, layout = self._on_the_wire(arrays)
-            if layout is not None:
-                eval_config[LAYOUT] = layout[1]
-            record = RecordDict({self.arrayrecord_key: wire, self.configrecord_key: eval_config})
-            return self._construct_messages(record, nodes, MessageType.EVALUATE)
+            if messages:
+                self.rounds.evaluation_sent()
+            layout = self._packing(arrays)
+            packed = pack(arrays)[0] if layout is not None else None
+            preferred = getattr(innermost(self.strategy), "configrecord_key", None)
+            for msg in messages:
+                # Each message its own content (FedAvg shares one, and its config is the
+                # same object every round): what was sent stays what was sent.
+                name = config_name(msg.content, preferred)
+                own = ConfigRecord(dict(msg.content.config_records.get(name, ConfigRecord())))
+                content = with_config(msg.content, name, own)
+                if packed is not None and layout and msg.metadata.dst_node_id in self._reporting:
+                    content = self._packed(content, arrays, packed, name, layout[1])
+                msg.content = content
+            return messages
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         server_round = self._round(server_round)
         with self.rounds.server_time():
-            answered, _ = self._check_and_log_replies(list(replies), is_train=False, validate=False)
+            replies = list(replies)
+            answered = [m for m in replies if not m.has_error()]
             valid, unusable = self.updates.evaluations(answered)
             for line in unusable:
                 say(WARNING, "round %d: evaluation from %s", server_round, line)
             self.rounds.evaluated(server_round, valid, self.weighted_by_key)
         if not self.progress.own_loop and self._aggregated is not None:
-            # A subclass's own loop: this is the round's last hook fedlb sees (its
-            # evaluate_fn runs after it), so the round is finished here.
+            # A loop of another strategy or subclass: this is the round's last hook fedlb
+            # sees (its evaluate_fn runs after it), so the round is finished here.
             self._finish_round(server_round, self._aggregated, last=True)
         with self.rounds.server_time():
-            if not valid:
-                return None
-            return app_metrics(valid, self.evaluate_metrics_aggr_fn, self.weighted_by_key)
+            stock = [as_stock(m) for m in valid] + [m for m in replies if m.has_error()]
+            return self._hook("aggregate_evaluate")(server_round, stock)  # type: ignore[no-any-return]
 
     # ---- the run -----------------------------------------------------------------------
     def start(
@@ -542,11 +735,12 @@ class LoadBalancedFedAvg(FedAvg):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
     ) -> Result:
-        """Flower's own round loop (`Strategy.start`: its log, its `Result`), with replies
-        polled every `poll_interval` s. After `restore(checkpoint)` it runs the rounds
-        after the checkpoint's (pass the returned model as `initial_arrays`): Flower's
-        loop counts them from 1 again, fedlb's records and the Result use the run's
-        round numbers. Under HE, `Result.arrays` is an `EncryptedModel`."""
+        """Flower's round loop (`Strategy.start`: its log, its `Result`; or the wrapped
+        strategy's own `start()` where it has one, with fedlb's hooks around its own),
+        with replies polled every `poll_interval` s. After `restore(checkpoint)` it runs
+        the rounds after the checkpoint's (pass the returned model as `initial_arrays`):
+        Flower's loop counts them from 1 again, fedlb's records and the Result use the
+        run's round numbers. Under HE, `Result.arrays` is an `EncryptedModel`."""
         done = self.progress.begin(num_rounds)
         if self.profiles:
             self.stored_profiles.model = model_key(initial_arrays)  # plaintext: under HE too
@@ -555,15 +749,20 @@ class LoadBalancedFedAvg(FedAvg):
         self.progress.say_resumed()
         if self.poll_interval is not None:
             grid = self._polling = PollingGrid(grid, self.poll_interval)
-        result = super().start(
-            grid=grid,
-            initial_arrays=initial_arrays,
-            num_rounds=num_rounds - done,
-            timeout=timeout,
-            train_config=train_config,
-            evaluate_config=evaluate_config,
-            evaluate_fn=recorded_evaluate(evaluate_fn, self.progress, self.rounds),
-        )
+        arguments: dict[str, Any] = {
+            "grid": grid,
+            "initial_arrays": initial_arrays,
+            "num_rounds": num_rounds - done,
+            "timeout": timeout,
+            "train_config": train_config,
+            "evaluate_config": evaluate_config,
+            "evaluate_fn": recorded_evaluate(evaluate_fn, self.progress, self.rounds),
+        }
+        if type(self.strategy).start is Strategy.start:
+            result = super().start(**arguments)
+        else:
+            with self._around_own_loop():
+                result = self.strategy.start(**arguments)
         self._finish_round(num_rounds, result.arrays or initial_arrays, last=True)
         if (advice := fixed_rounds_advice(self.reporter.summary(), num_rounds)) is not None:
             say(INFO, "%s", advice)
@@ -572,12 +771,75 @@ class LoadBalancedFedAvg(FedAvg):
             result.arrays = EncryptedModel(result.arrays or initial_arrays)
         return result
 
+    @contextmanager
+    def _around_own_loop(self) -> Iterator[None]:
+        """The wrapped strategy's own `start()` calls its hooks on itself: while it runs,
+        they are fedlb's (which call its own, kept aside)."""
+        strategy = self.strategy
+        say(
+            INFO,
+            "%s has a start() loop of its own: it runs, with fedlb's hooks around its own",
+            type(strategy).__name__,
+        )
+        self._hooks = {name: getattr(strategy, name) for name in HOOKS}
+        for name in HOOKS:
+            setattr(strategy, name, getattr(self, name))
+        try:
+            yield
+        finally:
+            for name in HOOKS:
+                vars(strategy).pop(name, None)
+            self._hooks = {}
+
     def _foreign_loop(self, grid: Grid) -> None:
-        """A subclass overrode `start()` without calling this class's: Flower's hooks
-        still balance every round and write its record (round_close.adopt_foreign_loop)."""
-        polling = adopt_foreign_loop(grid, self.poll_interval, self.progress, type(self).__name__)
+        """A loop other than `start()` drives the hooks: a subclass's own `start()`, or
+        an outer strategy's (fedlb wrapped, e.g. by a DP wrapper): Flower's hooks still
+        balance every round and write its record (round_close.adopt_foreign_loop)."""
+        if self._outer is None and "driver" not in self._told:
+            self._outer = outer_strategy(self)
+        self._told.add("driver")
+        driver = type(self._outer or self).__name__
+        polling = adopt_foreign_loop(grid, self.poll_interval, self.progress, driver)
         if polling is not None:
             self._polling = polling
+        if self._outer is not None and "outer" not in self._told:
+            self._told.add("outer")
+            say(
+                WARNING,
+                "%s wraps %s, so it sees the silos' replies before fedlb does: balancing "
+                "works, but the model travels unpacked and fedlb's report keys reach %s; "
+                "put fedlb outermost: LoadBalanced(%s(...))",
+                driver,
+                type(self).__name__,
+                driver,
+                driver,
+            )
+
+    def _check_aggregated(self, server_round: int) -> None:
+        """The last round fedlb configured never reached its `aggregate_train`. A
+        subclass's own `aggregate_train` that never calls fedlb's leaves every silo at its
+        size for good: the run stops at once, saying what to do. An outer strategy that
+        aggregated nothing (a DP wrapper skips a round with any failed reply) counts
+        towards `stop_after`."""
+        last = self._configured
+        if last is None or last != server_round - 1 or self._aggregated_round == last:
+            return
+        if not self._messages:
+            return
+        if type(self).aggregate_train is not LoadBalanced.aggregate_train:
+            owner = next(
+                cls.__name__ for cls in type(self).__mro__ if "aggregate_train" in vars(cls)
+            )
+            raise TypeError(
+                f"{owner}.aggregate_train did not call LoadBalanced.aggregate_train in round "
+                f"{last}, so fedlb cannot read the silos' reports and nothing is balanced: "
+                f"call super().aggregate_train(...) in it, or make {owner} a subclass of "
+                f"Flower's strategy (e.g. FedAvg) and wrap it: LoadBalanced({owner}(...))"
+            )
+        driver = type(self._outer).__name__ if self._outer is not None else "the loop"
+        self._no_model(
+            last, f"{driver} did not hand the round's replies to fedlb (it aggregated nothing)"
+        )
 
     def _finish_round(self, server_round: int, arrays: ArrayRecord, last: bool = False) -> None:
         """Round `server_round` is wholly done (Flower's server-side evaluation included):
@@ -600,18 +862,18 @@ class LoadBalancedFedAvg(FedAvg):
 
     # ---- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """What a resumed run needs of this strategy (JSON-serialisable)."""
-        state = strategy_state(self.manager, self._rng, self.members, self.rounds)
+        """What a resumed run needs of fedlb's side of the strategy (JSON-serialisable)."""
+        state = strategy_state(self.manager, self.members, self.rounds)
         if self.guard is not None:
             state["guard"] = self.guard.state_dict()
         return state
 
     def restore(self, checkpoint: Checkpoint) -> ArrayRecord:
-        """Take up a checkpointed run: the balancer with its estimators and tuner, the
-        sampling RNG, labels, silos left out, and the last round's record. `start` then
-        runs the rounds after `checkpoint.round`; pass it the returned model."""
+        """Take up a checkpointed run: the balancer with its estimators and tuner, labels,
+        silos left out, and the last round's record. `start` then runs the rounds after
+        `checkpoint.round`; pass it the returned model."""
         self.manager = restore_strategy_state(
-            checkpoint.strategy, self.balancer, self._rng, self.members, self.rounds
+            checkpoint.strategy, self.balancer, self.members, self.rounds
         )
         if self.guard is not None and self.manager is not None:
             if "guard" in checkpoint.strategy:  # its regime, floor and yardsticks

@@ -164,7 +164,8 @@ def run_one(
     eval_rounds: set[int],
 ) -> dict[str, Any]:
     from flwr.app import ArrayRecord, MetricRecord, RecordDict
-    from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+    from fedlb._flower_internals import aggregate_arrayrecords
 
     task = app.task
     n = len(speeds)

@@ -53,11 +53,11 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import Context, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fedlb._flower_internals import set_task_identity  # noqa: E402
 from fedlb.balance import (  # noqa: E402
     BatchSizeManager,
     PooledProportional,
@@ -379,7 +379,7 @@ def main() -> None:
         raise SystemExit("advanced-pytorch has its own partition (Dirichlet 1.0): no --partition")
     os.environ["FEDLB_APP_PARTITION"] = args.partition  # read by the fixtures' load_data
     use_profile_dir("")  # no run depends on the runs before it ...
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    set_task_identity(run_id=1, task_id=1, node_id=0)
     speeds = [float(v) for v in (args.speeds or APPS[args.app][1]).split(",")]
     overrides = dict(item.split("=", 1) for item in args.set)
     overrides = {k: parse_value(v) for k, v in overrides.items()}

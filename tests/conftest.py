@@ -20,9 +20,7 @@ def _partition_cache(tmp_path_factory):
 @pytest.fixture
 def task_identity():
     """Flower refuses to build a Message outside a run unless the task identity is set."""
-    from flwr.supercore.task_identity import TaskIdentity
+    from fedlb._flower_internals import task_identity
 
-    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+    with task_identity(run_id=1, task_id=1, node_id=0):
+        yield

@@ -33,6 +33,35 @@ PUBLIC_MODULES = {
     "fedlb.flower.verdicts": "the guard's remembered verdicts, which `fedlb verdicts` lists",
 }
 MAX_FACE = 30
+# fedlb/_flower_internals.py holds every private detail of Flower that fedlb relies on; it
+# imports nothing of fedlb, and these layers may import it.
+INTERNALS = "fedlb._flower_internals"
+INTERNALS_USERS = ("flower", "deploy", "experiments")
+# flwr's modules that are not its public API (flwr.app, flwr.clientapp, flwr.serverapp,
+# flwr.simulation, what flwr.common exports): reached only through INTERNALS.
+FLWR_PRIVATE = (
+    "flwr.supercore",
+    "flwr.supernode",
+    "flwr.superlink",
+    "flwr.proto",
+    "flwr.cli",
+    "flwr.common.serde",
+    "flwr.common.constant",
+    "flwr.common.config",
+    "flwr.common.logger",
+    "flwr.clientapp.typing",
+    "flwr.serverapp.strategy.strategy_utils",
+)
+# fedlb/flower/ is being rewritten (issue 50); its private uses move to INTERNALS with it.
+FLWR_PRIVATE_PENDING = {
+    "fedlb/flower/aggregation.py": "strategy_utils.aggregate_arrayrecords",
+    "fedlb/flower/balancing.py": "flwr.common.logger.log (flwr.common exports log)",
+    "fedlb/flower/membership.py": "flwr.common.logger.log",
+    "fedlb/flower/strategy.py": "flwr.common.logger.log",
+    "fedlb/flower/dropin.py": "flwr.clientapp.typing (ClientAppCallable, Mod)",
+    "fedlb/flower/he.py": "flwr.clientapp.typing (ClientAppCallable, Mod)",
+}
+ROOT = PACKAGE.parent
 
 
 def modules() -> dict[str, Path]:
@@ -199,3 +228,32 @@ def test_a_silo_identity_survives_its_names():
     round_trip()
     with pytest.raises(ValueError, match="not a Flower node id"):
         node_of("rank-2")
+
+
+def test_flowers_internals_are_reached_through_one_module():
+    """No module of fedlb, its benchmarks or examples imports a private module of flwr
+    (FLWR_PRIVATE) but fedlb/_flower_internals.py, which imports nothing of fedlb; only the
+    flower, deploy and experiments layers import it."""
+    wrong = []
+    for path in sorted(
+        p for folder in ("fedlb", "benchmarks", "examples") for p in (ROOT / folder).rglob("*.py")
+    ):
+        where = str(path.relative_to(ROOT))
+        name = where.removesuffix(".py").replace("/", ".")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                private = any(target == p or target.startswith(f"{p}.") for p in FLWR_PRIVATE)
+                if private and name != INTERNALS and where not in FLWR_PRIVATE_PENDING:
+                    wrong.append(f"{where} imports {target}: add it to {INTERNALS}")
+                if name == INTERNALS and target.startswith("fedlb"):
+                    wrong.append(f"{where} imports {target}: it depends on flwr only")
+                user = part(name) if name.startswith("fedlb.") else None
+                if target.startswith(INTERNALS) and user and user not in INTERNALS_USERS:
+                    wrong.append(f"{where} imports {INTERNALS} (layers: {INTERNALS_USERS})")
+    assert not wrong, "\n".join(sorted(set(wrong)))

@@ -4,8 +4,6 @@ user's run."""
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 import signal
 import time
@@ -13,10 +11,17 @@ import time
 import psutil
 import pytest
 
+from fedlb import _flower_internals as flower
 from fedlb.deploy import RunConfig
 from fedlb.deploy.federation import Federation
 from fedlb.deploy.join import LOST_TASK, ClientAppFailures
-from fedlb.deploy.prompt import SUPERNODE_SLEEPS, fast_object_pulls, prompt_supernode
+from fedlb.deploy.prompt import (
+    PULL_BACKOFF_S,
+    SUPERNODE_SLEEPS,
+    fast_object_pulls,
+    fast_reply_pulls,
+    prompt_supernode,
+)
 from fedlb.deploy.warm import (
     ACQUIRE_TASK,
     NODE_NAME,
@@ -29,80 +34,32 @@ from fedlb.deploy.warm import (
 from fedlb.deploy.warm_tasks import TASK_NAME
 
 
-def test_the_flower_runtime_it_drives_has_the_shape_it_expects():
-    from flwr.proto.runtime_pb2 import AcquireTaskRequest, AcquireTaskResponse
-    from flwr.supercore.constant import TaskType
-    from flwr.supercore.interceptors import SuperExecAuthHttpInterceptor
-    from flwr.supernode.runtime import run_clientapp as runtime
-
-    run = inspect.signature(runtime.run_clientapp).parameters
-    assert {"runtime_api_address", "token", "insecure", "certificates", "parent_pid"} <= set(run)
-    assert (
-        "initial_backoff" in inspect.signature(runtime.pull_and_inflate_object_from_tree).parameters
-    )
-    assert TaskType.CLIENT_APP.value == "flwr-clientapp"
-    assert TaskType.SERVER_APP.value == "flwr-serverapp"
-    from flwr.supercore.logger import mirror_output_to_queue, restore_output  # noqa: F401
-    from flwr.superlink.runtime.run_serverapp import run_serverapp
-
-    served = set(inspect.signature(run_serverapp).parameters)
-    assert {
-        "runtime_api_address",
-        "log_queue",
-        "token",
-        "insecure",
-        "certificates",
-        "parent_pid",
-        "runtime_dependency_install",
-    } <= served
-    AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
-    assert {"task", "token"} <= {f.name for f in AcquireTaskResponse.DESCRIPTOR.fields}
-    SuperExecAuthHttpInterceptor(master_secret=b"x" * 32, protected_methods={ACQUIRE_TASK})
+def test_this_flower_runs_silos_warm_and_its_pulls_retry_after_20_ms():
+    """The Flower details the warm path drives are there (tests/test_flower_internals.py
+    checks each by name); fedlb binds its own first retry (20 ms, not Flower's 1 s) to the
+    ClientApp runtime's message pulls and the ServerApp grid's reply pulls."""
     assert unsupported() is None  # this Flower runs silos warm (else they start cold)
-
-    before = runtime.pull_and_inflate_object_from_tree
-    try:
-        fast_object_pulls(0.05)
-        fast_object_pulls(0.02)  # twice: still one partial over Flower's function
-        pull = runtime.pull_and_inflate_object_from_tree
-        assert isinstance(pull, functools.partial)
-        assert pull.keywords == {"initial_backoff": 0.02}
-        assert not isinstance(pull.func, functools.partial)
-    finally:
-        runtime.pull_and_inflate_object_from_tree = before
-
-
-def test_a_warm_serverapps_grid_retries_a_replys_objects_after_20_ms():
-    """Flower's ServerApp grid pulls a reply's objects through its module's
-    `pull_objects`, which takes `initial_backoff` (Flower's default: 1 s, paid whenever a
-    poll finds a reply whose objects are still arriving); fast_reply_pulls binds 0.02 s."""
-    from flwr.superlink.grid import http_grid
-
-    from fedlb.deploy.prompt import fast_reply_pulls
-
-    assert "initial_backoff" in inspect.signature(http_grid.pull_objects).parameters
-    assert "pull_objects(" in inspect.getsource(http_grid.HttpGrid.pull_messages)
-    before = http_grid.pull_objects
-    try:
-        fast_reply_pulls()
-        fast_reply_pulls()
-        assert http_grid.pull_objects.keywords == {"initial_backoff": 0.02}
-        assert not isinstance(http_grid.pull_objects.func, functools.partial)
-    finally:
-        http_grid.pull_objects = before
+    for owner, name, bind in (
+        (flower.CLIENTAPP_RUNTIME, "pull_and_inflate_object_from_tree", fast_object_pulls),
+        (flower.SERVERAPP_GRID, "pull_objects", fast_reply_pulls),
+    ):
+        module = flower.module(owner)
+        before = getattr(module, name)
+        try:
+            bind()
+            bind()  # twice: still one partial over Flower's function
+            assert getattr(module, name).keywords == {"initial_backoff": PULL_BACKOFF_S}
+            assert getattr(module, name).func is before
+        finally:
+            setattr(module, name, before)
 
 
 def test_the_supernode_loop_it_shortens_sleeps_where_it_expects():
     """Flower's SuperNode loop pauses 3 s after an empty pull and 0.5 s while a reply is
     not there yet, through its module's `time`; prompt_supernode shortens those two only."""
-    from flwr.supernode import start_client_internal as loop
-
-    source = inspect.getsource(loop)
+    loop = flower.module(flower.SUPERNODE_LOOP)
     idle, reply = SUPERNODE_SLEEPS
-    assert f"time.sleep({idle})" in source
-    assert f"time.sleep({reply})" in source
     assert loop.time is time
-    assert "initial_backoff" in inspect.signature(loop.pull_objects).parameters
     pull_objects = loop.pull_objects
     try:
         prompt_supernode(0.01, 0.02)
@@ -349,60 +306,6 @@ def test_a_task_lost_mid_round_fails_at_once_and_the_silo_stays_in(tmp_path):
     assert sum("ClientApp ended without a reply" in line for line in said) == 2, said
 
 
-def test_a_runs_log_is_flushed_without_flowers_pause():
-    """Flower's ServerApp and simulation processes flush the run's log through their
-    modules' `start_log_uploader` / `flush_logs` (the names flush_without_pause replaces),
-    and Flower's own flush sleeps 1 s after the queue empties; the replacement returns
-    once the uploader has pushed every line, and Flower's stop afterwards is a no-op."""
-    import importlib
-    import types
-    from queue import Queue
-
-    from flwr.supercore import logger as flower_logger
-
-    from fedlb.deploy.prompt import flush_without_pause
-
-    for name in ("flwr.superlink.runtime.run_serverapp", "flwr.simulation.app"):
-        module = importlib.import_module(name)
-        assert module.start_log_uploader is flower_logger.start_log_uploader
-        assert module.flush_logs is flower_logger.flush_logs
-        assert module.stop_log_uploader is flower_logger.stop_log_uploader
-
-    pushed: list[str] = []
-
-    class Client:  # the runtime client's one call the uploader makes
-        def PushLogs(self, request):  # noqa: N802 (Flower's name)
-            time.sleep(0.05)  # a round trip
-            pushed.extend(request.logs)
-
-    runtime = types.SimpleNamespace(
-        start_log_uploader=flower_logger.start_log_uploader, flush_logs=flower_logger.flush_logs
-    )
-    flush_without_pause(runtime)
-    queue: Queue[str | None] = Queue()
-    uploader = runtime.start_log_uploader(queue, node_id=0, run_id=1, client=Client())
-    for i in range(5):
-        queue.put(f"line {i}\n")
-    started = time.monotonic()
-    assert runtime.flush_logs(queue)
-    took = time.monotonic() - started
-    assert pushed == [f"line {i}\n" for i in range(5)]  # every line, pushed, in order
-    assert not uploader.is_alive()
-    assert took < 0.8  # Flower's flush: 1 s after the queue empties
-    flower_logger.stop_log_uploader(queue, uploader, timeout=0.1)  # Flower's stop: done
-
-
-def test_flowers_own_flush_pauses_a_second():
-    """The pause flush_without_pause removes is there in this Flower (else drop it)."""
-    from queue import Queue
-
-    from flwr.supercore import logger as flower_logger
-
-    started = time.monotonic()
-    assert flower_logger.flush_logs(Queue())
-    assert time.monotonic() - started >= 0.9
-
-
 def test_a_forked_child_ends_as_a_started_one_would():
     """The launcher's children are forks (fedlb.deploy.forked): their exit codes, signals
     and names read as a started process's would."""
@@ -434,18 +337,9 @@ def test_the_supernode_pushes_the_reply_of_the_run_it_handles():
     restart's next message then got that stale reply as its own, and its real reply
     waited a round. With replies_of_the_current_run the push step takes the reply of the
     run it pulled a message of, and drops the stale one."""
-    import inspect
     import types
 
-    from flwr.supernode import start_client_internal as flower_loop
-
     from fedlb.deploy.prompt import replies_of_the_current_run
-
-    for name in ("_pull_and_store_message", "_push_messages"):  # what the loop calls
-        assert name in inspect.getsource(flower_loop.start_client_internal)
-    assert {"state", "object_store", "send", "push_object"} <= set(
-        inspect.signature(flower_loop._push_messages).parameters
-    )
 
     def reply(run_id: int, name: str):
         return types.SimpleNamespace(
@@ -489,3 +383,32 @@ def test_the_supernode_pushes_the_reply_of_the_run_it_handles():
     assert pushed == ["current"]  # not the stale reply of run 1 ...
     assert deleted == ["stale"]  # ... which is dropped
     assert state.messages == {}
+
+
+def test_a_failed_clientapp_tasks_message_is_answered_before_its_task_finishes(capsys, monkeypatch):
+    """failed_clientapps_reply, on this Flower's own node state and loop steps: a ClientApp
+    that took its message and reported FAILED gets its message answered with
+    CLIENT_APP_CRASHED ("ClientApp failed: ..."), said in the silo's log, and the loop's
+    push step pushes that answer (on a Flower whose push step stops waiting once no task
+    is active, the answer is there before the task is finished)."""
+    from flwr.common.constant import ErrorCode
+
+    from fedlb.deploy.prompt import failed_clientapps_reply
+    from tests.test_flower_internals import Node
+
+    state_class = flower.node_state_class()
+    finish = getattr(state_class.finish_task, "__wrapped__", state_class.finish_task)
+    monkeypatch.setattr(state_class, "finish_task", finish)  # Flower's own; put back after
+    failed_clientapps_reply()
+    failed_clientapps_reply()  # twice: one wrapper
+    assert state_class.finish_task.__wrapped__ is finish
+    node = Node()
+    message, task = node.receive(run_id=7)
+    node.clientapp_pulls(task)
+    node.fail(task, "its process was killed by SIGKILL")
+    sent = node.push()
+    assert len(sent) == 1
+    assert sent[0].error.code == ErrorCode.CLIENT_APP_CRASHED
+    assert sent[0].error.reason == "ClientApp failed: its process was killed by SIGKILL"
+    assert sent[0].metadata.reply_to_message_id == message.metadata.message_id
+    assert LOST_TASK in capsys.readouterr().out

@@ -8,8 +8,9 @@ module makes the same calls with the same client and the same request builders, 
 process that already has flwr imported. The `flwr` CLI still works against the SuperLink
 (FLWR_HOME/config.toml names it; see `processes.write_connection`).
 
-Flower pieces relied on (tests/test_flower_deploy.py exercises each on real processes, so
-a Flower upgrade that changes one fails a test, not a user's run):
+Flower pieces relied on, each in fedlb._flower_internals (checked by name in
+tests/test_flower_internals.py; tests/test_flower_deploy.py exercises them on real
+processes, so a Flower upgrade that changes one fails a test, not a user's run):
 `flwr.supercore.control.ControlHttpClient` (StartRun, ListRuns, StopRun, StreamLogs,
 RegisterNode), `flwr.cli.config_utils.load_and_validate`, `flwr.cli.build.build_fab_from_disk`,
 `flwr.common.config.parse_config_args`, `flwr.common.serde` (fab_to_proto,
@@ -21,18 +22,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from fedlb import _flower_internals as flower
 
 from .errors import DeployError
 from .processes import node_config_text
 
-if TYPE_CHECKING:
-    from flwr.supercore.control import ControlHttpClient
-
-ALREADY_REGISTERED = "Public key already in use"  # a resumed server's SuperLink kept it
+ALREADY_REGISTERED = flower.ALREADY_REGISTERED  # a resumed server's SuperLink kept it
 
 
 class Control:
@@ -40,19 +39,9 @@ class Control:
     is the CA's PEM file). Close it (or use it as a context manager) when done."""
 
     def __init__(self, address: str, root_certificates: Path | None = None) -> None:
-        from flwr.cli.cli_client_interceptor import CliClientHttpInterceptor
-        from flwr.supercore.control import ControlHttpClient
-        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-
         self.address = address
-        self.client: ControlHttpClient = ControlHttpClient.from_server_address(
-            server_address=address,
-            insecure=root_certificates is None,
-            root_certificates=None if root_certificates is None else root_certificates.read_bytes(),
-            interceptors=[
-                CliClientHttpInterceptor(),  # the SuperLink serves these calls to the CLI
-                RuntimeVersionHttpInterceptor(component_name="flwr CLI"),
-            ],
+        self.client: Any = flower.control_client(
+            address, None if root_certificates is None else root_certificates.read_bytes()
         )
 
     def __enter__(self) -> Control:
@@ -69,10 +58,9 @@ class Control:
         """A failed call as a DeployError that says which call failed, where, and why in
         Flower's own words (its CLI's translation of the SuperLink's error)."""
         import click
-        from flwr.cli.utils import flwr_cli_exc_handler
 
         try:
-            with flwr_cli_exc_handler():
+            with flower.cli_errors():
                 yield
         except DeployError:
             raise
@@ -96,37 +84,21 @@ class Control:
         """Submit the Flower app in `app` with these run settings, as `flwr run` does;
         returns the run id (no waiting). `federation_config`: a simulation SuperLink's
         (num-supernodes, client resources)."""
-        from flwr.cli.build import build_fab_from_disk
-        from flwr.cli.config_utils import load_and_validate
-        from flwr.common.config import parse_config_args
-        from flwr.common.serde import fab_to_proto, user_config_to_proto
-        from flwr.proto.control_pb2 import StartRunRequest
-        from flwr.supercore.fab import Fab
-        from flwr.supercore.utils import simulation_config_from_json
-
         app = app.expanduser().resolve()
         try:
-            with warnings.catch_warnings():  # deprecations inside Flower's dependencies
-                warnings.simplefilter("ignore", DeprecationWarning)
-                load_and_validate(app / "pyproject.toml")
-                fab_bytes = build_fab_from_disk(app)
+            fab_bytes = flower.build_fab(app)
         except (ValueError, OSError) as error:
             raise DeployError(f"the Flower app in {app} cannot be submitted: {error}") from error
         simulation = None
         if federation_config:
             # the same syntax as --run-config; proto fields spell `-` as `_`, as the CLI does
-            parsed = parse_config_args([node_config_text(federation_config)])
-            simulation = simulation_config_from_json(
-                {key.replace("-", "_"): value for key, value in parsed.items()}
-            )
-        request = StartRunRequest(
-            fab=fab_to_proto(Fab(hashlib.sha256(fab_bytes).hexdigest(), fab_bytes, {})),
-            override_config=user_config_to_proto(
-                parse_config_args([node_config_text(run_config)]) if run_config else {}
-            ),
-            federation="",
-            override_federation_config=simulation,
-            app_spec="",
+            parsed = flower.parse_config(node_config_text(federation_config))
+            simulation = {key.replace("-", "_"): value for key, value in parsed.items()}
+        request = flower.start_run_request(
+            hashlib.sha256(fab_bytes).hexdigest(),
+            fab_bytes,
+            flower.parse_config(node_config_text(run_config)) if run_config else {},
+            simulation,
         )
         with self._call(f"start a run of {app}"):
             reply = self.client.StartRun(request)
@@ -137,28 +109,17 @@ class Control:
     def runs(self, run_id: str | None = None) -> dict[str, str]:
         """Each run's status as `flwr ls` writes it ('running', 'finished:completed',
         'finished:failed', ...), by run id; only `run_id`'s when given."""
-        from flwr.common.serde import run_from_proto
-        from flwr.proto.control_pb2 import ListRunsRequest
-
-        request = ListRunsRequest(run_id=int(run_id)) if run_id else ListRunsRequest()
         with self._call("list its runs"):
-            reply = self.client.ListRuns(request)
-        statuses = {}
-        for proto in reply.run_dict.values():
-            run = run_from_proto(proto)
-            sub = run.status.sub_status
-            statuses[str(run.run_id)] = f"{run.status.status}:{sub}" if sub else run.status.status
-        return statuses
+            reply = self.client.ListRuns(flower.list_runs_request(run_id))
+        return flower.run_statuses(reply)
 
     def run_status(self, run_id: str) -> str:
         """The run's status ('unknown' when the SuperLink does not list it)."""
         return self.runs(run_id).get(run_id, "unknown")
 
     def stop_run(self, run_id: str) -> None:
-        from flwr.proto.control_pb2 import StopRunRequest
-
         with self._call(f"stop run {run_id}"):
-            self.client.StopRun(StopRunRequest(run_id=int(run_id)))
+            self.client.StopRun(flower.stop_run_request(run_id))
 
     def stop_unfinished_runs(self) -> list[str]:
         """Stop every run the SuperLink does not list as finished (a persistent SuperLink
@@ -176,13 +137,10 @@ class Control:
         """Register a silo's public key with a SuperLink running --enable-supernode-auth:
         only SuperNodes holding a registered key can join. A key the SuperLink knows
         already (its state file kept it: a resumed server) counts as registered."""
-        from flwr.cli.supernode.register import try_load_public_key
-        from flwr.proto.control_pb2 import RegisterNodeRequest
-
         try:
             with self._call(f"register the silo key {public_key}"):
-                key = try_load_public_key(public_key.expanduser())
-                self.client.RegisterNode(RegisterNodeRequest(public_key=key))
+                request = flower.register_node_request(public_key.expanduser())
+                self.client.RegisterNode(request)
         except DeployError as error:
             if ALREADY_REGISTERED not in str(error):
                 raise
@@ -199,18 +157,16 @@ class LogStream:
     (the SuperLink gone, the client closed) says so at the end of the file: the run's
     status, not the stream, tells whether the run ended."""
 
-    def __init__(self, client: ControlHttpClient, run_id: str, log_path: Path) -> None:
+    def __init__(self, client: Any, run_id: str, log_path: Path) -> None:
         self.client, self.run_id, self.log_path = client, run_id, log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._copy, name=f"log-{run_id}", daemon=True)
         self._thread.start()
 
     def _copy(self) -> None:
-        from flwr.proto.control_pb2 import StreamLogsRequest
-
         with self.log_path.open("a") as log:
             try:
-                request = StreamLogsRequest(run_id=int(self.run_id), after_timestamp=0.0)
+                request = flower.stream_logs_request(self.run_id)
                 for reply in self.client.StreamLogs(request):
                     log.write(reply.log_output)
                     log.flush()

@@ -19,9 +19,11 @@ Here the SuperLink's app is served through two doors from one process:
 
 `python -m fedlb.deploy.gate --control-port N -- flower-superlink ARGS` runs Flower's own
 `flower-superlink ARGS` this way (what `processes.start_superlink` starts; the warm
-launcher forks the same call, see `gated_entry`). Flower behaviour relied on (the
-deployed tests exercise it on real processes): `flwr.superlink.cli.flower_superlink`
-serves its FastAPI app with its module's `uvicorn.run(app=..., host=..., port=..., ...)`.
+launcher forks the same call, see `gated_entry`). Flower behaviour relied on
+(fedlb._flower_internals, checked by tests/test_flower_internals.py; the deployed tests
+exercise it on real processes): `flwr.superlink.cli.flower_superlink` serves its FastAPI
+app with its module's `uvicorn.run(app=..., host=..., port=..., ...)`, and the URL
+prefixes of its APIs.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ import sys
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
+from fedlb import _flower_internals as flower
+
 MODULE = "fedlb.deploy.gate"
 CONTROL_HOST = "127.0.0.1"
-FLEET_PATH, HEALTH_PATH = "/v1/fleet/", "/health"  # what silos (and health checks) call
-RUNTIME_PATH = "/v1/runtime/"  # the ServerApp's API: callers on this machine only
+FLEET_PATH, HEALTH_PATH = flower.FLEET_PATH, flower.HEALTH_PATH  # silos, health checks
+RUNTIME_PATH = flower.RUNTIME_PATH  # the ServerApp's API: callers on this machine only
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -168,14 +172,11 @@ class TwoDoors:
 
 def run_superlink(control_port: int, superlink: Sequence[str]) -> int:
     """Flower's own `flower-superlink` entry point in this process, with the Control API
-    behind the control door."""
-    import importlib
-
-    # the module (the package's attribute of that name is its entry function)
-    entry = importlib.import_module("flwr.superlink.cli.flower_superlink")
-    setattr(entry, "uvicorn", TwoDoors(control_port))  # noqa: B010 (a module)
-    sys.argv = ["flower-superlink", *superlink[1:]]
-    entry.flower_superlink()
+    behind the control door; a message to a silo whose heartbeats stopped answered with
+    Flower's NODE_UNAVAILABLE error (`_flower_internals.answer_messages_to_offline_nodes`:
+    what Flower 1.42's SuperLink does itself, and flwr-nightly's no longer did)."""
+    flower.answer_messages_to_offline_nodes()
+    flower.run_superlink_cli(superlink[1:], uvicorn=TwoDoors(control_port))
     return 0
 
 

@@ -4,7 +4,8 @@ Flower 1.41's SuperNode logs "SuperNode ID: N" once connected and "Exit Code: 30
 the reason when it gives up (a TLS error, a refused key); a server it cannot reach, or
 one that speaks TLS to a plain-HTTP SuperNode, it retries for ever with only "Connection
 attempt failed" (the cause is at DEBUG). `fedlb silo` reads the log, and checks the
-address itself, to say which.
+address itself, to say which. The lines and codes read are Flower's
+(fedlb._flower_internals, checked by tests/test_flower_internals.py).
 """
 
 from __future__ import annotations
@@ -15,29 +16,27 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedlb import _flower_internals as flower
 from fedlb.flower.protocol import NOTICE_LINE
 
 SUPERNODE_START = "fedlb: starting SuperNode"  # heads each start's part of a SuperNode log
-_CONNECTED = re.compile(r"SuperNode ID: (\d+)")  # Flower's line once ActivateNode succeeded
-_EXIT = re.compile(r"Exit Code: (\d+)")  # flwr_exit's first line; the reason follows
+_CONNECTED = flower.SUPERNODE_CONNECTED  # Flower's line once ActivateNode succeeded
+_EXIT = flower.EXIT_CODE  # flwr_exit's first line; the reason follows
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # flwr_exit's lines around the reason that say nothing of this case
-_GENERIC = (
-    "Failed to initialize the connection to the SuperLink.",
-    "The SuperNode could not establish a connection to the SuperLink.",
-)
+_GENERIC = flower.EXIT_GENERIC_LINES
 # What Flower 1.41's reasons mean for a fedlb silo, and what to do.
 _HINTS = {
     "CERTIFICATE_VERIFY_FAILED": "the server's certificate is not signed by the CA given as "
     "--root-certificates: give the federation's ca.crt (fedlb certs)",
     "WRONG_VERSION_NUMBER": "the server does not speak TLS: leave out --root-certificates, "
     "or start the server with --certs",
-    "[code: 2001]": "the server admits registered silos only: give --auth-key (fedlb "
-    "silo-key) and have its .pub in the server's --silo-keys folder",
-    "[code: 2004]": "the server does not know this silo's key (not registered yet, or not "
-    "in its --silo-keys folder), or a SuperNode with this key is still connected",
+    flower.REGISTRATION_DISABLED: "the server admits registered silos only: give --auth-key "
+    "(fedlb silo-key) and have its .pub in the server's --silo-keys folder",
+    flower.NODE_ACTIVATION_FAILED: "the server does not know this silo's key (not registered "
+    "yet, or not in its --silo-keys folder), or a SuperNode with this key is still connected",
 }
-UNREGISTERED = "[code: 2004]"  # Flower: "Failed to activate SuperNode." (ActivateNode)
+UNREGISTERED = flower.NODE_ACTIVATION_FAILED  # Flower: "Failed to activate SuperNode."
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ def read_join(log: str) -> Join:
         return Join()
     lines = []
     for line in log[exit_code.end() :].splitlines():
-        if line.startswith("For more information"):
+        if line.startswith(flower.EXIT_MORE_INFORMATION):
             break
         if line.strip() and line.strip() not in _GENERIC:
             lines.append(line.strip())
@@ -106,7 +105,7 @@ def diagnose(address: str, tls: bool, timeout: float = 3.0) -> str:
         return f"cannot reach the server at {address} ({why}): is it up, is the address right?"
 
 
-_APP_FAILED = "ClientApp raised an exception"  # Flower's line before the traceback
+_APP_FAILED = flower.CLIENTAPP_RAISED  # Flower's line before the traceback
 _WARM_RESTART = "warm: the silo's"  # fedlb.deploy.warm: "... warm ClientApp server exited"
 LOST_TASK = "fedlb: a ClientApp ended without a reply"  # fedlb.deploy.prompt's line
 _RAISED = re.compile(r"^([\w.]*(?:Error|Exception)): (.+)$")  # a traceback's last line

@@ -9,12 +9,9 @@ Flower's own `flower-supernode ARGS` entry point in a process whose SuperNode lo
 is nothing for a cross-silo federation; `--idle-pull 3` restores Flower's pace). The warm
 launcher (fedlb.deploy.warm) runs a silo's SuperNode this way.
 
-Flower behaviours relied on (tests/test_warm_silo.py checks each): the SuperNode's loop
-(`flwr.supernode.start_client_internal`) sleeps `time.sleep(3)` when a pull finds no
-message and `time.sleep(0.5)` while it waits for a reply or an object's content, and
-pulls a message's objects through its module's `pull_objects`, which takes
-`initial_backoff`; the ClientApp runtime pulls its message through its module's
-`pull_and_inflate_object_from_tree`, which takes `initial_backoff` too.
+The Flower details relied on (the loop's pauses and steps, its object pulls, the node
+state, the heartbeat interval) are in fedlb._flower_internals, each checked by
+tests/test_flower_internals.py.
 """
 
 from __future__ import annotations
@@ -22,11 +19,12 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from fedlb import _flower_internals as flower
 
 from .gate import parse_gated, run_superlink
 from .join import LOST_TASK
@@ -37,7 +35,8 @@ from .join import LOST_TASK
 PULL_BACKOFF_S = 0.02
 IDLE_PULL_S = 0.2  # the SuperNode's pause after a pull that found no message (Flower: 3 s)
 REPLY_WAIT_S = 0.05  # its pause while a reply or an object is not there yet (Flower: 0.5 s)
-SUPERNODE_SLEEPS = (3, 0.5)  # Flower 1.42's fixed pauses in that loop, idle and reply
+# Flower's fixed pauses in that loop, idle and reply
+SUPERNODE_SLEEPS = (flower.SUPERNODE_IDLE_SLEEP_S, flower.SUPERNODE_WAIT_SLEEP_S)
 NODE_HEARTBEAT_S = 10  # the SuperNode's heartbeat interval (Flower: 30 s; its least: 10)
 
 
@@ -60,13 +59,12 @@ def prompt_supernode(idle_s: float = IDLE_PULL_S, reply_s: float = REPLY_WAIT_S)
     waits (0.5 s) to `reply_s`, and the first retry of its object pulls from the
     SuperLink (1 s) to PULL_BACKOFF_S, in this process."""
 
-    from flwr.supernode import start_client_internal as loop
-
+    loop = flower.module(flower.SUPERNODE_LOOP)
     idle, reply = SUPERNODE_SLEEPS
-    setattr(loop, "time", _ShortSleeps({idle: idle_s, reply: reply_s}))  # noqa: B010 (a module)
+    flower.set_supernode_clock(_ShortSleeps({idle: idle_s, reply: reply_s}), loop)
     # A prompt SuperNode often holds a message before the ServerApp has pushed all of its
     # objects to the SuperLink; Flower's object pulls then retry after 1 s. Ours: sooner.
-    _first_retry_after(loop, "pull_objects", PULL_BACKOFF_S)
+    flower.supernode_object_pulls(PULL_BACKOFF_S, loop)
     replies_of_the_current_run(loop)
     failed_clientapps_reply()
     beat_every(NODE_HEARTBEAT_S)
@@ -78,11 +76,7 @@ def beat_every(interval_s: float) -> None:
     node gone after 2 intervals without a beat and answers the messages waiting for it
     with Flower's NODE_UNAVAILABLE error: a silo whose machine died then ends its round
     after ~20 s instead of ~60 s (Flower's 30 s interval). Flower accepts 10..1800 s."""
-    from flwr.supercore import heartbeat
-    from flwr.supernode import fleet_http_connection as connection
-
-    setattr(connection, "HEARTBEAT_DEFAULT_INTERVAL", interval_s)  # noqa: B010 (a module)
-    setattr(heartbeat, "HEARTBEAT_DEFAULT_INTERVAL", interval_s)  # noqa: B010
+    flower.set_node_heartbeat_interval(interval_s)
 
 
 def failed_clientapps_reply() -> None:
@@ -90,54 +84,41 @@ def failed_clientapps_reply() -> None:
     (its process stopped by a signal, its warm server killed: Flower's runtime then
     reports the task FAILED on its way out) with an error reply, at once.
 
-    Flower 1.42's node state inserts such an error reply when an AgentApp's task fails,
-    and for a ClientApp only when the task's heartbeat expires (60 s after the last);
-    a ClientApp task that reports FAILED revokes its token, so it never expires: the
+    Flower answers such a message only when the task's heartbeat expires (60 s after the
+    last); a ClientApp task that reports FAILED revokes its token, so it never expires: the
     SuperNode's loop waited for a reply for ever, the server's round until its timeout,
-    and the silo was never sampled again. Here the ClientApp's task gets the AgentApp's
-    treatment, with Flower's own CLIENT_APP_CRASHED code and the task's details; a task
-    that did push its reply (an app's own exception: Flower pushes an error reply first)
-    is not answered twice (Flower's `_store_error_replies` skips replied messages)."""
-    from flwr.app import Error
-    from flwr.common.constant import ErrorCode, SubStatus
-    from flwr.supercore.constant import TaskType
-    from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState as State
-
-    finish = State.finish_task
+    and the silo was never sampled again. Here the node state's `finish_task` first answers
+    the task's message with Flower's own CLIENT_APP_CRASHED code and the task's details
+    (`_flower_internals.answer_with_error`: the message the ClientApp took, in whichever
+    store this Flower's loop pushes from), then finishes the task: a loop that stops
+    waiting once no task is active (flwr-nightly's) finds the answer there. A message
+    whose reply was pushed (an app's own exception: Flower pushes an error reply first) is
+    not answered twice."""
+    state_class = flower.node_state_class()
+    finish = state_class.finish_task
     if getattr(finish, "replies", False):  # already in place
         return
 
     @functools.wraps(finish)
-    def finish_and_reply(self: Any, task_id: int, sub_status: str, details: str) -> bool:
+    def answer_and_finish(self: Any, task_id: int, sub_status: str, details: str) -> bool:
+        task = (
+            flower.unfinished_clientapp_task(self, task_id)
+            if flower.is_failed(sub_status)
+            else None
+        )
+        if task is not None:
+            print(
+                f"{LOST_TASK} (task {task_id} of run {task.run_id}: {details}); "
+                "its message is answered with an error, so the server goes on without "
+                "this silo's reply and the next message is served",
+                flush=True,
+            )
+            flower.answer_with_error(self, task.run_id, f"ClientApp failed: {details}")
         finished: bool = finish(self, task_id, sub_status, details)
-        if finished and sub_status == SubStatus.FAILED:
-            tasks = self.get_tasks(task_ids=[task_id])
-            if tasks and tasks[0].type == TaskType.CLIENT_APP:
-                print(
-                    f"{LOST_TASK} (task {task_id} of run {tasks[0].run_id}: {details}); "
-                    "its message is answered with an error, so the server goes on without "
-                    "this silo's reply and the next message is served",
-                    flush=True,
-                )
-                error = Error(ErrorCode.CLIENT_APP_CRASHED, f"ClientApp failed: {details}")
-                self._store_error_replies({tasks[0].run_id}, error)
         return finished
 
-    setattr(finish_and_reply, "replies", True)  # noqa: B010
-    State.finish_task = finish_and_reply  # type: ignore[method-assign]
-
-
-class _OneRun:
-    """A SuperNode's state as its push step sees it: only replies of run `run_id`."""
-
-    def __init__(self, state: Any, run_id: int) -> None:
-        self.state, self.run_id = state, run_id
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.state, name)
-
-    def get_messages_legacy(self, **filters: Any) -> Any:
-        return self.state.get_messages_legacy(**{**filters, "run_ids": [self.run_id]})
+    setattr(answer_and_finish, "replies", True)  # noqa: B010
+    state_class.finish_task = answer_and_finish
 
 
 def replies_of_the_current_run(loop: Any) -> None:
@@ -153,7 +134,8 @@ def replies_of_the_current_run(loop: Any) -> None:
     new message's reply waits until some later message: the silo misses the round.
     Here the push step sees only replies of the run it pulled a message of; a reply of
     another run is dropped after the push, as the SuperLink would drop it."""
-    pull, push = loop._pull_and_store_message, loop._push_messages
+    pull = getattr(loop, flower.SUPERNODE_PULL_STEP)
+    push = getattr(loop, flower.SUPERNODE_PUSH_STEP)
     if getattr(push, "one_run", False):  # already in place
         return
     current: dict[str, int | None] = {"run": None}
@@ -169,10 +151,10 @@ def replies_of_the_current_run(loop: Any) -> None:
         if run_id is None:  # not from this loop: Flower's own behaviour
             push(state=state, object_store=object_store, **kwargs)
             return
-        push(state=_OneRun(state, run_id), object_store=object_store, **kwargs)
+        push(state=flower.OneRunState(state, run_id), object_store=object_store, **kwargs)
         stale = [
             message
-            for message in state.get_messages_legacy(is_reply=True)
+            for message in flower.waiting_replies(state)
             if message.metadata.run_id != run_id
         ]
         for message in stale:
@@ -181,14 +163,15 @@ def replies_of_the_current_run(loop: Any) -> None:
                 f"a run the server no longer runs (handling run {run_id})",
                 flush=True,
             )
-            state.delete_messages(
-                message_ids=[message.metadata.message_id, message.metadata.reply_to_message_id]
+            flower.drop_messages(
+                state,
+                object_store,
+                [message.metadata.message_id, message.metadata.reply_to_message_id],
             )
-            object_store.delete(message.metadata.message_id)
 
     setattr(push_this_runs_reply, "one_run", True)  # noqa: B010
-    setattr(loop, "_pull_and_store_message", pull_and_remember)  # noqa: B010
-    setattr(loop, "_push_messages", push_this_runs_reply)  # noqa: B010
+    setattr(loop, flower.SUPERNODE_PULL_STEP, pull_and_remember)
+    setattr(loop, flower.SUPERNODE_PUSH_STEP, push_this_runs_reply)
 
 
 def main(arguments: Sequence[str] | None = None) -> int:
@@ -199,11 +182,8 @@ def main(arguments: Sequence[str] | None = None) -> int:
     parser.add_argument("--idle-pull", type=float, default=IDLE_PULL_S)
     split = arguments.index("--") if "--" in arguments else len(arguments)
     args = parser.parse_args(arguments[:split])
-    from flwr.supernode.cli import flower_supernode
-
     prompt_supernode(args.idle_pull, min(REPLY_WAIT_S, args.idle_pull))
-    sys.argv = ["flower-supernode", *arguments[split + 1 :]]
-    flower_supernode()
+    flower.run_supernode_cli(arguments[split + 1 :])
     return 0
 
 
@@ -231,30 +211,26 @@ def node_entry(command: Sequence[str], idle_pull_s: float) -> tuple[str, Callabl
     program, arguments = Path(command[0]).name if command else "", list(command[1:])
     if (gated := parse_gated(command)) is not None:  # flower-superlink behind fedlb's gate
         control_port, link_command = gated
-        return "flwr.superlink.cli", functools.partial(run_superlink, control_port, link_command)
+        return flower.SUPERLINK_CLI, functools.partial(run_superlink, control_port, link_command)
     if program == "flower-supernode":
-        return "flwr.supernode.cli", lambda: main(
+        return flower.SUPERNODE_CLI, lambda: main(
             ["--idle-pull", repr(idle_pull_s), "--", *arguments]
         )
     if program == "flower-superlink":
 
         def superlink() -> int:
-            from flwr.superlink.cli import flower_superlink
-
-            sys.argv = ["flower-superlink", *arguments]
-            flower_superlink()
+            flower.answer_messages_to_offline_nodes()  # as fedlb.deploy.gate does
+            flower.run_superlink_cli(arguments)
             return 0
 
-        return "flwr.superlink.cli", superlink
+        return flower.SUPERLINK_CLI, superlink
     return None
 
 
 def fast_object_pulls(backoff: float = PULL_BACKOFF_S) -> None:
     """Make Flower's ClientApp runtime retry a message's object pulls after `backoff` s
     (doubling, capped as Flower caps it) instead of 1 s."""
-    from flwr.supernode.runtime import run_clientapp as runtime
-
-    _first_retry_after(runtime, "pull_and_inflate_object_from_tree", backoff)
+    flower.clientapp_object_pulls(backoff)
 
 
 def fast_reply_pulls(backoff: float = PULL_BACKOFF_S) -> None:
@@ -262,48 +238,16 @@ def fast_reply_pulls(backoff: float = PULL_BACKOFF_S) -> None:
     1 s. A reply's message reaches the SuperLink a few ms before its objects; a poll that
     falls in between found the message and then slept Flower's 1 s before pulling the
     objects again: ~1 s added to one round in several (docs/benchmarks.md)."""
-    from flwr.superlink.grid import http_grid
-
-    _first_retry_after(http_grid, "pull_objects", backoff)
-
-
-def _first_retry_after(module: object, name: str, backoff: float) -> None:
-    """Bind `initial_backoff=backoff` to Flower's pull function that `module` imported by
-    `name` (once: a second call replaces the first binding, never nests it)."""
-
-    pull = getattr(module, name)
-    original = pull.func if isinstance(pull, functools.partial) else pull
-    setattr(module, name, functools.partial(original, initial_backoff=backoff))
+    flower.serverapp_reply_pulls(backoff)
 
 
 def flush_without_pause(runtime: Any) -> None:
     """Make `runtime` (Flower's ServerApp or simulation process module) flush the run's
-    log at its end without Flower's fixed 1 s pause.
-
-    Flower's `flush_logs` waits for the log queue to empty, then sleeps 1 s "to allow the
-    PushLogs call to complete" before the run is reported finished: a second at the end of
-    every run. Here the module's uploader thread is remembered when it starts, and the
-    flush ends that thread (a None in its queue: it drains the queue, pushes, and exits)
-    and waits for exactly that: the logs are pushed, no sooner and no later. Flower's
-    `stop_log_uploader` afterwards finds it done. A line logged after the flush (Flower
+    log at its end without Flower's fixed 1 s pause (a second at the end of every run):
+    `_flower_internals.flush_logs_without_pause`. A line logged after the flush (Flower
     logs one only when pushing the run's output fails) reaches the process's output, not
     the run's log."""
-    start, flush = runtime.start_log_uploader, runtime.flush_logs
-    started: list[threading.Thread] = []
-
-    def start_and_keep(*args: Any, **kwargs: Any) -> threading.Thread:
-        thread: threading.Thread = start(*args, **kwargs)
-        started.append(thread)
-        return thread
-
-    def flush_now(log_queue: Any, timeout: float = 3.0) -> bool:
-        if not started:
-            return bool(flush(log_queue, timeout))
-        log_queue.put(None)
-        started[-1].join(timeout)
-        return not started[-1].is_alive()
-
-    runtime.start_log_uploader, runtime.flush_logs = start_and_keep, flush_now
+    flower.flush_logs_without_pause(runtime)
 
 
 if __name__ == "__main__":

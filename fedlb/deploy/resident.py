@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from types import FrameType, ModuleType
 from typing import Any, NoReturn
 
+from fedlb import _flower_internals as flower
+
 from .forked import Forked
 
 RESIDENT_NAME = "fedlb-resident"  # the worker's process name
@@ -89,10 +91,7 @@ def _task_ended(code: int, *_args: Any, **_kwargs: Any) -> NoReturn:
     """`flwr_exit` as the ClientApp runtime sees it in the worker: Flower's exit handlers,
     both phases in flwr_exit's order, then back to the worker's loop (no force-exit
     thread, no SystemExit)."""
-    from flwr.supercore.exit.exit_handler import trigger_exit_handlers
-
-    trigger_exit_handlers(run_before_force_exit=True)
-    trigger_exit_handlers(run_before_force_exit=False)
+    flower.run_exit_handlers()
     raise _TaskEnded(int(code))
 
 
@@ -108,19 +107,12 @@ def run_task(runtime: ModuleType, runtime_api_address: str, token: str) -> int:
     """One task through Flower's `run_clientapp` (in `runtime`, its module, whose
     `flwr_exit` is `_task_ended`); its exit code. Flower's exit handlers have run when it
     returns, whatever happened."""
-    from flwr.supercore.exit.exit_handler import trigger_exit_handlers
-
     from fedlb.flower.protocol import TASK_STARTED_ENV
 
     os.environ[TASK_STARTED_ENV] = repr(time.time())  # the ClientApp's start, for its report
     try:
-        runtime.run_clientapp(
-            runtime_api_address=runtime_api_address,
-            token=token,
-            insecure=True,
-            certificates=None,
-            parent_pid=None,  # the worker watches the server once, not a thread per task
-        )
+        # no parent pid: the worker watches the server once, not a thread per task
+        flower.run_clientapp(runtime_api_address, token, None, runtime)
     except _TaskEnded as ended:
         return ended.code
     except Exception as error:  # outside Flower's own try: its handlers still push FAILED
@@ -128,8 +120,7 @@ def run_task(runtime: ModuleType, runtime_api_address: str, token: str) -> int:
         code = 1
     else:
         code = 0  # returned without flwr_exit: not Flower 1.42's runtime
-    trigger_exit_handlers(run_before_force_exit=True)
-    trigger_exit_handlers(run_before_force_exit=False)
+    flower.run_exit_handlers()
     return code
 
 
@@ -142,19 +133,17 @@ def serve_tasks(runtime_api_address: str, server_pid: int, tasks_fd: int, done_f
     """The worker's body (in a fork of the warm server): run each task read from
     `tasks_fd` in turn, write its end to `done_fd`; return when the server closes the
     pipe, exit when the server dies."""
-    from flwr.supercore.app_utils import start_parent_process_monitor
-    from flwr.supercore.exit import exit_handler
-    from flwr.supernode.runtime import run_clientapp as runtime
-
     from . import model_cache
 
+    runtime = flower.module(flower.CLIENTAPP_RUNTIME)
     # this process's runtime only (the server keeps Flower's): a task ends back in the loop
-    runtime.flwr_exit = _task_ended  # type: ignore[attr-defined]
-    start_parent_process_monitor(server_pid)  # SIGINT here when the server is gone
+    flower.end_tasks_with(runtime, _task_ended)
+    flower.watch_parent(server_pid)  # SIGINT here when the server is gone
     own: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {
         signum: signal.getsignal(signum) for signum in SIGNALS
     }
-    baseline = len(exit_handler.registered_exit_handlers)
+    handlers = flower.exit_handlers()
+    baseline = len(handlers)
     served = 0
     while line := _read_line(tasks_fd, server_pid):
         task_id, token = line.split()
@@ -167,9 +156,9 @@ def serve_tasks(runtime_api_address: str, server_pid: int, tasks_fd: int, done_f
         code = run_task(runtime, runtime_api_address, token)
         for signum, handler in own.items():  # Flower's runtime set its own per task
             signal.signal(signum, handler)
-        left = len(exit_handler.registered_exit_handlers)
+        left = len(handlers)
         if left != baseline:  # a handler registered outside flwr_exit's reach
-            del exit_handler.registered_exit_handlers[baseline:]
+            del handlers[baseline:]
             _say(f"dropped {left - baseline} exit handlers Flower's runtime left behind")
         counts = model_cache.COUNTS
         _say(

@@ -61,8 +61,9 @@ first round's messages). `--task serverapp` serves a SuperLink the same way: its
 `--task simulation` does the same for a simulation SuperLink's runs (`flwr-simulation`'s
 `run_simulation_process`; Ray is imported once and each run's fork connects to it).
 
-Flower behaviours relied on (tests/test_warm_silo.py checks each on real processes, so
-a Flower upgrade that changes one fails a test, not a run):
+Flower behaviours relied on (each in fedlb._flower_internals, checked by name in
+tests/test_flower_internals.py; tests/test_warm_silo.py runs them on real processes, so a
+Flower upgrade that changes one fails a test, not a run):
 - `flower-supernode` and `flower-superlink` `--isolation process
   --superexec-auth-secret-file F` serve the runtime API for an external SuperExec and
   refuse AcquireTask unsigned;
@@ -93,6 +94,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedlb import _flower_internals as flower
+
 from . import fork_safety
 from .forked import Forked
 from .prompt import IDLE_PULL_S, fast_object_pulls, node_entry, supernode_command
@@ -109,32 +112,22 @@ from .warm_tasks import (
 
 POLL_S = 0.1  # task poll: one process polls, so a short interval costs little CPU
 PRELOAD = {  # what each kind imports once, before its first task
-    CLIENTAPP: ("torch", "flwr.supernode.runtime.run_clientapp", "fedlb.deploy.client_app"),
-    SERVERAPP: ("torch", "flwr.superlink.runtime.run_serverapp", "fedlb.deploy.server_app"),
+    CLIENTAPP: ("torch", flower.CLIENTAPP_RUNTIME, "fedlb.deploy.client_app"),
+    SERVERAPP: ("torch", flower.SERVERAPP_RUNTIME, "fedlb.deploy.server_app"),
     # importing Ray starts nothing (each run's child connects: ray.init after the fork)
-    SIMULATION: ("torch", "ray", "flwr.simulation.app", "fedlb.experiments.simulation"),
+    SIMULATION: ("torch", "ray", flower.SIMULATION_RUNTIME, "fedlb.experiments.simulation"),
 }
 RESTART_PAUSE_S = 1.0
 NODE_NAME, SERVER_NAME = "fedlb-node", "fedlb-warm"  # forks' names (a task's: TASK_NAME)
 RESTARTS_IN_A_ROW = 5  # a server dying this often right after its start cannot start here
-ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"  # the SuperExec-signed method
+ACQUIRE_TASK = flower.ACQUIRE_TASK  # the SuperExec-signed method
 log = logging.getLogger("fedlb.warm")
 
 
 def unsupported() -> str | None:
     """Why this Flower cannot run a silo warm (None: it can): the warm path drives the
     runtime API of Flower 1.42's process isolation."""
-    try:
-        from flwr.proto.runtime_pb2 import AcquireTaskRequest
-        from flwr.supercore.interceptors import SuperExecAuthHttpInterceptor  # noqa: F401
-        from flwr.supernode.runtime import run_clientapp as runtime
-    except ImportError as error:
-        return f"this Flower lacks its runtime API for an external SuperExec ({error})"
-    if "supported_task_types" not in AcquireTaskRequest.DESCRIPTOR.fields_by_name:
-        return "this Flower's AcquireTask takes no task types"
-    if not hasattr(runtime, "pull_and_inflate_object_from_tree"):
-        return "this Flower's ClientApp runtime pulls messages another way"
-    return None
+    return flower.runtime_api_gaps()
 
 
 def make_secret(path: Path) -> Path:
@@ -227,16 +220,6 @@ def serve(
     fork_safety.arm()  # first: nothing here may reach autograd or CUDA unseen
     modules = (*PRELOAD[task], *preload)
     skipped = fork_safety.import_modules(modules)
-    from flwr.proto.runtime_pb2 import AcquireTaskRequest
-    from flwr.supercore.app_utils import start_parent_process_monitor
-    from flwr.supercore.constant import TaskType
-    from flwr.supercore.interceptors import (
-        RuntimeVersionHttpInterceptor,
-        SuperExecAuthHttpInterceptor,
-    )
-    from flwr.supercore.retry import make_simple_http_retry_invoker
-    from flwr.supercore.runtime import RuntimeHttpClient
-
     if task == CLIENTAPP:
         fast_object_pulls()
     with contextlib.suppress(fork_safety.ForkSafetyError):  # remembered: the tasks then run cold
@@ -253,38 +236,33 @@ def serve(
     starter = TaskStarter(runtime_api_address, task, root_certificates)
     starter.forks()  # says now, not at the first task, when they will run cold
     if parent_pid is not None:
-        start_parent_process_monitor(parent_pid)
-    client = RuntimeHttpClient.from_server_address(
-        server_address=runtime_api_address,
-        insecure=root_certificates is None,  # a SuperNode's runtime API: loopback, plain HTTP
-        root_certificates=root_certificates.read_bytes() if root_certificates else None,
-        interceptors=[
-            RuntimeVersionHttpInterceptor(component_name="SuperExec"),
-            SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods={ACQUIRE_TASK}),
-        ],
-        retry_invoker=make_simple_http_retry_invoker(),
+        flower.watch_parent(parent_pid)
+    client = flower.superexec_client(  # a SuperNode's runtime API: loopback, plain HTTP
+        runtime_api_address,
+        secret,
+        root_certificates.read_bytes() if root_certificates else None,
     )
     running: dict[int, tuple[int, str]] = {}  # child pid -> task id, token
-    request = AcquireTaskRequest(supported_task_types=[TaskType(TASK_TYPES[task]).value])
     failed = functools.partial(report_failed, runtime_api_address, root_certificates)
     worker = ResidentWorker(runtime_api_address, failed) if resident and task == CLIENTAPP else None
     while True:
         reap(running, failed)
         if worker is not None:
             worker.poll()
-        reply = client.AcquireTask(request)
-        if reply.HasField("task") and reply.token:
+        acquired = flower.acquire_task(client, TASK_TYPES[task])
+        if acquired is not None:
+            task_id, run_id, token = acquired
             if worker is not None and not worker.busy and starter.forks():
-                worker.run(reply.task.task_id, reply.token, reply.task.run_id)
+                worker.run(task_id, token, run_id)
                 continue
             if worker is not None and worker.busy:
                 log.info(
                     "warm: the resident worker is busy: task %s runs in a fork of its own",
-                    reply.task.task_id,
+                    task_id,
                 )
-            child = starter.start(reply.task.task_id, reply.token)
+            child = starter.start(task_id, token)
             if child is not None:
-                running[child] = (reply.task.task_id, reply.token)
+                running[child] = (task_id, token)
             continue  # another task may be waiting (a second run): no sleep
         time.sleep(poll_s)
 

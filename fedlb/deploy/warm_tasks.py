@@ -14,7 +14,6 @@ other console scripts (fedlb.deploy.console_scripts).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import signal
@@ -23,17 +22,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedlb import _flower_internals as flower
+
 from . import fork_safety
 from .console_scripts import MissingScriptError, console_script
 from .forked import Forked
 from .prompt import fast_reply_pulls, flush_without_pause
 
 CLIENTAPP, SERVERAPP, SIMULATION = "clientapp", "serverapp", "simulation"  # kinds of task
-TASK_TYPES = {  # Flower's name of each kind (flwr.supercore.constant.TaskType), its command
-    CLIENTAPP: "flwr-clientapp",
-    SERVERAPP: "flwr-serverapp",
-    SIMULATION: "flwr-simulation",
-}
+# Flower's name of each kind (flwr.supercore.constant.TaskType), its command
+TASK_TYPES = dict(zip((CLIENTAPP, SERVERAPP, SIMULATION), flower.TASK_TYPES, strict=True))
 TASK_NAME = "fedlb-task"  # a forked task's process name
 COLD = "warm: tasks run cold"  # the log's line when a server stops forking (tests read it)
 log = logging.getLogger("fedlb.warm")
@@ -119,18 +117,10 @@ def _run_task(
     if task != CLIENTAPP:
         _run_server_side(task, runtime_api_address, token, server_pid, certificates)
         return
-    from flwr.supernode.runtime.run_clientapp import run_clientapp
-
     from fedlb.flower.protocol import TASK_STARTED_ENV
 
     os.environ[TASK_STARTED_ENV] = repr(time.time())  # the ClientApp's start, for its report
-    run_clientapp(
-        runtime_api_address=runtime_api_address,
-        token=token,
-        insecure=True,
-        certificates=None,
-        parent_pid=server_pid,
-    )
+    flower.run_clientapp(runtime_api_address, token, server_pid)
 
 
 def _run_server_side(
@@ -141,20 +131,12 @@ def _run_server_side(
     `run_serverapp` (or `run_simulation_process`: the same parameters)."""
     from queue import Queue
 
-    from flwr.supercore.logger import mirror_output_to_queue, restore_output
-
-    # the modules by name: flwr.superlink.runtime exports a function of the module's name
+    runtime, run = flower.server_side_runtime(TASK_TYPES[task])
     if task == SERVERAPP:
-        runtime = importlib.import_module("flwr.superlink.runtime.run_serverapp")
-        run = runtime.run_serverapp
         fast_reply_pulls()
-    else:
-        runtime = importlib.import_module("flwr.simulation.app")
-        run = runtime.run_simulation_process
     flush_without_pause(runtime)
     log_queue: Queue[str | None] = Queue()
-    mirror_output_to_queue(log_queue)
-    try:
+    with flower.output_mirrored_to(log_queue):
         run(
             runtime_api_address=runtime_api_address,
             log_queue=log_queue,
@@ -164,8 +146,6 @@ def _run_server_side(
             parent_pid=server_pid,
             runtime_dependency_install=False,  # as fedlb's SuperLink is started
         )
-    finally:
-        restore_output()
 
 
 def report_failed(
@@ -175,30 +155,11 @@ def report_failed(
     token, as Flower's runtime does on its way out: its owner (a SuperNode) then answers
     its message with an error at once (fedlb.deploy.prompt.failed_clientapps_reply)
     instead of waiting for a heartbeat that never comes."""
-    from flwr.common.constant import SubStatus
-    from flwr.proto.runtime_pb2 import PushTaskOutputRequest
-    from flwr.supercore.interceptors import (
-        RuntimeTokenHttpInterceptor,
-        RuntimeVersionHttpInterceptor,
-    )
-    from flwr.supercore.runtime import RuntimeHttpClient
-
     certificates = root_certificates.read_bytes() if root_certificates else None
-    client = RuntimeHttpClient.from_server_address(
-        server_address=runtime_api_address,
-        insecure=certificates is None,
-        root_certificates=certificates,
-        interceptors=[
-            RuntimeVersionHttpInterceptor(component_name="SuperExec"),
-            RuntimeTokenHttpInterceptor(token),
-        ],
-    )
     try:
-        client.PushTaskOutput(PushTaskOutputRequest(sub_status=SubStatus.FAILED, details=details))
+        flower.push_task_failed(runtime_api_address, certificates, token, details)
     except Exception as error:  # its token then expires in 60 s: Flower's own path
         log.warning("warm: could not report the task as failed: %s", error)
-    finally:
-        client.close()
 
 
 def reap(

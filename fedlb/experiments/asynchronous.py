@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.common.logger import log as flwr_log
+from flwr.common import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
-from flwr.clientapp.typing import ClientAppCallable
 from flwr.serverapp import Grid, ServerApp
 
+from fedlb._flower_internals import ClientAppCallable
 from fedlb.data import use_profile_dir
 from fedlb.deploy import RunConfig, evaluate_reply, run_app, train_reply
 from fedlb.flower import balance_mod, he_mod

@@ -81,9 +81,9 @@ def test_the_default_probe_judges_each_silo_against_itself_at_equal_sizes():
     verdict = judged(edge, [(OWN, EQUAL), (SCATTERED, UNEQUAL)])
     assert verdict.probe is not None
     assert verdict.probe > 0.15  # a 0.9x, c 2.7x, grown 1.7x
-    assert (verdict.regime, verdict.floor) == ("edge", 0.5)
+    assert (verdict.regime, verdict.floor) == ("edge", 1.0)  # uniform sizes from now on
     # decided once: calm rounds later do not take the floor off
-    assert judged(edge, [(scaled(OWN, 0.8), UNEQUAL)] * 2).floor == 0.5
+    assert judged(edge, [(scaled(OWN, 0.8), UNEQUAL)] * 2).floor == 1.0
     assert edge.regime == "edge"
     # an edge floor a step above the probe's, if asked: from the verdict on
     raised = StabilityGuard(edge_floor=0.75)
@@ -112,7 +112,7 @@ def test_a_calm_probe_that_the_next_round_does_not_confirm_keeps_the_floor():
         "confirm",
         "scattered",
         "edge",
-        0.5,
+        1.0,
     )
     unconfirmed = StabilityGuard(confirm=0.0)  # no confirming round: off at once
     assert judged(unconfirmed, [(OWN, EQUAL), (scaled(OWN, 1.5), UNEQUAL)]).floor == 0.25
@@ -157,7 +157,7 @@ def test_steps_that_grew_several_fold_since_equal_sizes_mean_the_edge_however_ca
     assert verdict.probe is not None
     assert verdict.probe < 0.15
     assert verdict.growth == pytest.approx(9.6, abs=0.2)
-    assert (verdict.regime, verdict.floor) == ("edge", 0.5)
+    assert (verdict.regime, verdict.floor) == ("edge", 1.0)
     lenient = StabilityGuard(growth=20.0)
     assert judged(lenient, [(start, EQUAL), (grown, UNEQUAL), (grown, UNEQUAL)]).regime == "stable"
 
@@ -286,15 +286,18 @@ def test_a_blow_up_while_confirming_means_the_edge():
         [(even, EQUAL), (scaled(even, 1.5), UNEQUAL), ({"a": 1.0, "b": 1.1, "c": 9.0}, UNEQUAL)],
     )
     assert (verdict.look, verdict.regime) == ("diverged", "edge")
-    assert verdict.floor == 0.75  # one step above the floor it was at
+    assert verdict.floor == 1.0  # the edge: uniform sizes
 
 
 def test_a_blow_up_before_the_probe_means_the_edge():
     guard = StabilityGuard()
     verdict = guard.check({"a": 1.0, "b": 1.1, "c": 9.0}, None, EQUAL)
     assert set(verdict.diverged) == {"c"}
-    assert (verdict.regime, verdict.floor) == ("edge", 0.75)
-    assert guard.check({"a": 1.0, "b": 1.0, "c": 1.0}, None, UNEQUAL).floor == 0.75
+    assert (verdict.regime, verdict.floor) == ("edge", 1.0)
+    assert guard.check({"a": 1.0, "b": 1.0, "c": 1.0}, None, UNEQUAL).floor == 1.0
+    # an edge floor of 0.75, if asked: a blow-up raises the floor a step
+    raised = StabilityGuard(edge_floor=0.75)
+    assert raised.check({"a": 1.0, "b": 1.1, "c": 9.0}, None, EQUAL).floor == 0.75
 
 
 def test_without_a_round_at_equal_sizes_the_probe_reads_the_raw_norms():
@@ -423,9 +426,9 @@ def test_the_strategy_leaves_a_blown_up_update_out_and_raises_the_floor(tmp_path
     assert "silo-1: update diverged, left out of the average" in records[1].failed[0]
     sizes = sent_sizes(grid)
     assert min(sizes[1].values()) == 8  # round 2: the floor, half of 16, before the probe
-    assert min(sizes[2].values()) == 12  # round 3: raised to 0.75
-    assert strategy.guard is not None
-    assert strategy.guard.floor == 0.75
+    assert min(sizes[2].values()) == 16  # round 3: a blow-up before the verdict: the edge,
+    assert strategy.guard is not None  # uniform sizes
+    assert strategy.guard.floor == 1.0
 
 
 @pytest.mark.usefixtures("task_identity")
@@ -498,7 +501,7 @@ def test_an_update_holding_nan_is_left_out_and_raises_the_floor(tmp_path):
     failed = strategy.reporter.records[1].failed
     assert len(failed) == 1
     assert "NaN or infinite" in failed[0]
-    assert min(sent_sizes(grid)[2].values()) == 12  # the floor raised to 0.75
+    assert min(sent_sizes(grid)[2].values()) == 16  # the edge: uniform sizes
     # the silo is told with its next message (its console says it), once, and only it
     notices = {
         (m.content["config"]["server-round"], m.metadata.dst_node_id): m.content["config"][NOTICE]

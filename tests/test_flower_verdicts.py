@@ -41,13 +41,13 @@ def test_a_guard_that_takes_up_a_stable_verdict_balances_fully_and_still_watches
     assert (verdict.look, verdict.floor) == ("diverged", 0.5)
 
 
-def test_a_guard_that_takes_up_the_edge_keeps_the_floor_without_a_probe():
+def test_a_guard_that_takes_up_the_edge_runs_uniform_sizes_without_a_probe():
     guard = StabilityGuard()
     guard.adopt("edge")
     calm = {"a": 1.0, "b": 1.0, "c": 1.0}
     for _ in range(3):  # a calm round that would have been a probe changes nothing
         verdict = guard.check(calm, None, UNEQUAL)
-        assert (verdict.probe, verdict.regime, verdict.floor) == (None, "edge", 0.5)
+        assert (verdict.probe, verdict.regime, verdict.floor) == (None, "edge", 1.0)
     fixed = StabilityGuard(probe=0.0)  # a fixed floor takes nothing up
     fixed.adopt("stable")
     assert (fixed.regime, fixed.floor) == ("fixed", 0.5)
@@ -132,8 +132,8 @@ def test_a_second_run_of_a_stable_app_balances_fully_from_round_1(tmp_path, monk
     """Flower's quickstart at η = 0.03 (stable there on every seed measured): the first
     run probes and keeps its verdict; the second starts from the stored profiles and takes
     it up, at full balance in round 1. At η = 0.1 (the edge on every seed measured) a
-    first run probes again; the next takes up the edge: round 1 at B0 as in a first run,
-    then the floor, no probe."""
+    first run probes again; the next takes up the edge: uniform sizes, the app's own B0,
+    from round 1, no probe."""
     monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
     monkeypatch.chdir(tmp_path)
     caplog.set_level("INFO")
@@ -162,7 +162,7 @@ def test_a_second_run_of_a_stable_app_balances_fully_from_round_1(tmp_path, monk
     assert "takes up the last run's verdict on this app: edge" in log
     assert "the stability guard's probe" not in log
     assert {b for b, _, _ in fourth[1].values()} == {32}  # at the edge: round 1 at B0 ...
-    assert {silo: b for silo, (b, _, _) in fourth[2].items()} == floor_sizes  # ... then the floor
+    assert {b for b, _, _ in fourth[2].values()} == {32}  # ... and uniform sizes after it
     assert "stored speed profiles" not in log  # not even asked for
 
     # the user's view: both verdicts listed with the app in words; forgetting the edge's

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message
 from flwr.serverapp.strategy import FedAvg, FedXgbBagging, FedXgbCyclic, Strategy
 
 from .protocol import PREFIX, user_metrics
@@ -124,24 +123,6 @@ def check_wrappable(strategy: object, encrypted: bool) -> None:
         )
 
 
-def config_name(content: RecordDict, preferred: str | None) -> str:
-    """The name of the train message's ConfigRecord (the wrapped strategy's
-    `configrecord_key` where the message has it, else its first ConfigRecord, else
-    "config", Flower's default, for a new one)."""
-    names = list(content.config_records.keys())
-    if preferred in names:
-        return str(preferred)
-    return names[0] if names else (preferred or "config")
-
-
-def with_config(content: RecordDict, name: str, config: ConfigRecord) -> RecordDict:
-    """A new RecordDict: `content`'s records, its ConfigRecord `name` replaced by
-    `config` (a message's content is its own: FedAvg gives every message the same one)."""
-    records: dict[str, Any] = dict(content.items())
-    records[name] = config
-    return RecordDict(records)
-
-
 def as_stock(reply: Message) -> Message:
     """`reply` as a stock run would hand it to the strategy: fedlb's metric keys taken out
     of its MetricRecords (in place; fedlb has read them by then)."""
@@ -199,7 +180,3 @@ def outer_strategy(own: Strategy, depth: int = 12) -> Strategy | None:
         if caller is own and frame.f_code.co_name == "start":
             return None
     return None
-
-
-def metrics_or_empty(metrics: MetricRecord | None) -> MetricRecord:
-    return MetricRecord() if metrics is None else metrics

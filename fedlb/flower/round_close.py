@@ -1,6 +1,7 @@
 """Rounds in the run's numbering and their close, whichever loop drives Flower's hooks:
-LoadBalancedFedAvg.start() (Flower's loop, counting from 1 again after a resume) or a
-subclass's own start(), whose rounds the hooks close themselves."""
+LoadBalanced.start() (Flower's loop, or the wrapped strategy's own, counting from 1 again
+after a resume), or a subclass's or an outer strategy's start(), whose rounds the hooks
+close themselves."""
 
 from __future__ import annotations
 
@@ -66,11 +67,12 @@ class RunProgress:
 
 
 def adopt_foreign_loop(
-    grid: Grid, poll_interval: float | None, progress: RunProgress, strategy: str
+    grid: Grid, poll_interval: float | None, progress: RunProgress, driver: str, own: str
 ) -> PollingGrid | None:
-    """A subclass's start() drives the hooks: polling put on the grid its loop uses (the
-    PollingGrid whose arrival times the round records read, or None where it cannot be);
-    what only LoadBalancedFedAvg.start() can do is said once."""
+    """Another loop drives the hooks (`driver`: a subclass's start(), or an outer
+    strategy's): polling put on the grid it uses (the PollingGrid whose arrival times
+    the round records read, or None where it cannot be); what only `own`.start() (the
+    fedlb strategy's) can do is said once."""
     polling = None
     if poll_interval is not None and not isinstance(grid, PollingGrid):
         made = PollingGrid(grid, poll_interval)
@@ -81,13 +83,14 @@ def adopt_foreign_loop(
         progress.told_foreign_loop = True
         say(
             WARNING,
-            "%s.start() does not call LoadBalancedFedAvg.start(): fedlb balances every round "
+            "%s.start() drives the rounds, not %s.start(): fedlb balances every round "
             "from Flower's hooks, polls replies every %s s and writes each round's record at "
             "aggregate_evaluate; without its start() the records lack the server-side "
             "evaluation (your evaluate_fn's results stay in your Result), evaluate_every > 1 "
             "cannot tell the last round, a restored checkpoint is not resumed, and under HE "
             "Result.arrays stays ciphertext. Call super().start(...) to keep them.",
-            strategy,
+            driver,
+            own,
             poll_interval,
         )
     return polling

@@ -10,8 +10,8 @@ numbering (round_close)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from logging import INFO, WARNING
 from typing import Any
 
@@ -32,44 +32,33 @@ from .composition import (
     as_stock,
     chain,
     check_wrappable,
-    config_name,
     dtypes_of,
     in_dtypes,
     innermost,
     legacy_refusal,
-    outer_strategy,
     silos_expected,
     silos_needed,
     weighting_key,
-    with_config,
 )
+from .driving import Driving, NoUsableUpdateError
 from .grid import PollingGrid, SiloView
 from .he import EncryptedAggregation, EncryptedModel
 from .identity import by_node, node_label, worker_name
 from .membership import Membership, say
 from .options import Balancing, Joining, Keeping
-from .packing import LAYOUT, Layout, layout_text, pack, packable, unpack_in_place
+from .outgoing import Packing, held_back, own_content
+from .packing import unpack_in_place
 from .profiles import ask_partitions, model_key
 from .protocol import EVAL_EXAMPLES, Orders, SiloReport
 from .records import RoundRecord, balance_line, round_record
 from .replies import ReportCheck, UpdateCheck, triage_replies
-from .round_close import (
-    EvaluateFn,
-    RunProgress,
-    adopt_foreign_loop,
-    in_run_rounds,
-    recorded_evaluate,
-)
+from .round_close import EvaluateFn, RunProgress, in_run_rounds, recorded_evaluate
 from .round_log import RoundLog, attach_evaluation
 from .rounds_file import RoundReporter
 from .stability import fixed_rounds_advice, guard_round, least_share
 from .verdicts import VerdictMemory
 
-HOOKS = ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate")
-
-
-class NoUsableUpdateError(RuntimeError):
-    """Rounds in a row ended without a model to go on from: the run stops, non-zero."""
+__all__ = ["LoadBalanced", "NoUsableUpdateError"]
 
 
 class LoadBalanced(Strategy):
@@ -148,8 +137,7 @@ class LoadBalanced(Strategy):
         check_wrappable(strategy, he is not None)
         if evaluate_every < 1:
             raise ValueError(f"evaluate_every must be >= 1, got {evaluate_every}")
-        if stop_after < 1:
-            raise ValueError(f"stop_after must be >= 1 rounds, got {stop_after}")
+        self.driving = Driving(stop_after)
         self.strategy = strategy
         self.weighted_by_key = weighting_key(strategy)
         self.batch_size = balancing.batch_size
@@ -160,7 +148,6 @@ class LoadBalanced(Strategy):
         self.evaluate_every = evaluate_every
         self.evaluate_with_train = evaluate_with_train
         self.poll_interval = poll_interval
-        self.stop_after = stop_after
         reporter = keeping.reporter
         self.rounds = RoundLog(reporter if reporter is not None else RoundReporter())
         self.audit_dir = keeping.audit_dir
@@ -179,22 +166,16 @@ class LoadBalanced(Strategy):
         self.progress = RunProgress()
         self.stored_profiles = StoredProfiles()
         self.verdicts = VerdictMemory()  # the guard's verdicts, kept for the next run
-        self._hooks: dict[str, Callable[..., Any]] = {}  # the wrapped strategy's, while patched
         self._sent: dict[int, tuple[int | None, int | None]] = {}  # node -> (B, τ) ordered
         self._messages: list[Message] = []  # this round's train messages
         self._notices: dict[int, str] = {}  # node -> why its last update was left out
         self._reporting: set[int] = set()  # nodes whose last reply carried fedlb's report
-        self._layout: tuple[Layout, str] | None = None  # this round's packing, as text too
+        self._packing: Packing | None = None  # this round's model on the wire
         self._sent_model: dict[str, tuple[tuple[int, ...], str]] = {}  # shapes and dtypes
         self._started = 0.0
         self._user_floor = 0.0  # the floor the user set on the tuner: the guard's least
         self._aggregated: ArrayRecord | None = None  # the model the last round ended with
         self._polling: PollingGrid | None = None  # its replies' arrival times per round
-        self._configured: int | None = None  # the last round fedlb configured
-        self._aggregated_round: int | None = None  # and the last it aggregated
-        self._barren = 0  # rounds in a row without a model to go on from
-        self._told: set[str] = set()  # what was said once
-        self._outer: Strategy | None = None  # a strategy wrapping this one, if any
         self._ready = True  # from here, the wrapped strategy's attributes are set on it
 
     # Attributes the wrapped strategy owns (FedAvg's `fraction_train`, a subclass's own)
@@ -252,7 +233,7 @@ class LoadBalanced(Strategy):
 
     def _hook(self, name: str) -> Callable[..., Any]:
         """The wrapped strategy's own hook (not fedlb's, while its own loop runs them)."""
-        return self._hooks.get(name) or getattr(self.strategy, name)
+        return self.driving.hook(self.strategy, name)
 
     # ---- nodes and sizes ---------------------------------------------------------------
     def _round(self, flower_round: int) -> int:
@@ -356,19 +337,21 @@ class LoadBalanced(Strategy):
     ) -> Iterable[Message]:
         server_round = self._round(server_round)
         if not self.progress.own_loop:
-            self._foreign_loop(grid)
+            polling = self.driving.foreign(
+                self, grid, self.poll_interval, self.progress, self.he is not None
+            )
+            self._polling = polling or self._polling
             if self.he is not None:  # a foreign loop starts from the plaintext model
                 arrays = self.he.encrypt(arrays)
-        self._check_aggregated(server_round)
+        self.driving.check_aggregated(self, LoadBalanced, server_round, bool(self._messages))
         self._finish_round(server_round - 1, arrays)
         self.rounds.server_s = 0.0
         with self.rounds.server_time():
-            first = self._configured is None
-            self._configured = server_round
+            first = self.driving.configured is None
+            self.driving.configured = server_round
             view = self._view(grid, first)
-            messages = self._taking_part(
-                list(self._hook("configure_train")(server_round, arrays, config, view)), view
-            )
+            made = self._hook("configure_train")(server_round, arrays, config, view)
+            messages = held_back(list(made), view, self.members.label, self._inner_name)
             train = [m for m in messages if m.metadata.message_type == MessageType.TRAIN]
             nodes = [m.metadata.dst_node_id for m in train]
             present = view.listed if view.listed is not None else sorted(grid.get_node_ids())
@@ -380,75 +363,36 @@ class LoadBalanced(Strategy):
                 self.members.sync(self.manager, present, nodes)
             self.updates.new_round(arrays)
             self._sent_model = dtypes_of(arrays) if self.he is None else {}
-            self._layout = self._packing(arrays)
-            packed = pack(arrays)[0] if self._layout is not None else None
+            self._packing = Packing.of(arrays, self._may_pack())
             preferred = getattr(innermost(self.strategy), "configrecord_key", None)
             self._sent = {}
             for msg in train:
                 node = msg.metadata.dst_node_id
                 orders = self._orders(server_round, node)
                 self._sent[node] = (orders.batch_size, orders.local_steps)
-                name = config_name(msg.content, preferred)
-                node_config = self._node_config(
-                    node, orders, msg.content.config_records.get(name, ConfigRecord())
-                )
-                content = with_config(msg.content, name, node_config)
-                if packed is not None and self._layout is not None and node in self._reporting:
-                    content = self._packed(content, arrays, packed, name, self._layout[1])
-                msg.content = content
+                packing = self._packing if node in self._reporting else None
+                own_content(msg, preferred, partial(self._node_config, node, orders), packing)
             self._messages = train
             self._started = time.monotonic()
             if self._polling is not None:
                 self._polling.on_reply = self._progress(server_round, train)
             return messages
 
-    def _taking_part(self, messages: list[Message], view: SiloView) -> list[Message]:
-        """The strategy's messages less those to silos sitting out (it was shown them only
-        so as not to wait for them), unless that would leave none."""
-        kept = [m for m in messages if m.metadata.dst_node_id not in view.sitting_out]
-        held = len(messages) - len(kept)
-        if held and kept:
-            say(
-                INFO,
-                "%d message(s) of %s held back: %s sitting out (missed a round, or a "
-                "partition claimed twice)",
-                held,
-                type(self.strategy).__name__,
-                ", ".join(sorted(self.members.label(n) for n in view.sitting_out)),
-            )
-            return kept
-        return messages
+    @property
+    def _inner_name(self) -> str:
+        return type(self.strategy).__name__
 
-    def _packing(self, arrays: ArrayRecord) -> tuple[Layout, str] | None:
-        """(the layout, as text) where the model travels packed this round: plaintext
-        float32 arrays, fedlb's own hooks seeing every reply first (no outer strategy,
-        no subclass aggregating on its own), and only to silos whose replies carried
-        fedlb's report last time (their `balance_mod()` unpacks it)."""
-        if (
-            not self.pack_model
-            or not packable(arrays)
-            or self._outer is not None
-            or type(self).aggregate_train is not LoadBalanced.aggregate_train
-            or not self._reporting
-        ):
-            return None
-        layout = pack(arrays)[1]
-        return layout, layout_text(layout)
-
-    @staticmethod
-    def _packed(
-        content: Any, arrays: ArrayRecord, packed: ArrayRecord, config: str, layout: str
-    ) -> Any:
-        """`content` with the global model (the ArrayRecord the strategy was given) packed
-        and its layout in the message's ConfigRecord."""
-        names = [k for k, record in content.array_records.items() if record is arrays]
-        if not names:
-            return content
-        with_layout = ConfigRecord({**content.config_records[config], LAYOUT: layout})
-        out = with_config(content, config, with_layout)
-        for name in names:
-            out[name] = packed
-        return out
+    def _may_pack(self) -> bool:
+        """Whether the model may travel packed this round: plaintext, fedlb's own hooks
+        seeing every reply first (no outer strategy, no subclass aggregating on its own),
+        and some silo whose reply carried fedlb's report last time (its `balance_mod()`
+        unpacks it; only those silos get it packed)."""
+        return (
+            self.pack_model
+            and self.driving.outer is None
+            and type(self).aggregate_train is LoadBalanced.aggregate_train
+            and bool(self._reporting)
+        )
 
     def _progress(
         self, server_round: int, messages: list[Message]
@@ -468,14 +412,14 @@ class LoadBalanced(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round = self._round(server_round)
-        self._aggregated_round = server_round
+        self.driving.aggregated = server_round
         with self.rounds.server_time():
             replies = list(replies)
             if self._polling is not None:  # an evaluation or a query is not the round
                 self._polling.on_reply = None
-            if self._layout is not None:  # before anything reads them
+            if self._packing is not None:  # before anything reads them
                 for msg in replies:
-                    unpack_in_place(msg, self._layout[0])
+                    unpack_in_place(msg, self._packing.layout)
             valid, record = self._collect(server_round, replies)
             if self.evaluate_with_train and self.rounds.pending is not None:
                 # These replies carry the evaluation of the model this round started
@@ -486,9 +430,10 @@ class LoadBalanced(Strategy):
             errors = [m for m in replies if m.has_error()]
             arrays, metrics = self._aggregate(server_round, valid, errors)
             if arrays is None:
-                self._no_model(server_round, "no usable update" if not valid else None)
+                why = "no usable update" if not valid else f"{self._inner_name} aggregated none"
+                self.driving.no_model(server_round, why, bool(self._messages))
                 return None, (None if metrics is None else with_round_figures(metrics, record))
-            self._barren = 0
+            self.driving.barren = 0
             arrays = self._in_app_dtypes(arrays)
             self._aggregated = arrays
             if self.audit_dir is not None:
@@ -511,34 +456,18 @@ class LoadBalanced(Strategy):
         metrics_fn = getattr(inner, "train_metrics_aggr_fn", None) or aggregate_metricrecords
         return arrays, app_metrics(valid, metrics_fn, self.weighted_by_key)
 
-    def _no_model(self, server_round: int, why: str | None) -> None:
-        """A round without a model to go on from: said, and after `stop_after` in a row
-        the run stops (a frozen model is not a run)."""
-        if not self._messages:  # nothing was trained this round (fraction_train = 0)
-            return
-        self._barren += 1
-        why = why or f"{type(self.strategy).__name__}.aggregate_train returned no model"
-        say(WARNING, "round %d: %s; the model stays as it was", server_round, why)
-        if self._barren >= self.stop_after:
-            raise NoUsableUpdateError(
-                f"fedlb: {self._barren} rounds in a row ended without a model to go on from "
-                f"(round {server_round}: {why}); the run stops rather than go on with a "
-                "frozen model: see the warnings above for each round's replies"
-            )
-
     def _in_app_dtypes(self, arrays: ArrayRecord) -> ArrayRecord:
         """The aggregate in the dtypes the model was sent in (said once where cast)."""
         if not self._sent_model:
             return arrays
         arrays, cast = in_dtypes(arrays, self._sent_model)
-        if cast and "dtypes" not in self._told:
-            self._told.add("dtypes")
+        if cast and self.driving.once("dtypes"):
             say(
                 INFO,
                 "%s returned the model in other dtypes than the app's (%s%s): the silos get "
                 "it in the app's, as its load_state_dict would make it; the strategy's own "
                 "state keeps its precision",
-                type(self.strategy).__name__,
+                self._inner_name,
                 ", ".join(cast[:3]),
                 ", ..." if len(cast) > 3 else "",
             )
@@ -631,10 +560,9 @@ class LoadBalanced(Strategy):
         """Updates came back but none with fedlb's report: nothing can be balanced, and
         the log says why (once, and again every 10 such rounds)."""
         if not kept or said:
-            self._told.discard("no reports")
+            self.driving.told.discard("no reports")
             return
-        if "no reports" not in self._told or server_round % 10 == 0:
-            self._told.add("no reports")
+        if self.driving.once("no reports") or server_round % 10 == 0:
             say(
                 WARNING,
                 "round %d: no silo's reply carried fedlb's report, so nothing is balanced "
@@ -686,23 +614,15 @@ class LoadBalanced(Strategy):
             if not due:
                 return []
             view = self._view(grid, first=False)
-            messages = self._taking_part(
-                list(self._hook("configure_evaluate")(server_round, arrays, config, view)), view
-            )
+            made = self._hook("configure_evaluate")(server_round, arrays, config, view)
+            messages = held_back(list(made), view, self.members.label, self._inner_name)
             if messages:
                 self.rounds.evaluation_sent()
-            layout = self._packing(arrays)
-            packed = pack(arrays)[0] if layout is not None else None
+            packing = Packing.of(arrays, self._may_pack())
             preferred = getattr(innermost(self.strategy), "configrecord_key", None)
             for msg in messages:
-                # Each message its own content (FedAvg shares one, and its config is the
-                # same object every round): what was sent stays what was sent.
-                name = config_name(msg.content, preferred)
-                own = ConfigRecord(dict(msg.content.config_records.get(name, ConfigRecord())))
-                content = with_config(msg.content, name, own)
-                if packed is not None and layout and msg.metadata.dst_node_id in self._reporting:
-                    content = self._packed(content, arrays, packed, name, layout[1])
-                msg.content = content
+                own = packing if msg.metadata.dst_node_id in self._reporting else None
+                own_content(msg, preferred, lambda c: ConfigRecord(dict(c)), own)
             return messages
 
     def aggregate_evaluate(
@@ -761,7 +681,7 @@ class LoadBalanced(Strategy):
         if type(self.strategy).start is Strategy.start:
             result = super().start(**arguments)
         else:
-            with self._around_own_loop():
+            with self.driving.around_own_loop(self, self.strategy):
                 result = self.strategy.start(**arguments)
         self._finish_round(num_rounds, result.arrays or initial_arrays, last=True)
         if (advice := fixed_rounds_advice(self.reporter.summary(), num_rounds)) is not None:
@@ -770,76 +690,6 @@ class LoadBalanced(Strategy):
         if self.he is not None:
             result.arrays = EncryptedModel(result.arrays or initial_arrays)
         return result
-
-    @contextmanager
-    def _around_own_loop(self) -> Iterator[None]:
-        """The wrapped strategy's own `start()` calls its hooks on itself: while it runs,
-        they are fedlb's (which call its own, kept aside)."""
-        strategy = self.strategy
-        say(
-            INFO,
-            "%s has a start() loop of its own: it runs, with fedlb's hooks around its own",
-            type(strategy).__name__,
-        )
-        self._hooks = {name: getattr(strategy, name) for name in HOOKS}
-        for name in HOOKS:
-            setattr(strategy, name, getattr(self, name))
-        try:
-            yield
-        finally:
-            for name in HOOKS:
-                vars(strategy).pop(name, None)
-            self._hooks = {}
-
-    def _foreign_loop(self, grid: Grid) -> None:
-        """A loop other than `start()` drives the hooks: a subclass's own `start()`, or
-        an outer strategy's (fedlb wrapped, e.g. by a DP wrapper): Flower's hooks still
-        balance every round and write its record (round_close.adopt_foreign_loop)."""
-        if self._outer is None and "driver" not in self._told:
-            self._outer = outer_strategy(self)
-        self._told.add("driver")
-        driver = type(self._outer or self).__name__
-        polling = adopt_foreign_loop(grid, self.poll_interval, self.progress, driver)
-        if polling is not None:
-            self._polling = polling
-        if self._outer is not None and "outer" not in self._told:
-            self._told.add("outer")
-            say(
-                WARNING,
-                "%s wraps %s, so it sees the silos' replies before fedlb does: balancing "
-                "works, but the model travels unpacked and fedlb's report keys reach %s; "
-                "put fedlb outermost: LoadBalanced(%s(...))",
-                driver,
-                type(self).__name__,
-                driver,
-                driver,
-            )
-
-    def _check_aggregated(self, server_round: int) -> None:
-        """The last round fedlb configured never reached its `aggregate_train`. A
-        subclass's own `aggregate_train` that never calls fedlb's leaves every silo at its
-        size for good: the run stops at once, saying what to do. An outer strategy that
-        aggregated nothing (a DP wrapper skips a round with any failed reply) counts
-        towards `stop_after`."""
-        last = self._configured
-        if last is None or last != server_round - 1 or self._aggregated_round == last:
-            return
-        if not self._messages:
-            return
-        if type(self).aggregate_train is not LoadBalanced.aggregate_train:
-            owner = next(
-                cls.__name__ for cls in type(self).__mro__ if "aggregate_train" in vars(cls)
-            )
-            raise TypeError(
-                f"{owner}.aggregate_train did not call LoadBalanced.aggregate_train in round "
-                f"{last}, so fedlb cannot read the silos' reports and nothing is balanced: "
-                f"call super().aggregate_train(...) in it, or make {owner} a subclass of "
-                f"Flower's strategy (e.g. FedAvg) and wrap it: LoadBalanced({owner}(...))"
-            )
-        driver = type(self._outer).__name__ if self._outer is not None else "the loop"
-        self._no_model(
-            last, f"{driver} did not hand the round's replies to fedlb (it aggregated nothing)"
-        )
 
     def _finish_round(self, server_round: int, arrays: ArrayRecord, last: bool = False) -> None:
         """Round `server_round` is wholly done (Flower's server-side evaluation included):

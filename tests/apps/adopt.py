@@ -5,6 +5,11 @@ three changed lines plus imports, as docs/flower.md shows them.
       (an app whose strategy.py subclasses FedAvg: class X(FedAvg) -> X(LoadBalancedFedAvg))
     client_app.py  app = ClientApp()                ->  ClientApp(mods=[balance_mod()])
                    trainloader, _ = load_data(...)  +   trainloader = balanced_loader(msg, ...)
+
+With `strategy=NAME` (the quickstart only) its FedAvg is first replaced by another strategy
+of Flower's, as a deployment that runs FedAdam, FedProx, server-side DP or its own
+aggregation would have it (STRATEGIES), and the balanced copy wraps that one:
+`strategy = LoadBalanced(<that strategy>)`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,50 @@ APPS = Path(__file__).parent
 IMPORT = re.compile(r"^\s*(from \S+ )?import ")
 
 
+# name -> (what server_app.py imports and defines, the strategy it builds instead of FedAvg)
+STRATEGIES: dict[str, tuple[str, str]] = {
+    "fedavg": (
+        "from flwr.serverapp.strategy import FedAvg\n",
+        "FedAvg(fraction_evaluate=fraction_evaluate)",
+    ),
+    "fedadam": (
+        "from flwr.serverapp.strategy import FedAdam\n",
+        "FedAdam(fraction_evaluate=fraction_evaluate)",
+    ),
+    "fedprox": (
+        "from flwr.serverapp.strategy import FedProx\n",
+        "FedProx(fraction_evaluate=fraction_evaluate, proximal_mu=0.1)",
+    ),
+    "dp-server-fixed": (
+        "from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg\n",
+        "DifferentialPrivacyServerSideFixedClipping(\n"
+        "        FedAvg(fraction_evaluate=fraction_evaluate),\n"
+        "        noise_multiplier=0.001,\n"
+        "        clipping_norm=5.0,\n"
+        "        num_sampled_clients=3,\n"
+        "    )",
+    ),
+    "own-aggregation": (
+        "from flwr.serverapp.strategy import FedAvg\n"
+        "from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords\n"
+        "\n\n"
+        "class OwnFedAvg(FedAvg):\n"
+        '    """A deployment\'s own aggregation: every silo the same say, no super()."""\n'
+        "\n"
+        "    def aggregate_train(self, server_round, replies):\n"
+        '        print(f"OwnFedAvg.aggregate_train: round {server_round}", flush=True)\n'
+        "        contents = [m.content for m in replies if not m.has_error()]\n"
+        "        if not contents:\n"
+        "            return None, None\n"
+        "        for content in contents:\n"
+        '            content["metrics"]["num-examples"] = 1\n'
+        '        metrics = self.train_metrics_aggr_fn(contents, "num-examples")\n'
+        '        return aggregate_arrayrecords(contents, "num-examples"), metrics\n',
+        "OwnFedAvg(fraction_evaluate=fraction_evaluate)",
+    ),
+}
+
+
 def _replace_once(text: str, old: str, new: str, where: Path) -> str:
     count = text.count(old)
     if count != 1:
@@ -33,19 +82,74 @@ def _replace_once(text: str, old: str, new: str, where: Path) -> str:
     return text.replace(old, new)
 
 
-def adopt(name: str, destination: Path, balanced: bool = True) -> tuple[Path, list[str]]:
+def with_strategy(server: Path, name: str, balanced: bool) -> None:
+    """server_app.py building STRATEGIES[name] instead of FedAvg (wrapped in LoadBalanced
+    where `balanced`)."""
+    imports, built = STRATEGIES[name]
+    text = _replace_once(
+        server.read_text(), "from flwr.serverapp.strategy import FedAvg\n", "", server
+    )
+    marker = "\n# Create ServerApp\n"
+    fedlb = "from fedlb.flower import LoadBalanced\n" if balanced else ""
+    text = _replace_once(text, marker, f"\n{fedlb}{imports}{marker}", server)
+    built = f"LoadBalanced({built})" if balanced else built
+    server.write_text(
+        _replace_once(
+            text,
+            "strategy = FedAvg(fraction_evaluate=fraction_evaluate)",
+            f"strategy = {built}",
+            server,
+        )
+    )
+
+
+def adopt(
+    name: str,
+    destination: Path,
+    balanced: bool = True,
+    strategy: str | None = None,
+    wrap: bool = False,
+) -> tuple[Path, list[str]]:
     """A copy of tests/apps/NAME in destination (made load-balanced unless `balanced` is
-    False); (the app folder, the non-import lines the change touched)."""
+    False; its FedAvg replaced by STRATEGIES[strategy] first, where given; an app with a
+    strategy subclass of its own keeps it as it is and wraps it where `wrap`:
+    `LoadBalanced(CustomFedAvg(...))`); (the app folder, the non-import lines the change
+    touched)."""
     app = destination / name
     shutil.copytree(APPS / name, app, ignore=shutil.ignore_patterns("__pycache__"))
     package = next(p.parent for p in app.glob("*/server_app.py"))
+    if strategy is not None:
+        with_strategy(package / "server_app.py", strategy, balanced)
     if not balanced:
         return app, []
     subclass = package / "strategy.py"
     server = subclass if subclass.exists() else package / "server_app.py"
     client = package / "client_app.py"
     before = {path: path.read_text() for path in (server, client)}
-    if server is subclass:  # the app's own FedAvg subclass inherits fedlb's instead
+    if strategy is not None:
+        pass  # the server's change is made: the strategy wrapped in LoadBalanced
+    elif server is subclass and wrap:  # the app's own subclass, as it is, wrapped
+        server = package / "server_app.py"
+        before = {path: path.read_text() for path in (server, client)}
+        text = _replace_once(
+            before[server],
+            "from pytorch_example.strategy import CustomFedAvg\n",
+            "from pytorch_example.strategy import CustomFedAvg\n\n"
+            "from fedlb.flower import LoadBalanced\n",
+            server,
+        )
+        text = _replace_once(
+            text,
+            "    strategy = CustomFedAvg(\n"
+            "        fraction_train=fraction_train, fraction_evaluate=fraction_eval\n"
+            "    )\n",
+            "    strategy = LoadBalanced(\n"
+            "        CustomFedAvg(fraction_train=fraction_train, fraction_evaluate=fraction_eval)\n"
+            "    )\n",
+            server,
+        )
+        server.write_text(text)
+    elif server is subclass:  # the app's own FedAvg subclass inherits fedlb's instead
         text = _replace_once(
             before[server],
             "from flwr.serverapp.strategy import FedAvg, Result\n",

@@ -179,6 +179,68 @@ def test_a_strategy_subclass_with_its_own_start_keeps_the_balance(tmp_path, monk
     assert (tmp_path / "final_model.pt").exists()
 
 
+@pytest.mark.usefixtures("task_identity")
+def test_a_strategy_with_its_own_start_wrapped_as_it_is_keeps_its_loop(
+    tmp_path, monkeypatch, caplog
+):
+    """advanced-pytorch's CustomFedAvg unchanged (a FedAvg subclass with its own start()
+    loop and configure_train), wrapped: `LoadBalanced(CustomFedAvg(...))`. Its own loop
+    runs (its results.json, W&B calls, the lr halving), with fedlb's hooks around its
+    own: balanced, every round recorded, its attributes set through the wrapper."""
+    from fedlb.flower import LoadBalanced
+
+    monkeypatch.chdir(tmp_path)
+    make_mnist_folder(tmp_path / "fashion", n_train=1200, n_test=100)
+    monkeypatch.setenv("FEDLB_APP_FASHION_DIR", str(tmp_path / "fashion"))
+    app, touched = adopt("advanced_pytorch", tmp_path, wrap=True)
+    # the server's call (its closing line unchanged), the ClientApp's mod, its loader
+    assert [line for line in touched if line.startswith("+")] == [
+        "+    strategy = LoadBalanced(",
+        "+        CustomFedAvg(fraction_train=fraction_train, fraction_evaluate=fraction_eval)",
+        "+app = ClientApp(mods=[balance_mod()])",
+        "+    trainloader = balanced_loader(msg, trainloader)",
+    ]
+    nodes = {
+        10 + i: {
+            "partition-id": i,
+            "num-partitions": 4,
+            "emulated-speed": speed,
+            "emulated-clock": "model",
+        }
+        for i, speed in enumerate((800.0, 400.0, 400.0, 200.0))
+    }
+    config = app_config(
+        app, **{"num-server-rounds": 2, "fraction-train": 1.0, "fraction-evaluate": 0.5}
+    )
+    caplog.set_level("INFO")
+    made: list[LoadBalanced] = []
+    init = LoadBalanced.__init__
+
+    def keep(self, *args, **kwargs):
+        made.append(self)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(LoadBalanced, "__init__", keep)
+    with imported(app) as modules:
+        grid = InProcessGrid(nodes, config, modules["client_app"].app)
+        torch.manual_seed(0)
+        modules["server_app"].main(grid, Context(1, 0, {}, RecordDict(), config))
+    log = caplog.text
+    assert "CustomFedAvg has a start() loop of its own: it runs" in log
+    assert "drives the rounds" not in log  # fedlb's start() ran it: nothing lost
+    assert [r.round for r in made[0].reporter.records] == [1, 2]
+    inner = made[0].strategy
+    assert inner.save_path is not None  # set through the wrapper, on CustomFedAvg
+    assert "configure_train" not in vars(inner)  # its own hooks back after the run
+    rounds = balance_lines(log)
+    after = {silo: b for silo, (_, b, _) in rounds[1].items()}
+    assert sum(after.values()) == 128
+    assert after["silo-0"] > 2 * after["silo-3"]
+    results = json.loads(next(tmp_path.glob("outputs/*/*/results.json")).read_text())
+    assert [r["round"] for r in results] == [1, 2]  # its own loop's file
+    assert {"fedlb.efficiency"} <= set(results[1]["train_metrics"])
+
+
 @pytest.mark.parametrize("silos", [3, 10])
 @pytest.mark.usefixtures("task_identity")
 def test_equal_silos_at_real_speed_keep_their_sizes(tmp_path, monkeypatch, caplog, silos):

@@ -1,7 +1,7 @@
-"""The model the server holds and the metrics Flower keeps: under HE the initial model
-encrypted; each round's kept updates averaged by dataset size, on plaintext or (HE) on the
-checked ciphertexts, and audited when asked; the app's own metrics aggregated by its
-functions, fedlb's keys taken out."""
+"""The model the server holds and the metrics Flower keeps under HE (the initial model
+encrypted, each round's kept updates averaged by dataset size on their checked
+ciphertexts); every round's kept updates audited when asked; the app's own metrics
+aggregated by its functions, fedlb's keys taken out; the round's figures beside them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from .he import EncryptedAggregation
 from .protocol import ROUND_FIGURES, user_metrics
@@ -31,16 +30,11 @@ def encrypted_start(he: EncryptedAggregation, arrays: ArrayRecord, evaluated: bo
     return he.encrypt(arrays)
 
 
-def average(
-    valid: list[Message],
-    updates: UpdateCheck,
-    he: EncryptedAggregation | None,
-    weighted_by_key: str,
+def encrypted_average(
+    valid: list[Message], updates: UpdateCheck, he: EncryptedAggregation, weighted_by_key: str
 ) -> ArrayRecord:
-    """The weighted average of the kept updates (ciphertexts under HE: the server never
-    sees a plaintext update)."""
-    if he is None:
-        return aggregate_arrayrecords([m.content for m in valid], weighted_by_key)
+    """The weighted average of the kept updates, on their checked ciphertexts: the server
+    never sees a plaintext update (plaintext ones the wrapped strategy aggregates)."""
     assert updates.global_arrays is not None
     return he.average(
         [updates.ciphertexts[id(m)] for m in valid],

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, Message
-from flwr.common.logger import log as flwr_log
+from flwr.common import log as flwr_log
 from flwr.serverapp import Grid
 
 from fedlb.balance import BatchSizeManager, StabilityGuard, WorkerReport

@@ -31,13 +31,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
 import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
-from flwr.clientapp.typing import ClientAppCallable, Mod
 from torch.utils.data import DataLoader, IterableDataset
 
 from fedlb.training import (
@@ -71,6 +70,9 @@ from .protocol import (
     read_emulation,
     sent_config,
 )
+
+if TYPE_CHECKING:
+    from fedlb._flower_internals import ClientAppCallable, Mod
 
 log = logging.getLogger("fedlb.flower")
 

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
-from flwr.clientapp.typing import ClientAppCallable, Mod
 
 from fedlb.security import DigestError, check_digest, check_seal, seal_zip
 
@@ -32,6 +31,7 @@ from .protocol import NODE_HE_CONTEXT, add_he_seconds
 if TYPE_CHECKING:
     import tenseal as ts
 
+    from fedlb._flower_internals import ClientAppCallable, Mod
     from fedlb.he import Layout
 
 log = logging.getLogger("fedlb.flower")

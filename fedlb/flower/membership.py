@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from flwr.app import Message
-from flwr.common.logger import log as flwr_log
+from flwr.common import log as flwr_log
 from flwr.serverapp import Grid
 
 from fedlb.balance import BatchSizeManager, WorkerReport

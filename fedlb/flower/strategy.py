@@ -16,14 +16,19 @@ from logging import INFO, WARNING
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
-from flwr.common.logger import log as flwr_log
+from flwr.common import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
-from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedlb.balance import BatchSizeManager, StabilityGuard, Verdict, WorkerReport
 
-from .aggregation import app_metrics, audit, average, encrypted_start, with_round_figures
+from .aggregation import (
+    app_metrics,
+    audit,
+    encrypted_average,
+    encrypted_start,
+    with_round_figures,
+)
 from .balancing import StoredProfiles, describe_balancing, read_reports, start_manager
 from .checkpoint import Checkpoint, restore_strategy_state, save_checkpoint, strategy_state
 from .composition import (
@@ -446,14 +451,14 @@ class LoadBalanced(Strategy):
         """The wrapped strategy's aggregation of the kept updates, handed over as a stock
         run would (and its failures); under HE fedlb's average of the ciphertexts, with
         the strategy's metric aggregation."""
-        inner = innermost(self.strategy)
         if self.he is None:
             stock = [as_stock(m) for m in valid] + errors
             return self._hook("aggregate_train")(server_round, stock)  # type: ignore[no-any-return]
         if not valid:
             return None, None
-        arrays = average(valid, self.updates, self.he, self.weighted_by_key)
-        metrics_fn = getattr(inner, "train_metrics_aggr_fn", None) or aggregate_metricrecords
+        arrays = encrypted_average(valid, self.updates, self.he, self.weighted_by_key)
+        # under HE the strategy aggregates as FedAvg does (composition.check_wrappable)
+        metrics_fn = self.strategy.train_metrics_aggr_fn  # type: ignore[attr-defined]
         return arrays, app_metrics(valid, metrics_fn, self.weighted_by_key)
 
     def _in_app_dtypes(self, arrays: ArrayRecord) -> ArrayRecord:

@@ -327,6 +327,36 @@ def answer_with_error(state: Any, run_id: int, reason: str) -> None:
         state.store_messages([reply])
 
 
+def answer_expired_clientapp_tasks(state_class: Any | None = None) -> None:
+    """Make a SuperNode's node state answer the messages of ClientApp tasks whose token
+    expired (no heartbeat for 60 s: a `flwr-clientapp` killed hard, which could not report
+    FAILED) in whichever store holds them, as Flower 1.42 does in its own.
+
+    Flower calls `_on_task_tokens_expired(tasks)` (copies of the tasks it just marked
+    FINISHED:FAILED, under the task store's lock) and answers their runs' messages with
+    `_store_error_replies(run_ids, CLIENT_APP_CRASHED_ERROR)`: on flwr-nightly
+    1.43.0.dev20261026 into the store its loop no longer reads. Here Flower's own runs,
+    then `answer_with_error` with Flower's own reason ("ClientApp stopped responding."),
+    which adds nothing where Flower's answer is already in place (1.42)."""
+    from flwr.supercore.constant import TaskType
+    from flwr.supernode.nodestate import in_memory_nodestate
+
+    state_class = state_class or node_state_class()
+    expired = state_class._on_task_tokens_expired
+    if getattr(expired, "answers", False):  # already in place
+        return
+    reason = in_memory_nodestate.CLIENT_APP_CRASHED_ERROR.reason
+
+    @functools.wraps(expired)
+    def answer_expired(self: Any, tasks: list[Any]) -> None:
+        expired(self, tasks)
+        for run_id in {task.run_id for task in tasks if task.type == TaskType.CLIENT_APP}:
+            answer_with_error(self, run_id, reason)
+
+    setattr(answer_expired, "answers", True)  # noqa: B010
+    state_class._on_task_tokens_expired = answer_expired
+
+
 # --------------------------------------------------------------------------------------
 # The SuperLink's state: a message whose destination node is gone
 

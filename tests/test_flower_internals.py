@@ -256,6 +256,7 @@ class Node:
         session = self.state.start_session(reply.metadata.run_id)
         stored, _ = self.state.store_message_and_object_tree(reply, get_object_tree(reply), session)
         assert stored
+        self.state.record_message_processing_end(message.metadata.message_id)
         for object_id, item in get_all_nested_objects(reply).items():
             self.store.put(object_id, item.deflate())
         return reply
@@ -345,6 +346,38 @@ def test_flower_itself_leaves_a_failed_clientapp_tasks_message_unanswered(quiet_
     node.clientapp_pulls(task)
     node.fail(task, "killed")
     assert flower.waiting_replies(node.state) == []
+
+
+def test_a_clientapp_task_whose_token_expired_has_its_message_answered(quiet_flower):
+    """A running ClientApp task (claimed, activated) whose token expires is marked
+    FINISHED:FAILED and its message answered with CLIENT_APP_CRASHED ("ClientApp stopped
+    responding.") where the push step finds it: 1.42 by itself, a nightly with
+    answer_expired_clientapp_tasks (installed here, as fedlb's SuperNodes install it)."""
+    from datetime import UTC, datetime, timedelta
+
+    from flwr.common.constant import ErrorCode, Status
+
+    state_class = flower.node_state_class()
+    original = state_class._on_task_tokens_expired
+    try:
+        flower.answer_expired_clientapp_tasks()
+        flower.answer_expired_clientapp_tasks()  # twice: one wrapper
+        assert state_class._on_task_tokens_expired.__wrapped__ is original
+        node = Node()
+        message, task = node.receive(run_id=7)
+        assert node.state.claim_task(task.task_id)
+        assert node.state.activate_task(task.task_id)
+        node.clientapp_pulls(task)
+        record = node.state.task_token_store[task.task_id]  # its heartbeats stopped
+        record.active_until = datetime.now(UTC) - timedelta(seconds=1)
+        (expired,) = node.state.get_tasks(task_ids=[task.task_id])  # Flower cleans up
+        assert expired.status.status == Status.FINISHED
+        sent = node.push()
+    finally:
+        state_class._on_task_tokens_expired = original
+    assert len(sent) == 1, sent
+    assert sent[0].error.code == ErrorCode.CLIENT_APP_CRASHED
+    assert sent[0].metadata.reply_to_message_id == message.metadata.message_id
 
 
 def test_finish_task_is_the_node_states_method_push_task_output_calls():

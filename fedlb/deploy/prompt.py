@@ -93,7 +93,10 @@ def failed_clientapps_reply() -> None:
     store this Flower's loop pushes from), then finishes the task: a loop that stops
     waiting once no task is active (flwr-nightly's) finds the answer there. A message
     whose reply was pushed (an app's own exception: Flower pushes an error reply first) is
-    not answered twice."""
+    not answered twice. A task whose token expired (a ClientApp killed hard, 60 s without a
+    heartbeat) is answered as Flower answers it, in whichever store holds its message
+    (`_flower_internals.answer_expired_clientapp_tasks`)."""
+    flower.answer_expired_clientapp_tasks()
     state_class = flower.node_state_class()
     finish = state_class.finish_task
     if getattr(finish, "replies", False):  # already in place

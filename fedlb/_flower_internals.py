@@ -345,7 +345,7 @@ def answer_expired_clientapp_tasks(state_class: Any | None = None) -> None:
     expired = state_class._on_task_tokens_expired
     if getattr(expired, "answers", False):  # already in place
         return
-    reason = in_memory_nodestate.CLIENT_APP_CRASHED_ERROR.reason
+    reason = str(in_memory_nodestate.CLIENT_APP_CRASHED_ERROR.reason)
 
     @functools.wraps(expired)
     def answer_expired(self: Any, tasks: list[Any]) -> None:

@@ -122,7 +122,9 @@ SUPERNODE_PULL_STEP = "_pull_and_store_message"
 message's run id (None: none pulled). Called by name from `start_client_internal`."""
 SUPERNODE_PUSH_STEP = "_push_messages"
 """The loop's step that waits for a reply and pushes it; keyword arguments `state`,
-`object_store`, `send`, `push_object`. Called by name from `start_client_internal`."""
+`object_store`, `send`, `push_object`. Called by name from `start_client_internal`.
+(flwr-nightly 1.43.0.dev20261026's stops waiting once no task is active: see
+`answer_with_error`.)"""
 
 
 def superlink_node_id() -> int:

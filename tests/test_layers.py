@@ -52,15 +52,6 @@ FLWR_PRIVATE = (
     "flwr.clientapp.typing",
     "flwr.serverapp.strategy.strategy_utils",
 )
-# fedlb/flower/ is being rewritten (issue 50); its private uses move to INTERNALS with it.
-FLWR_PRIVATE_PENDING = {
-    "fedlb/flower/aggregation.py": "strategy_utils.aggregate_arrayrecords",
-    "fedlb/flower/balancing.py": "flwr.common.logger.log (flwr.common exports log)",
-    "fedlb/flower/membership.py": "flwr.common.logger.log",
-    "fedlb/flower/strategy.py": "flwr.common.logger.log",
-    "fedlb/flower/dropin.py": "flwr.clientapp.typing (ClientAppCallable, Mod)",
-    "fedlb/flower/he.py": "flwr.clientapp.typing (ClientAppCallable, Mod)",
-}
 ROOT = PACKAGE.parent
 
 
@@ -249,7 +240,7 @@ def test_flowers_internals_are_reached_through_one_module():
                 continue
             for target in targets:
                 private = any(target == p or target.startswith(f"{p}.") for p in FLWR_PRIVATE)
-                if private and name != INTERNALS and where not in FLWR_PRIVATE_PENDING:
+                if private and name != INTERNALS:
                     wrong.append(f"{where} imports {target}: add it to {INTERNALS}")
                 if name == INTERNALS and target.startswith("fedlb"):
                     wrong.append(f"{where} imports {target}: it depends on flwr only")

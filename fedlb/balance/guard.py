@@ -132,7 +132,7 @@ class StabilityGuard:
         start: the step a run starts at. Default 2 (0.5).
         probe: the first round at unequal sizes whose dispersion (above) is below
             `probe` lowers the floor to `floors[0]` (the run is stable); one at or above
-            it keeps the floor (the edge). Default `PROBE` (0.15). 0.0: never, a fixed
+            it puts the run at the edge (`edge_floor`). Default `PROBE` (0.15). 0.0: never, a fixed
             floor that rises only when an update diverges.
         stable_floor: the floor a stable run keeps (the lowest step at or above it).
             Default `STABLE_FLOOR` (0.25): the probe tried the app at the floor of 0.5,

@@ -22,10 +22,10 @@ def verdicts(
     forget_all: Annotated[bool, typer.Option("--forget-all", help="Forget every one.")] = False,
 ) -> None:
     """The stability guard's verdicts this machine's server keeps, one per app: stable (the
-    next run starts balanced from the silos' stored profiles) or edge (it keeps the floor
-    of half the mean batch, with no probe), each with its evidence and age.
+    next run starts balanced from the silos' stored profiles) or edge (it runs the app's
+    own batch sizes, with no probe), each with its evidence and age.
 
-    A verdict you doubt (a false alarm keeps an app at the floor for 30 days) is forgotten
+    A verdict you doubt (a false alarm keeps an app unbalanced for 30 days) is forgotten
     with --forget KEY: that app's next run probes again. The folder is the speed profiles'
     ($FEDLB_PROFILE_DIR; docs/flower.md, "The guard's verdict, remembered").
     """

@@ -96,7 +96,9 @@ def check_wrappable(strategy: object, encrypted: bool) -> None:
             raise TypeError(
                 f"{name} is a strategy of Flower's legacy API (flwr.server.strategy): "
                 "LoadBalanced wraps strategies of the Message API; use its counterpart "
-                f"from flwr.serverapp.strategy (e.g. LoadBalanced(FedAvg(...)))"
+                "from flwr.serverapp.strategy (e.g. LoadBalanced(FedAvg(...))). Flower "
+                "1.42's SecAgg+ workflow runs only legacy strategies: fedlb does not balance "
+                "under SecAgg+ (its own secure aggregation is CKKS, he=)"
             )
         raise TypeError(
             f"LoadBalanced wraps a flwr.serverapp.strategy.Strategy, got {name}: "

@@ -31,12 +31,13 @@ class Balancing:
         silo's update per step against its own at equal sizes): calm, and confirmed by
         the next round (or clearly calm at once), the run is stable and the floor drops
         to a quarter of the mean batch (full balance wherever no silo needs less);
-        scattered, it is at the edge of stability and keeps the floor. An update that
+        scattered, it is at the edge of stability and runs the app's own batch sizes
+        from then on (smaller batches at its learning rate cost accuracy). An update that
         blew up (norm per step not finite or 5x its peers' and its own, an update of NaN
-        or infinity, or a non-finite loss) is left out of the round's average and the
-        floor rises a step (0.75, then uniform). The verdict is in the log, every round
-        record (`guard`, `guard_floor`, `guard_probe`) and summary.json (`stability`).
-        It reads the update norm `balance_mod()` reports (under HE too, with `he_mod()`
+        or infinity, or a non-finite loss) is left out of the round's average; before
+        the verdict that means the edge, after it the floor rises a step. The verdict is
+        in the log, every round record (`guard`, `guard_floor`, `guard_probe`) and
+        summary.json (`stability`). It reads the update norm `balance_mod()` reports (under HE too, with `he_mod()`
         outside it) and the app's train loss metric. A higher `min_share` of the
         balancer's tuner stays. Default True (fedlb's guard); False: none (sizes fully
         balanced from round 2); or a `StabilityGuard` of your own (`probe=0`: the floor

@@ -118,8 +118,7 @@ def regime_text(verdict: Verdict, guard: StabilityGuard) -> str:
             f"{100 * verdict.floor:.0f}% of the mean batch from now on, full balance wherever "
             "none needs less (an update that blows up still raises the floor)"
             if verdict.regime == "stable"
-            else f"scattered again: at the edge of stability: {evidence}; every silo keeps "
-            f"at least {100 * verdict.floor:.0f}% of the mean batch"
+            else f"scattered again: at the edge of stability: {evidence}; {edge_sizes(verdict)}"
         )
         return f"the stability guard's second look: {outcome}"
     if verdict.stage == "confirm" and verdict.regime == "stable":
@@ -132,8 +131,7 @@ def regime_text(verdict: Verdict, guard: StabilityGuard) -> str:
     if verdict.stage == "confirm":
         return (
             f"the stability guard's probe, not confirmed: at the edge of stability: "
-            f"{evidence}; every silo keeps at least {100 * verdict.floor:.0f}% of the mean "
-            "batch"
+            f"{evidence}; {edge_sizes(verdict)}"
         )
     if verdict.look == "scattered":  # a probe looked at again next round
         return (
@@ -147,9 +145,18 @@ def regime_text(verdict: Verdict, guard: StabilityGuard) -> str:
             "round, which must confirm it"
         )
     return (
-        f"the stability guard's probe: at the edge of stability: {evidence}; every silo "
-        f"keeps at least {100 * verdict.floor:.0f}% of the mean batch"
+        f"the stability guard's probe: at the edge of stability: {evidence}; {edge_sizes(verdict)}"
     )
+
+
+def edge_sizes(verdict: Verdict) -> str:
+    """What a run at the edge runs from its verdict on, in words."""
+    if verdict.floor >= 1.0:
+        return (
+            "the app's own batch sizes from now on (uniform): smaller batches at this "
+            "learning rate would cost the model accuracy; at a lower one fedlb balances"
+        )
+    return f"every silo keeps at least {100 * verdict.floor:.0f}% of the mean batch"
 
 
 def fixed_rounds_advice(summary: Mapping[str, Any], num_rounds: int) -> str | None:

@@ -37,11 +37,11 @@ class Balancing:
         or infinity, or a non-finite loss) is left out of the round's average; before
         the verdict that means the edge, after it the floor rises a step. The verdict is
         in the log, every round record (`guard`, `guard_floor`, `guard_probe`) and
-        summary.json (`stability`). It reads the update norm `balance_mod()` reports (under HE too, with `he_mod()`
-        outside it) and the app's train loss metric. A higher `min_share` of the
-        balancer's tuner stays. Default True (fedlb's guard); False: none (sizes fully
-        balanced from round 2); or a `StabilityGuard` of your own (`probe=0`: the floor
-        always, whatever the probe would say).
+        summary.json (`stability`). It reads the update norm `balance_mod()` reports
+        (under HE too, with `he_mod()` outside it) and the app's train loss metric. A
+        higher `min_share` of the balancer's tuner stays. Default True (fedlb's guard);
+        False: none (sizes fully balanced from round 2); or a `StabilityGuard` of your
+        own (`probe=0`: the floor always, whatever the probe would say).
     profiles: when this machine's server has balanced this model before, ask the silos
         for their stored speed profiles before round 1 (one train message without a
         model, answered by `balance_mod()` without the app) and start round 1 balanced;

@@ -169,34 +169,47 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
+def sizes_text(sizes: dict[str, int]) -> str:
+    return " : ".join(str(sizes[k]) for k in sorted(sizes)) if sizes else "–"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
+    """Per strategy and way of running: final accuracy, stock against LoadBalanced, paired
+    by seed (mean ± its standard error; how many pairs within 0.06), and the median run's
+    sizes in round 2 (the first at the silos' own sizes) and in the last round."""
     out = [
-        "| strategy | via | runs | stock final accuracy | LoadBalanced final accuracy "
-        "| paired difference (mean, worst) | last round's sizes (median run) | X | τ |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| strategy | via | rounds | seeds | stock final accuracy | LoadBalanced final accuracy "
+        "| paired difference | within 0.06 | sizes, round 2 | sizes, last round | X | τ |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for strategy in STRATEGIES:
         for via in ("in-process", "simulation"):
-            group = [r for r in rows if r["strategy"] == strategy and r["via"] == via]
-            if not group:
-                continue
-            stock = {r["seed"]: r["accuracy_by_round"][-1] for r in group if not r["balanced"]}
-            wrapped = {r["seed"]: r["accuracy_by_round"][-1] for r in group if r["balanced"]}
-            pairs = [wrapped[s] - stock[s] for s in sorted(set(stock) & set(wrapped))]
-            balanced = [r for r in group if r["balanced"] and r.get("sizes")]
-            last = [r["sizes"][-1] for r in balanced]
-            shown = last[len(last) // 2] if last else {}
-            taus = sorted({t for r in balanced for t in r["steps"][-1].values()})
-            out.append(
-                f"| {strategy} | {via} | {len(stock)}+{len(wrapped)} "
-                f"| {mean_sd(list(stock.values()))} "
-                f"| {mean_sd(list(wrapped.values()))} "
-                f"| {statistics.mean(pairs):+.3f}, {max(pairs, key=abs):+.3f} "
-                f"| {' : '.join(str(shown[k]) for k in sorted(shown))} "
-                f"| {sum(shown.values()) if shown else '–'} | {taus} |"
-                if pairs
-                else f"| {strategy} | {via} | {len(group)} | – | – | – | – | – | – |"
-            )
+            for rounds in sorted({len(r["accuracy_by_round"]) - 1 for r in rows}):
+                group = [
+                    r
+                    for r in rows
+                    if r["strategy"] == strategy
+                    and r["via"] == via
+                    and len(r["accuracy_by_round"]) - 1 == rounds
+                ]
+                stock = {r["seed"]: r["accuracy_by_round"][-1] for r in group if not r["balanced"]}
+                wrapped = {r["seed"]: r["accuracy_by_round"][-1] for r in group if r["balanced"]}
+                pairs = [wrapped[s] - stock[s] for s in sorted(set(stock) & set(wrapped))]
+                if not pairs:
+                    continue
+                balanced = [r for r in group if r["balanced"] and r.get("sizes")]
+                median = balanced[len(balanced) // 2]["sizes"] if balanced else [{}]
+                taus = sorted({t for r in balanced for t in r["steps"][-1].values()})
+                spread = statistics.stdev(pairs) / len(pairs) ** 0.5 if len(pairs) > 1 else 0.0
+                out.append(
+                    f"| {strategy} | {via} | {rounds} | {len(pairs)} "
+                    f"| {mean_sd(list(stock.values()))} | {mean_sd(list(wrapped.values()))} "
+                    f"| {statistics.mean(pairs):+.3f} ± {spread:.3f} "
+                    f"| {sum(abs(d) <= 0.06 for d in pairs)}/{len(pairs)} "
+                    f"| {sizes_text(median[1] if len(median) > 1 else {})} "
+                    f"| {sizes_text(median[-1])} "
+                    f"| {sum(median[-1].values()) if median[-1] else '–'} | {taus} |"
+                )
     return "\n".join(out)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -464,3 +465,47 @@ def test_a_damaged_run_file_stops_a_resume_with_one_line_and_changes_nothing(
         caught.value
     )
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_users_app_run_by_fedlbs_server_keeps_its_files_and_goes_on_after_a_stop(
+    tmp_path, monkeypatch
+):
+    """`fedlb server --app` runs a user's ServerApp with FEDLB_RUN_DIR (and, resuming,
+    FEDLB_RESUME) set: its LoadBalanced, given no reporter, writes rounds.jsonl and a
+    checkpoint there, and a resumed one takes the checkpoint up by itself (the app's
+    code unchanged: it passes its initial model, as always) and ends as an uninterrupted
+    run does."""
+    from flwr.serverapp.strategy import FedAvg
+
+    from fedlb.flower import RUN_FILES, LoadBalanced
+
+    config = RunConfig.from_mapping(SETTINGS)
+    pool, _ = federation_data(config)
+    initial = ArrayRecord(model_for(config, pool).state_dict())
+
+    def users_app(grid: InProcessGrid, folder: Path):
+        monkeypatch.setenv("FEDLB_RUN_DIR", str(folder))
+        random.seed(7)
+        strategy = LoadBalanced(FedAvg(min_available_nodes=4, fraction_train=0.75))
+        return strategy.start(
+            grid=grid, initial_arrays=initial, num_rounds=4, timeout=5, train_config=lr_config(0.1)
+        )
+
+    expected = users_app(CrashingGrid(), tmp_path / "whole")
+    assert (tmp_path / "whole" / RUN_FILES.checkpoint).exists()
+    summary = json.loads((tmp_path / "whole" / RUN_FILES.summary).read_text())
+    assert summary["rounds"] == 4
+    with pytest.raises(CrashError):
+        users_app(CrashingGrid(crash_before=3), tmp_path / "stopped")
+    # the server died in round 2's evaluation (FedAvg samples its silos then): round 1 is
+    # the last one done
+    assert load_checkpoint(tmp_path / "stopped").round == 1
+    monkeypatch.setenv("FEDLB_RESUME", str(tmp_path / "stopped"))
+    resumed = users_app(CrashingGrid(), tmp_path / "stopped")
+    rounds = [
+        json.loads(line)["round"]
+        for line in (tmp_path / "stopped" / RUN_FILES.rounds).read_text().splitlines()
+    ]
+    assert sorted(set(rounds)) == [1, 2, 3, 4]
+    for key, array in expected.arrays.items():
+        assert np.array_equal(array.numpy(), resumed.arrays[key].numpy()), key

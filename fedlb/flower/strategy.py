@@ -60,6 +60,7 @@ from .replies import ReportCheck, UpdateCheck, triage_replies
 from .round_close import EvaluateFn, RunProgress, in_run_rounds, recorded_evaluate
 from .round_log import RoundLog, attach_evaluation
 from .rounds_file import RoundReporter
+from .run_dir import deployed, write_summary
 from .stability import fixed_rounds_advice, guard_round, least_share
 from .verdicts import VerdictMemory
 
@@ -153,6 +154,10 @@ class LoadBalanced(Strategy):
         self.evaluate_every = evaluate_every
         self.evaluate_with_train = evaluate_with_train
         self.poll_interval = poll_interval
+        # run by `fedlb server --app`: the run's folder, and where to go on from
+        given = keeping
+        keeping, self._resume_from = deployed(keeping)
+        self._writes_summary = keeping is not given
         reporter = keeping.reporter
         self.rounds = RoundLog(reporter if reporter is not None else RoundReporter())
         self.audit_dir = keeping.audit_dir
@@ -666,6 +671,9 @@ class LoadBalanced(Strategy):
         the rounds after the checkpoint's (pass the returned model as `initial_arrays`):
         Flower's loop counts them from 1 again, fedlb's records and the Result use the
         run's round numbers. Under HE, `Result.arrays` is an `EncryptedModel`."""
+        if self._resume_from is not None and not self.progress.offset:
+            say(INFO, "going on from %s", self._resume_from.story(num_rounds))
+            initial_arrays = self.restore(self._resume_from)
         done = self.progress.begin(num_rounds)
         if self.profiles:
             self.stored_profiles.model = model_key(initial_arrays)  # plaintext: under HE too
@@ -692,6 +700,10 @@ class LoadBalanced(Strategy):
         if (advice := fixed_rounds_advice(self.reporter.summary(), num_rounds)) is not None:
             say(INFO, "%s", advice)
         in_run_rounds(result, done)
+        if self._writes_summary:
+            write_summary(
+                self.reporter, {"final_sizes": self.sizes_by_silo(), "resumed_after": done}
+            )
         if self.he is not None:
             result.arrays = EncryptedModel(result.arrays or initial_arrays)
         return result

@@ -182,3 +182,23 @@ def outer_strategy(own: Strategy, depth: int = 12) -> Strategy | None:
         if caller is own and frame.f_code.co_name == "start":
             return None
     return None
+
+
+def refuse_mixing(cls: type, balanced: type) -> None:
+    """A subclass of `balanced` (LoadBalanced) that also inherits from a Flower strategy
+    (`class S(LoadBalancedFedAvg, FedProx)`, either order) is refused when it is defined:
+    the wrapper would never call that strategy's hooks."""
+    mixed = [
+        base
+        for base in cls.__mro__
+        if issubclass(base, Strategy)
+        and base is not Strategy
+        and not getattr(base, BALANCES, False)
+    ]
+    if mixed:
+        name = mixed[0].__name__
+        raise TypeError(
+            f"{cls.__name__} inherits from both {balanced.__name__} and {name}: fedlb wraps a "
+            f"strategy instead of mixing with it; subclass {name} alone and wrap it: "
+            f"LoadBalanced({name}(...)), e.g. LoadBalanced(FedProx(proximal_mu=0.1))"
+        )

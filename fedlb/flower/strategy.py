@@ -10,7 +10,7 @@ numbering (round_close)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from functools import partial
 from logging import INFO, WARNING
 from typing import Any
@@ -20,7 +20,7 @@ from flwr.common import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedlb.balance import BatchSizeManager, StabilityGuard, Verdict, WorkerReport
+from fedlb.balance import BatchSizeManager, StabilityGuard
 
 from .aggregation import (
     app_metrics,
@@ -29,10 +29,9 @@ from .aggregation import (
     encrypted_start,
     with_round_figures,
 )
-from .balancing import StoredProfiles, describe_balancing, read_reports, start_manager
+from .balancing import StoredProfiles, describe_balancing
 from .checkpoint import Checkpoint, restore_strategy_state, save_checkpoint, strategy_state
 from .composition import (
-    BALANCES,
     LEGACY_HOOKS,
     as_stock,
     chain,
@@ -41,6 +40,7 @@ from .composition import (
     in_dtypes,
     innermost,
     legacy_refusal,
+    refuse_mixing,
     silos_expected,
     silos_needed,
     weighting_key,
@@ -48,26 +48,26 @@ from .composition import (
 from .driving import Driving, NoUsableUpdateError
 from .grid import PollingGrid, SiloView
 from .he import EncryptedAggregation, EncryptedModel
-from .identity import by_node, node_label, worker_name
 from .membership import Membership, say
 from .options import Balancing, Joining, Keeping
 from .outgoing import Packing, held_back, own_content
 from .packing import unpack_in_place
-from .profiles import ask_partitions, model_key
-from .protocol import EVAL_EXAMPLES, Orders, SiloReport
-from .records import RoundRecord, balance_line, round_record
-from .replies import ReportCheck, UpdateCheck, triage_replies
+from .profiles import model_key
+from .protocol import EVAL_EXAMPLES, Orders
+from .records import balance_line
+from .replies import ReportCheck, UpdateCheck
+from .round_balance import RoundBalance
 from .round_close import EvaluateFn, RunProgress, in_run_rounds, recorded_evaluate
 from .round_log import RoundLog, attach_evaluation
 from .rounds_file import RoundReporter
 from .run_dir import deployed, write_summary
-from .stability import fixed_rounds_advice, guard_round, least_share
+from .stability import fixed_rounds_advice
 from .verdicts import VerdictMemory
 
 __all__ = ["LoadBalanced", "NoUsableUpdateError"]
 
 
-class LoadBalanced(Strategy):
+class LoadBalanced(RoundBalance, Strategy):
     """Any Flower strategy whose silos each get their own batch size, so all finish a
     round together.
 
@@ -212,21 +212,7 @@ class LoadBalanced(Strategy):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        mixed = [
-            base
-            for base in cls.__mro__
-            if issubclass(base, Strategy)
-            and base is not Strategy
-            and not getattr(base, BALANCES, False)
-        ]
-        if mixed:
-            name = mixed[0].__name__
-            raise TypeError(
-                f"{cls.__name__} inherits from both {LoadBalanced.__name__} and {name}: "
-                f"fedlb wraps a strategy instead of mixing with it; subclass {name} alone "
-                f"and wrap it: LoadBalanced({name}(...)), e.g. "
-                "LoadBalanced(FedProx(proximal_mu=0.1))"
-            )
+        refuse_mixing(cls, LoadBalanced)
 
     @property
     def reporter(self) -> RoundReporter:
@@ -253,66 +239,6 @@ class LoadBalanced(Strategy):
     def _view(self, grid: Grid, first: bool) -> SiloView:
         return SiloView(grid, self.members, first, silos_needed(self.strategy))
 
-    def current_sizes(self) -> dict[int, int]:
-        """Every known silo's batch size for the next round, by node id."""
-        return {} if self.manager is None else by_node(self.manager.sizes)
-
-    def size_of(self, node: int) -> int | None:
-        """The balancer's current load for `node` (None before balancing starts, or for a
-        silo it does not hold)."""
-        return None if self.manager is None else self.manager.sizes.get(worker_name(node))
-
-    def sizes_by_silo(self) -> dict[str, int]:
-        """The same, by silo label (silo-<partition-id> where known)."""
-        return {self.members.label(n): b for n, b in self.current_sizes().items()}
-
-    def _start_from_profiles(
-        self, grid: Grid, arrays: ArrayRecord, nodes: list[int], config: ConfigRecord
-    ) -> None:
-        """Round 1 balanced: the silos' stored speed profiles as their first reports,
-        when this server has balanced this model before and every sampled silo has one.
-        The guard first takes up the last verdict on this app; a guard that probes starts
-        from profiles only where the app was found stable (at the edge, or not judged
-        yet, round 1 runs at every silo's B0 as in a first run: on the quickstart at
-        η = 0.1 over 1:2:4, the floor from round 1 ended 7 networks of 60 dead, stock 3)."""
-        stored = self.stored_profiles
-        self.verdicts.know(stored.layout(arrays, self.he is not None), config, grid)
-        if self.guard is not None:
-            taken = self.verdicts.adopt(self.guard, self.members.events.append, len(nodes))
-            if self.guard.probe > 0 and (taken is None or taken.regime != "stable"):
-                return
-        found = stored.ask(grid, arrays, nodes, self.he is not None, self.members)
-        if found is None:
-            return
-        manager = self._start_balancing({n: report for n, (_, report) in found.items()})
-        if self.guard is not None:
-            manager.set_min_share(least_share(self.guard, self._user_floor))
-        stored.replay(manager, found, self._load_report)
-        stored.say_used(self.members.label, self.sizes_by_silo())
-
-    def _start_balancing(self, said: Mapping[int, SiloReport]) -> BatchSizeManager:
-        """The balancer, from the silos' first reports (or their stored profiles)."""
-        self.manager, self._user_floor = start_manager(
-            self.balancer, self.members, said, self._initial_load
-        )
-        return self.manager
-
-    def _carry_over(self, grid: Grid, present: list[int]) -> None:
-        """A resumed run's first round: silos that rejoined a restarted SuperLink (its
-        state in memory) under new node ids take up their old nodes' balance state,
-        matched by the partition id each says it holds."""
-        assert self.manager is not None
-        known = set(by_node(self.manager.sizes))
-        newcomers = [n for n in present if n not in known]
-        if not newcomers or known <= set(present):
-            return
-        said = ask_partitions(grid, newcomers, self.stored_profiles.model or "")
-        successors = self.members.carry_over(self.manager, present, said)
-        if self.guard is not None:
-            self.guard.rename_workers(
-                {worker_name(o): worker_name(n) for o, n in successors.items()}
-            )
-
     # Hooks the experiment-only variants (fedlb.experiments) override ------------------
     def _orders(self, server_round: int, node: int) -> Orders:
         """What `node` is told to run this round."""
@@ -329,19 +255,6 @@ class LoadBalanced(Strategy):
         """The train ConfigRecord `node` gets: the strategy's config plus its orders."""
         return orders.into(config)
 
-    def _load_report(self, node: int, report: SiloReport) -> WorkerReport:
-        """The balancer's view of a silo's report (its load unit: samples per step)."""
-        return report.worker_report(node)
-
-    def _initial_load(self, report: SiloReport) -> int:
-        """A silo's starting size in the balancer's unit, from its first report."""
-        return report.batch_size
-
-    def _keep(self, server_round: int, valid: list[Message]) -> list[Message]:
-        """The updates to aggregate (all of them; the quorum variant keeps the fastest)."""
-        return valid
-
-    # ---- training ----------------------------------------------------------------------
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -482,132 +395,6 @@ class LoadBalanced(Strategy):
                 ", ..." if len(cast) > 3 else "",
             )
         return arrays
-
-    def _collect(
-        self, server_round: int, replies: list[Message]
-    ) -> tuple[list[Message], RoundRecord]:
-        """Check replies, feed the balancer, and describe the round."""
-        wall = time.monotonic() - self._started
-        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._messages}
-        triage = triage_replies(replies, sent_to, self.updates)
-        failed = triage.failed
-        failed += self.members.bench_missing(
-            server_round, triage.unreachable, self._sent, triage.answered, self.manager
-        )
-        for line in failed:
-            say(WARNING, "round %d: %s", server_round, line)
-        valid = self.members.one_vote_each(server_round, triage.valid, failed)
-        kept = self._keep(server_round, valid)
-        failed += [
-            f"{node_label(m.metadata.src_node_id)}: not among the quorum"
-            for m in valid
-            if m not in kept
-        ]
-        read = read_reports(
-            server_round, kept, self.report_check, self._sent, self.members, self._load_report
-        )
-        self._reporting = set(read.said)
-        self._say_unbalanced(server_round, kept, read.said)
-        if self.profiles and server_round == self.progress.offset + 1:
-            self.stored_profiles.check(
-                read.said, self.members.label, self.profiles, self.members.events.append
-            )
-        if self.manager is None and read.said:  # the first reports: each silo's own B0 and τ
-            self._start_balancing(read.said)
-        # The guard first: the floor it sets bounds this step's sizes.
-        diverged, verdict = self._guard_round(
-            server_round, read.said, read.app_numbers, triage.blown_up
-        )
-        for node, why in {**triage.rejected, **diverged}.items():  # told in its next message
-            self._notices[node] = (
-                f"its update of round {server_round} was left out of the average: {why}"
-            )
-        if diverged:
-            kept = [m for m in kept if m.metadata.src_node_id not in diverged]
-            failed += [
-                f"{self.members.label(n)}: update diverged, left out of the average: {why}"
-                for n, why in diverged.items()
-            ]
-        stepped = time.perf_counter()
-        next_sizes = (
-            {}
-            if self.manager is None
-            else self.members.step(
-                self.manager, read.said, read.reports, read.rejected, self._initial_load
-            )
-        )
-        balancer_s = time.perf_counter() - stepped
-        arrived = self._polling.replied_s if self._polling is not None else {}
-        record = round_record(
-            server_round,
-            read.reports,
-            read.said,
-            read.app_numbers,
-            dict(self.members.labels),
-            next_sizes,
-            self._sent,
-            wall,
-            self.weighted_by_key,
-            {n: arrived[i] for i, n in sent_to.items() if i in arrived},
-        )
-        record.failed = failed
-        record.rejected = read.rejected
-        record.events = self.members.take_events()
-        record.balancer_s = balancer_s if self.manager is not None else None
-        if verdict is not None:
-            record.guard = verdict.regime
-            record.guard_floor = verdict.floor
-            record.guard_probe = verdict.probe
-            record.guard_growth = verdict.growth
-            record.guard_noise_exponent = verdict.noise_exponent
-            if self.verdicts.adopted is not None and server_round == self.progress.offset + 1:
-                record.guard_remembered = self.verdicts.adopted.said()
-        return kept, record
-
-    def _say_unbalanced(
-        self, server_round: int, kept: list[Message], said: Mapping[int, SiloReport]
-    ) -> None:
-        """Updates came back but none with fedlb's report: nothing can be balanced, and
-        the log says why (once, and again every 10 such rounds)."""
-        if not kept or said:
-            self.driving.told.discard("no reports")
-            return
-        if self.driving.once("no reports") or server_round % 10 == 0:
-            say(
-                WARNING,
-                "round %d: no silo's reply carried fedlb's report, so nothing is balanced "
-                "(every silo keeps its batch size): the ClientApp needs "
-                "ClientApp(mods=[balance_mod()]) and its train loop must draw from "
-                "balanced_loader(msg, trainloader)",
-                server_round,
-            )
-
-    def _guard_round(
-        self,
-        server_round: int,
-        said: Mapping[int, SiloReport],
-        app_numbers: Mapping[int, Mapping[str, float]],
-        blown_up: list[int],
-    ) -> tuple[dict[int, str], Verdict | None]:
-        """The stability guard's verdict on the round (None: no guard) and the diverged
-        updates (node -> why), to leave out; the silos' floor moved (and the sizes with
-        it) when it says so."""
-        if self.guard is None:
-            return {}, None
-        diverged, verdict = guard_round(
-            self.guard,
-            self.manager,
-            self._user_floor,
-            server_round,
-            said,
-            app_numbers,
-            blown_up,
-            self.members.label,
-            self.members.events.append,
-        )
-        trained = len(set(said) | set(blown_up))
-        self.verdicts.after(verdict, server_round, trained)  # for the next run of this app
-        return diverged, verdict
 
     # ---- evaluation --------------------------------------------------------------------
     def _evaluation_due(self, server_round: int) -> bool:

@@ -1,0 +1,256 @@
+"""fedlb's side of each round of a LoadBalanced strategy: the balancer (started from the
+silos' first reports or their stored speed profiles, carried over to silos that rejoined a
+restarted server), each round's replies read into reports for it (checked, one vote per
+partition, the quorum variant's pick), the stability guard's verdict, and the round's
+record. LoadBalanced holds the state (its __init__) and Flower's hooks; the variants in
+fedlb.experiments override the hooks these methods call (`_load_report`, `_initial_load`,
+`_keep`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from logging import WARNING
+
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp import Grid
+
+from fedlb.balance import BatchSizeManager, StabilityGuard, Verdict, WorkerReport
+
+from .balancing import StoredProfiles, read_reports, start_manager
+from .driving import Driving
+from .grid import PollingGrid
+from .he import EncryptedAggregation
+from .identity import by_node, node_label, worker_name
+from .membership import Membership, say
+from .options import Balancer
+from .profiles import ask_partitions
+from .protocol import SiloReport
+from .records import RoundRecord, round_record
+from .replies import ReportCheck, UpdateCheck, triage_replies
+from .round_close import RunProgress
+from .stability import guard_round, least_share
+from .verdicts import VerdictMemory
+
+
+class RoundBalance:
+    """The balancing half of LoadBalanced (its state is set in LoadBalanced.__init__)."""
+
+    balancer: Balancer
+    profiles: bool
+    guard: StabilityGuard | None
+    he: EncryptedAggregation | None
+    weighted_by_key: str
+    members: Membership
+    updates: UpdateCheck
+    report_check: ReportCheck
+    manager: BatchSizeManager | None
+    progress: RunProgress
+    stored_profiles: StoredProfiles
+    verdicts: VerdictMemory
+    driving: Driving
+    _sent: dict[int, tuple[int | None, int | None]]
+    _messages: list[Message]
+    _notices: dict[int, str]
+    _reporting: set[int]
+    _started: float
+    _user_floor: float
+    _polling: PollingGrid | None
+
+    def _load_report(self, node: int, report: SiloReport) -> WorkerReport:
+        """The balancer's view of a silo's report (its load unit: samples per step)."""
+        return report.worker_report(node)
+
+    def _initial_load(self, report: SiloReport) -> int:
+        """A silo's starting size in the balancer's unit, from its first report."""
+        return report.batch_size
+
+    def _keep(self, server_round: int, valid: list[Message]) -> list[Message]:
+        """The updates to aggregate (all of them; the quorum variant keeps the fastest)."""
+        return valid
+
+    def current_sizes(self) -> dict[int, int]:
+        """Every known silo's batch size for the next round, by node id."""
+        return {} if self.manager is None else by_node(self.manager.sizes)
+
+    def size_of(self, node: int) -> int | None:
+        """The balancer's current load for `node` (None before balancing starts, or for a
+        silo it does not hold)."""
+        return None if self.manager is None else self.manager.sizes.get(worker_name(node))
+
+    def sizes_by_silo(self) -> dict[str, int]:
+        """The same, by silo label (silo-<partition-id> where known)."""
+        return {self.members.label(n): b for n, b in self.current_sizes().items()}
+
+    def _start_from_profiles(
+        self, grid: Grid, arrays: ArrayRecord, nodes: list[int], config: ConfigRecord
+    ) -> None:
+        """Round 1 balanced: the silos' stored speed profiles as their first reports,
+        when this server has balanced this model before and every sampled silo has one.
+        The guard first takes up the last verdict on this app; a guard that probes starts
+        from profiles only where the app was found stable (at the edge, or not judged
+        yet, round 1 runs at every silo's B0 as in a first run: on the quickstart at
+        η = 0.1 over 1:2:4, the floor from round 1 ended 7 networks of 60 dead, stock 3)."""
+        stored = self.stored_profiles
+        self.verdicts.know(stored.layout(arrays, self.he is not None), config, grid)
+        if self.guard is not None:
+            taken = self.verdicts.adopt(self.guard, self.members.events.append, len(nodes))
+            if self.guard.probe > 0 and (taken is None or taken.regime != "stable"):
+                return
+        found = stored.ask(grid, arrays, nodes, self.he is not None, self.members)
+        if found is None:
+            return
+        manager = self._start_balancing({n: report for n, (_, report) in found.items()})
+        if self.guard is not None:
+            manager.set_min_share(least_share(self.guard, self._user_floor))
+        stored.replay(manager, found, self._load_report)
+        stored.say_used(self.members.label, self.sizes_by_silo())
+
+    def _start_balancing(self, said: Mapping[int, SiloReport]) -> BatchSizeManager:
+        """The balancer, from the silos' first reports (or their stored profiles)."""
+        self.manager, self._user_floor = start_manager(
+            self.balancer, self.members, said, self._initial_load
+        )
+        return self.manager
+
+    def _carry_over(self, grid: Grid, present: list[int]) -> None:
+        """A resumed run's first round: silos that rejoined a restarted SuperLink (its
+        state in memory) under new node ids take up their old nodes' balance state,
+        matched by the partition id each says it holds."""
+        assert self.manager is not None
+        known = set(by_node(self.manager.sizes))
+        newcomers = [n for n in present if n not in known]
+        if not newcomers or known <= set(present):
+            return
+        said = ask_partitions(grid, newcomers, self.stored_profiles.model or "")
+        successors = self.members.carry_over(self.manager, present, said)
+        if self.guard is not None:
+            self.guard.rename_workers(
+                {worker_name(o): worker_name(n) for o, n in successors.items()}
+            )
+
+    def _collect(
+        self, server_round: int, replies: list[Message]
+    ) -> tuple[list[Message], RoundRecord]:
+        """Check replies, feed the balancer, and describe the round."""
+        wall = time.monotonic() - self._started
+        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._messages}
+        triage = triage_replies(replies, sent_to, self.updates)
+        failed = triage.failed
+        failed += self.members.bench_missing(
+            server_round, triage.unreachable, self._sent, triage.answered, self.manager
+        )
+        for line in failed:
+            say(WARNING, "round %d: %s", server_round, line)
+        valid = self.members.one_vote_each(server_round, triage.valid, failed)
+        kept = self._keep(server_round, valid)
+        failed += [
+            f"{node_label(m.metadata.src_node_id)}: not among the quorum"
+            for m in valid
+            if m not in kept
+        ]
+        read = read_reports(
+            server_round, kept, self.report_check, self._sent, self.members, self._load_report
+        )
+        self._reporting = set(read.said)
+        self._say_unbalanced(server_round, kept, read.said)
+        if self.profiles and server_round == self.progress.offset + 1:
+            self.stored_profiles.check(
+                read.said, self.members.label, self.profiles, self.members.events.append
+            )
+        if self.manager is None and read.said:  # the first reports: each silo's own B0 and τ
+            self._start_balancing(read.said)
+        # The guard first: the floor it sets bounds this step's sizes.
+        diverged, verdict = self._guard_round(
+            server_round, read.said, read.app_numbers, triage.blown_up
+        )
+        for node, why in {**triage.rejected, **diverged}.items():  # told in its next message
+            self._notices[node] = (
+                f"its update of round {server_round} was left out of the average: {why}"
+            )
+        if diverged:
+            kept = [m for m in kept if m.metadata.src_node_id not in diverged]
+            failed += [
+                f"{self.members.label(n)}: update diverged, left out of the average: {why}"
+                for n, why in diverged.items()
+            ]
+        stepped = time.perf_counter()
+        next_sizes = (
+            {}
+            if self.manager is None
+            else self.members.step(
+                self.manager, read.said, read.reports, read.rejected, self._initial_load
+            )
+        )
+        balancer_s = time.perf_counter() - stepped
+        arrived = self._polling.replied_s if self._polling is not None else {}
+        record = round_record(
+            server_round,
+            read.reports,
+            read.said,
+            read.app_numbers,
+            dict(self.members.labels),
+            next_sizes,
+            self._sent,
+            wall,
+            self.weighted_by_key,
+            {n: arrived[i] for i, n in sent_to.items() if i in arrived},
+        )
+        record.failed = failed
+        record.rejected = read.rejected
+        record.events = self.members.take_events()
+        record.balancer_s = balancer_s if self.manager is not None else None
+        if verdict is not None:
+            record.guard = verdict.regime
+            record.guard_floor = verdict.floor
+            record.guard_probe = verdict.probe
+            record.guard_growth = verdict.growth
+            record.guard_noise_exponent = verdict.noise_exponent
+            if self.verdicts.adopted is not None and server_round == self.progress.offset + 1:
+                record.guard_remembered = self.verdicts.adopted.said()
+        return kept, record
+
+    def _say_unbalanced(
+        self, server_round: int, kept: list[Message], said: Mapping[int, SiloReport]
+    ) -> None:
+        """Updates came back but none with fedlb's report: nothing can be balanced, and
+        the log says why (once, and again every 10 such rounds)."""
+        if not kept or said:
+            self.driving.told.discard("no reports")
+            return
+        if self.driving.once("no reports") or server_round % 10 == 0:
+            say(
+                WARNING,
+                "round %d: no silo's reply carried fedlb's report, so nothing is balanced "
+                "(every silo keeps its batch size): the ClientApp needs "
+                "ClientApp(mods=[balance_mod()]) and its train loop must draw from "
+                "balanced_loader(msg, trainloader)",
+                server_round,
+            )
+
+    def _guard_round(
+        self,
+        server_round: int,
+        said: Mapping[int, SiloReport],
+        app_numbers: Mapping[int, Mapping[str, float]],
+        blown_up: list[int],
+    ) -> tuple[dict[int, str], Verdict | None]:
+        """The stability guard's verdict on the round (None: no guard) and the diverged
+        updates (node -> why), to leave out; the silos' floor moved (and the sizes with
+        it) when it says so."""
+        if self.guard is None:
+            return {}, None
+        diverged, verdict = guard_round(
+            self.guard,
+            self.manager,
+            self._user_floor,
+            server_round,
+            said,
+            app_numbers,
+            blown_up,
+            self.members.label,
+            self.members.events.append,
+        )
+        trained = len(set(said) | set(blown_up))
+        self.verdicts.after(verdict, server_round, trained)  # for the next run of this app
+        return diverged, verdict

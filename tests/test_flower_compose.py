@@ -456,3 +456,27 @@ def test_round_numbers_the_wrapped_strategy_sees_are_the_runs():
 
     start(LoadBalanced(Counting(**fedavg_args())), make_grid(), rounds=3)
     assert seen == [1, 2, 3]
+
+
+def test_a_silo_that_left_does_not_hold_the_strategys_later_rounds_up(caplog):
+    """FedAvg waits until `min_available_nodes` silos are connected before it samples; once
+    a run has started fedlb goes on with the silos present instead (the SuperLink no longer
+    lists the one that left), lowering the minimums for the call and saying so once."""
+    grid = make_grid()
+
+    def leave(g: InProcessGrid) -> None:
+        del g.nodes[102]
+
+    grid.before_round[3] = leave
+    strategy = LoadBalanced(FedAvg(**fedavg_args()), balancing=Balancing(batch_size=B0))
+    with caplog.at_level(logging.WARNING):
+        result = start(strategy, grid, rounds=4)
+    assert result.arrays is not None
+    sizes = sent_sizes(grid)
+    assert [sorted(s) for s in sizes] == [[100, 101, 102]] * 2 + [[100, 101]] * 2
+    said = [
+        r.getMessage() for r in caplog.records if "fewer than FedAvg waits for" in r.getMessage()
+    ]
+    assert len(said) == 1
+    assert "min_available_nodes 3" in said[0]
+    assert innermost_of(strategy).min_available_nodes == 3  # the strategy's own setting back

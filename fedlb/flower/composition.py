@@ -12,7 +12,8 @@ fedlb's hooks (its own `start`, a subclass's, or an outer strategy's).
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message
@@ -84,6 +85,30 @@ def silos_needed(strategy: Strategy) -> int:
     """How many silos the wrapped strategy waits for before it samples a round: FedAvg
     waits until as many are online as its `min_available_nodes` and `min_train_nodes`."""
     return max(silos_expected(strategy), _count(strategy, "min_train_nodes", 2))
+
+
+MINIMUMS = ("min_available_nodes", "min_train_nodes", "min_evaluate_nodes")  # FedAvg's
+
+
+@contextmanager
+def at_most(strategy: Strategy, count: int) -> Iterator[dict[str, int]]:
+    """For one call, the wrapped strategy's minimum numbers of silos (FedAvg's
+    `min_available_nodes`, `min_train_nodes`, `min_evaluate_nodes`) no higher than
+    `count`, the silos taking part: once a run has started, a silo that left does not
+    hold every later round up (FedAvg would wait for it for ever); yields those lowered,
+    with the value each had."""
+    inner = innermost(strategy)
+    lowered: dict[str, int] = {}
+    for name in MINIMUMS:
+        value = getattr(inner, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > count:
+            lowered[name] = value
+            setattr(inner, name, count)
+    try:
+        yield lowered
+    finally:
+        for name, value in lowered.items():
+            setattr(inner, name, value)
 
 
 def check_wrappable(strategy: object, encrypted: bool) -> None:

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from logging import WARNING
 from typing import Any
 
 from flwr.app import Message
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
 
-from .membership import Membership
+from .composition import at_most, silos_needed
+from .membership import Membership, say
 
 
 class PollingGrid(Grid):
@@ -132,3 +135,31 @@ class SiloView(Grid):
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
         return self.inner.send_and_receive(messages, timeout=timeout)
+
+
+def sampled(
+    configure: Callable[[Grid], Iterable[Message]],
+    view: SiloView,
+    strategy: Strategy,
+    server_round: int,
+    first_time: Callable[[str], bool],
+) -> list[Message]:
+    """The wrapped strategy's messages, `configure` called with `view`. After the first
+    round the silos taking part are what there is: where they are fewer than the
+    strategy's minimums, those are lowered for the call (said once: FedAvg would wait for
+    ever for a silo that left; fedlb goes on with the silos present)."""
+    present = len(list(view.get_node_ids()))
+    if view.first or present >= silos_needed(strategy):
+        return list(configure(view))
+    with at_most(strategy, present) as lowered:
+        if lowered and first_time(f"fewer {present}"):
+            say(
+                WARNING,
+                "round %d: %d silo(s) take part, fewer than %s waits for (%s): it samples "
+                "from those present, as fedlb goes on without the silos that left",
+                server_round,
+                present,
+                type(strategy).__name__,
+                ", ".join(f"{k} {v}" for k, v in lowered.items()),
+            )
+        return list(configure(view))

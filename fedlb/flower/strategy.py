@@ -46,7 +46,7 @@ from .composition import (
     weighting_key,
 )
 from .driving import Driving, NoUsableUpdateError
-from .grid import PollingGrid, SiloView
+from .grid import PollingGrid, SiloView, sampled
 from .he import EncryptedAggregation, EncryptedModel
 from .membership import Membership, say
 from .options import Balancing, Joining, Keeping
@@ -88,11 +88,9 @@ class LoadBalanced(RoundBalance, Strategy):
     as many steps as its loop runs, and reports both (X = Σ B0_i, τ_i = the silo's steps).
     From round 2 each silo draws its own B_i.
 
-    Put LoadBalanced outermost (`LoadBalanced(DifferentialPrivacyServerSideFixedClipping(
-    FedAvg(...), ...))`): inside another wrapper it still balances, but that wrapper sees
-    the replies first (fedlb's keys in them, the model unpacked), and fedlb says so. A
-    strategy with a `start()` loop of its own (advanced-pytorch's `CustomFedAvg`) keeps
-    it: `LoadBalanced.start` runs that loop with fedlb's hooks around its own.
+    Put LoadBalanced outermost (inside another wrapper it balances, and says what it
+    cannot do: docs/strategies.md). A strategy with a `start()` loop of its own keeps it:
+    `LoadBalanced.start` runs that loop with fedlb's hooks around its own.
 
     Args:
         strategy: the strategy to balance (a `flwr.serverapp.strategy.Strategy`). Refused
@@ -273,8 +271,8 @@ class LoadBalanced(RoundBalance, Strategy):
             first = self.driving.configured is None
             self.driving.configured = server_round
             view = self._view(grid, first)
-            made = self._hook("configure_train")(server_round, arrays, config, view)
-            messages = held_back(list(made), view, self.members.label, self._inner_name)
+            made = self._configure("configure_train", server_round, arrays, config, view)
+            messages = held_back(made, view, self.members.label, self._inner_name)
             train = [m for m in messages if m.metadata.message_type == MessageType.TRAIN]
             nodes = [m.metadata.dst_node_id for m in train]
             present = view.listed if view.listed is not None else sorted(grid.get_node_ids())
@@ -300,6 +298,18 @@ class LoadBalanced(RoundBalance, Strategy):
             if self._polling is not None:
                 self._polling.on_reply = self._progress(server_round, train)
             return messages
+
+    def _configure(
+        self,
+        hook: str,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        view: SiloView,
+    ) -> list[Message]:
+        """The wrapped strategy's messages for the round, sampled from `view`."""
+        call = partial(self._hook(hook), server_round, arrays, config)
+        return sampled(call, view, self.strategy, server_round, self.driving.once)
 
     @property
     def _inner_name(self) -> str:
@@ -411,8 +421,8 @@ class LoadBalanced(RoundBalance, Strategy):
             if not due:
                 return []
             view = self._view(grid, first=False)
-            made = self._hook("configure_evaluate")(server_round, arrays, config, view)
-            messages = held_back(list(made), view, self.members.label, self._inner_name)
+            made = self._configure("configure_evaluate", server_round, arrays, config, view)
+            messages = held_back(made, view, self.members.label, self._inner_name)
             if messages:
                 self.rounds.evaluation_sent()
             packing = Packing.of(arrays, self._may_pack())

@@ -102,6 +102,12 @@ def app_dir() -> Path:
     return Path(str(files("fedlb.deploy").joinpath("app")))
 
 
+def wait_app_dir() -> Path:
+    """fedlb's wait app (fedlb/deploy/wait_app): submitted before a user's app, it ends
+    once the federation's silos have joined (fedlb.deploy.waiting)."""
+    return Path(str(files("fedlb.deploy").joinpath("wait_app")))
+
+
 def flower_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a Flower process: its own FLWR_HOME, this venv's tools first on
     PATH (the SuperLink runs flower-superexec from PATH), no runtime `uv sync`."""
@@ -358,13 +364,15 @@ def start_supernode(
     warm: bool = False,
     preload: Sequence[str] = (),
     resident: str = "auto",
+    import_paths: Sequence[Path] = (),
 ) -> FlowerProcess:
     """A SuperNode for one silo; `port` is its local runtime API (distinct per node).
     `warm`: its ClientApps start warm (fedlb.deploy.warm: torch and fedlb imported once,
-    a fork per message; `preload`: more modules to import once), else Flower's own
-    process per message. `resident` (auto, on, off): a warm silo runs its ClientApps one
-    after another in one resident worker (fedlb.deploy.resident: a GPU keeps its CUDA
-    context and model between rounds); auto: where it trains on a GPU.
+    a fork per message; `preload`: more modules to import once, found in `import_paths`
+    too: a user's app folder), else Flower's own process per message. `resident` (auto,
+    on, off): a warm silo runs its ClientApps one after another in one resident worker
+    (fedlb.deploy.resident: a GPU keeps its CUDA context and model between rounds);
+    auto: where it trains on a GPU.
     With `root_certificates` (the federation's ca.crt) it talks TLS to the SuperLink and
     refuses one whose certificate that CA did not sign; without, plain HTTP. Returns once
     its local API is up, connected or not (`wait_joined` waits for that); a SuperNode
@@ -382,6 +390,7 @@ def start_supernode(
         warm,
         preload,
         resident,
+        import_paths=import_paths,
     )
     supernode_ready(node)
     return node
@@ -400,6 +409,7 @@ def launch_supernode(
     preload: Sequence[str] = (),
     resident: str = "auto",
     avoid: Collection[int] = (),
+    import_paths: Sequence[Path] = (),
 ) -> FlowerProcess:
     """`start_supernode` without waiting for its API: the process, started. `port`: the
     user's, refused if taken; None: a free one outside `avoid` (ports given to processes
@@ -434,7 +444,9 @@ def launch_supernode(
         device = str(node_config.get(NODE_DEVICE, "auto"))
         if on := resident_wanted(resident, device):
             log.info("silo %s: a resident worker runs its ClientApps (device %s)", name, device)
-        command = launcher_command(f"127.0.0.1:{port}", secret, command, preload, resident=on)
+        command = launcher_command(
+            f"127.0.0.1:{port}", secret, command, preload, resident=on, import_paths=import_paths
+        )
     else:  # the SuperNode starts flower-superexec, which starts flwr-clientapp: from PATH
         scripts = ("flower-supernode", "flower-superexec", "flwr-clientapp")
         command[0] = str(console_scripts(scripts, f"silo {name} runs cold")[0])

@@ -148,6 +148,7 @@ def _this_module(
     task: str = CLIENTAPP,
     root_certificates: Path | None = None,
     resident: bool = False,
+    import_paths: Sequence[Path] = (),
 ) -> list[str]:
     """`python -m fedlb.deploy.warm` with the launcher's options."""
     return [
@@ -161,6 +162,7 @@ def _this_module(
         "--task",
         task,
         *(["--root-certificates", str(root_certificates)] if root_certificates else []),
+        *[arg for folder in import_paths for arg in ("--path", str(folder))],
         *[arg for module in preload for arg in ("--preload", module)],
         *(["--resident"] if resident else []),
     ]
@@ -175,14 +177,26 @@ def launcher_command(
     task: str = CLIENTAPP,
     root_certificates: Path | None = None,
     resident: bool = False,
+    import_paths: Sequence[Path] = (),
 ) -> list[str]:
     """The command that runs `supernode` (flower-supernode and its arguments) warm, its
     idle pull every `idle_pull_s`; with `task=SERVERAPP` (or SIMULATION), `supernode` is
     a SuperLink's command (flower-superlink ...) and `root_certificates` the CA its
     runtime API's TLS certificate is signed by (None: plain HTTP). `resident`: a silo's
-    ClientApp tasks run in one resident worker (fedlb.deploy.resident), not a fork each."""
+    ClientApp tasks run in one resident worker (fedlb.deploy.resident), not a fork each.
+    `import_paths`: folders put first on the import path of the launcher and its forks
+    before `preload` is imported (a user's app folder: its modules found without
+    PYTHONPATH)."""
     return [
-        *_this_module(runtime_api_address, secret, preload, task, root_certificates, resident),
+        *_this_module(
+            runtime_api_address,
+            secret,
+            preload,
+            task,
+            root_certificates,
+            resident,
+            import_paths,
+        ),
         "--idle-pull",
         repr(idle_pull_s),
         "--",
@@ -369,6 +383,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runtime-api-address", required=True)
     parser.add_argument("--secret-file", type=Path, required=True)
     parser.add_argument("--preload", action="append", default=[])
+    parser.add_argument(
+        "--path",
+        action="append",
+        default=[],
+        help="a folder put first on the import path before --preload modules are imported "
+        "(a user's Flower app folder); the forked ClientApps inherit it",
+    )
     parser.add_argument("--task", choices=tuple(PRELOAD), default=CLIENTAPP)
     parser.add_argument("--root-certificates", type=Path)
     parser.add_argument(
@@ -387,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     split = arguments.index("--")
     args = parser.parse_args(arguments[:split])
+    for folder in reversed(args.path):  # the first given is searched first
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
     if not args.secret_file.exists():  # a user's own SuperNode: a fresh secret of theirs
         make_secret(args.secret_file)
     return launch(

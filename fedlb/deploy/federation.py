@@ -18,6 +18,7 @@ from fedlb.security import TlsFiles
 
 from . import processes
 from .control import Control
+from .errors import DeployError
 from .gate import CONTROL_HOST
 from .ray_nodes import RAY_ENV
 
@@ -25,6 +26,28 @@ log = logging.getLogger("fedlb.flower")
 
 STATUS_EVERY_S = 0.25  # how often a run's status is asked (one small HTTP call)
 LOG_DRAIN_S = 2.0  # how long a finished run's log may take to arrive in full
+JOIN_TIMEOUT_S = 600.0  # silos a user's app waits for: as long as fedlb's own (Joining)
+WAIT_GRACE_S = 30.0  # beyond it, for the wait app's own start and end
+
+
+def log_tail(path: Path | None, lines: int = 12) -> str:
+    """The last `lines` lines of a run's ServerApp log ('' : none)."""
+    if path is None:
+        return ""
+    try:
+        return "\n".join(path.read_text(errors="replace").rstrip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def last_error(path: Path | None) -> str:
+    """A failed run's reason as its ServerApp log says it: the exception's line, else its
+    last line."""
+    tail = [line.strip() for line in log_tail(path, 40).splitlines() if line.strip()]
+    for line in reversed(tail):
+        if "Error" in line.split(":", 1)[0] or "Exception" in line.split(":", 1)[0]:
+            return line
+    return tail[-1] if tail else "(its log is empty)"
 
 
 @dataclass
@@ -39,6 +62,7 @@ class RunOutcome:
     log_path: Path | None = None
     first_round: int = 1
     num_rounds: int | None = None  # rounds asked for (None: not known, not checked)
+    app: Path | None = None  # the app submitted (None: fedlb's own)
 
     @property
     def ok(self) -> bool:
@@ -65,6 +89,12 @@ class RunOutcome:
             if missing:
                 return f"rounds {missing} have no record in {RUN_FILES.rounds}"
         return None
+
+    @property
+    def log_tail(self) -> str:
+        """The last lines of the run's ServerApp log ('' : none): a failed run's reason
+        in its own words."""
+        return log_tail(self.log_path)
 
     @property
     def model_path(self) -> Path | None:
@@ -127,6 +157,8 @@ class Federation:
         warm: the SuperLink's ServerApps (simulations) start warm: torch, flwr, (Ray) and
             fedlb's app imported once, a fork per run (fedlb.deploy.warm); False:
             Flower's own process per run.
+        env: more environment for the SuperLink, which its ServerApps inherit (a user's
+            app run by `fedlb server --app`: the run's folder, fedlb.deploy.user_app).
     """
 
     def __init__(
@@ -140,6 +172,7 @@ class Federation:
         simulation: bool = False,
         ray_address: str | None = None,
         warm: bool = True,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if ray_address is not None and not simulation:
             raise ValueError("ray_address is for a simulation SuperLink (simulation=True)")
@@ -152,6 +185,7 @@ class Federation:
         self.port = port
         self.tls = tls
         self.silo_keys = silo_keys
+        self.env = dict(env or {})
         self.link: processes.FlowerProcess | None = None
         self.silos: dict[str, processes.FlowerProcess] = {}
         self.home = workdir / "home-cli"
@@ -175,17 +209,17 @@ class Federation:
         extra = ["--enable-supernode-auth"] if self.silo_keys is not None else []
         if self.database is not None:
             extra += ["--database", str(self.database)]
-        env = None
+        env = dict(self.env)
         if self.simulation:
             extra.append("--simulation")
-            env = dict(RAY_ENV)
+            env.update(RAY_ENV)
             if self.ray_address is not None:  # inherited by every run's flwr-simulation
                 env["RAY_ADDRESS"] = self.ray_address
         self.link = processes.start_superlink(
             self.workdir,
             self.host,
             self.port,
-            env=env,
+            env=env or None,
             extra_args=extra,
             tls=self.tls,
             warm=self.warm,
@@ -272,12 +306,15 @@ class Federation:
         app: Path | None = None,
         federation_config: Mapping[str, Any] | None = None,
         first_round: int = 1,
+        out_dir: Path | None = None,
     ) -> RunOutcome:
         """Submit fedlb's app (or `app`), follow its rounds, and return how it ended.
         `federation_config`: a simulation's virtual SuperNodes and their resources;
         `first_round`: the first round this run trains (a resumed run's is after its
-        checkpoint): earlier rounds in rounds.jsonl are not reported again."""
-        out_dir = Path(str(run_config["out-dir"])) if run_config.get("out-dir") else None
+        checkpoint): earlier rounds in rounds.jsonl are not reported again; `out_dir`:
+        where the run writes rounds.jsonl (None: run_config's out-dir, if any)."""
+        if out_dir is None and run_config.get("out-dir"):
+            out_dir = Path(str(run_config["out-dir"]))
         assert self.control is not None, "run() inside `with Federation(...)`"
         control = self.control
         if self.database is not None:
@@ -287,7 +324,8 @@ class Federation:
         log_path = self.workdir / f"serverapp-{run_id}.log"
         streamer = control.stream_log(run_id, log_path)
         watcher = RoundWatcher(out_dir / RUN_FILES.rounds, first_round) if out_dir else None
-        asked_rounds = run_config.get("num-rounds")
+        # fedlb's own app's rounds (a user's app names its own: its checkpoint says them)
+        asked_rounds = run_config.get("num-rounds") if app is None else None
         outcome = RunOutcome(
             run_id,
             "unknown",
@@ -295,6 +333,7 @@ class Federation:
             log_path=log_path,
             first_round=first_round,
             num_rounds=int(asked_rounds) if isinstance(asked_rounds, int) else None,
+            app=app,
         )
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -317,6 +356,39 @@ class Federation:
                 time.sleep(STATUS_EVERY_S)
         finally:
             streamer.wait(LOG_DRAIN_S)  # the stream ends with the run: its last lines
+
+    def wait_for_silos(self, count: int, timeout: float | None = None) -> None:
+        """Return once `count` silos have joined the SuperLink: fedlb's wait app
+        (fedlb.deploy.waiting) submitted and run to its end, before a user's app whose
+        strategy would start with fewer. DeployError, with the reason, when they have not
+        joined in `timeout` seconds (None: JOIN_TIMEOUT_S) or the SuperLink died."""
+        assert self.control is not None, "wait_for_silos() inside `with Federation(...)`"
+        limit = JOIN_TIMEOUT_S if timeout is None else timeout
+        run_id = self.control.submit_run(
+            processes.wait_app_dir(), {"num-silos": count, "join-timeout": float(limit)}
+        )
+        log_path = self.workdir / f"serverapp-{run_id}.log"
+        streamer = self.control.stream_log(run_id, log_path)
+        deadline = time.monotonic() + limit + WAIT_GRACE_S
+        status = "unknown"
+        try:
+            while not status.startswith("finished"):
+                if self.link is not None and not self.link.alive():
+                    raise DeployError(
+                        f"the SuperLink exited while waiting for {count} silos; its log "
+                        f"({self.link.log_path}) ends with:\n{self.link.log_tail()}"
+                    )
+                if time.monotonic() > deadline:
+                    self.control.stop_run(run_id)
+                    raise DeployError(f"{count} silos had not joined after {limit:.0f} s")
+                time.sleep(STATUS_EVERY_S)
+                status = self.control.run_status(run_id)
+        finally:
+            streamer.wait(LOG_DRAIN_S)
+        if status != "finished:completed":
+            raise DeployError(
+                f"waiting for {count} silos ended as {status}: {last_error(log_path)}"
+            )
 
     def __exit__(
         self,

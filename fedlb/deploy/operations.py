@@ -56,6 +56,7 @@ from .settings import (
     checked_run,
     read_sections,
 )
+from .user_app import APP_FILE, UserApp, kept_app, same_app
 
 log = logging.getLogger("fedlb.flower")
 
@@ -78,6 +79,8 @@ class ServerReady:
     silo_keys: int | None  # registered keys (None: authentication off)
     local_silos: list[tuple[str, str]]  # (name, what it emulates in words) of silos here
     control_address: str = ""  # the SuperLink's Control API (loopback only), for `flwr`
+    app: UserApp | None = None  # the user's app it runs (None: fedlb's own)
+    app_digest: str = ""  # the sha256 of that app's FAB (a silo's copy prints its own)
 
 
 def run_server(
@@ -90,7 +93,9 @@ def run_server(
     overwrite: bool = False,
 ) -> RunOutcome:
     """Start a SuperLink (and `local_silos` on this machine), run fedlb's ServerApp with
-    `run`'s settings until it ends, stop everything started; the run's outcome.
+    `run`'s settings until it ends, stop everything started; the run's outcome. With
+    `server.app`, the user's own Flower app instead (fedlb.deploy.user_app): submitted
+    once `run.num_silos` silos have joined, with the out-dir in its environment.
 
     Results go to server.out_dir (default runs/<date-time>): rounds.jsonl, summary.json,
     the final model, and a checkpoint after every round; the SuperLink's state and the
@@ -101,7 +106,8 @@ def run_server(
     process's while it runs: another run into it, fresh or resumed, is refused. Raises
     ConfigError for settings that cannot run (checked before anything starts) and
     DeployError when a process will not start."""
-    run = checked_run(run.to_mapping())
+    if not server.app:  # a user's app has its own settings, checked when it runs
+        run = checked_run(run.to_mapping())
     out_dir = Path(run.out_dir) if run.out_dir and not server.out_dir else server.results_dir()
     with claimed(out_dir) as out_dir:  # first: two starts must not both find it free
         return _run_claimed(server, run, out_dir, local_silos, on_ready, on_round, overwrite)
@@ -133,7 +139,11 @@ def _run_claimed(
     """run_server's run, its out-dir claimed."""
     if server.port:  # before anything is written or stopped (a live server may hold it)
         check_port_free(server.host, server.port, "the SuperLink")
-    run_config = {**run.to_mapping(), "out-dir": str(out_dir)}
+    app = server.user_app()
+    if app is not None and run.resume:  # the overrides it was started with, as kept
+        app = (kept_app(Path(run.resume)) or (app, 0))[0]
+    run_config = app.overrides if app else {**run.to_mapping(), "out-dir": str(out_dir)}
+    digest = app.fab_digest() if app else ""  # before anything starts: Flower builds it
     tls, keys = server.tls(), server.registered_keys()
     first_round = 1
     if run.resume:
@@ -150,14 +160,19 @@ def _run_claimed(
                 None,
                 keep_before=first_round,
                 done=checkpoint.round,
-                num_rounds=run.num_rounds,
+                num_rounds=checkpoint.num_rounds if app else run.num_rounds,
             )
         except ValueError as error:  # CheckpointError, or a rounds.jsonl line (named) damaged
             raise ConfigError(str(error)) from error
     else:
         check_run_folder(out_dir, overwrite)
         clear_run_folder(out_dir)  # a fresh run: no results, no silos of an older one
-        start_run_identity(out_dir, run.to_mapping())  # its digest leaves out resume
+        # its digest leaves out resume; a user's app keeps no fedlb settings in its
+        # checkpoints (fedlb.flower.run_dir), so its identity is of none
+        start_run_identity(out_dir, {} if app else run.to_mapping())
+        if app is not None:
+            app.keep(out_dir, run.num_silos)
+    resume = Path(run.resume) if run.resume else None
     with Federation(
         out_dir / "processes",
         server.host,
@@ -165,6 +180,7 @@ def _run_claimed(
         tls=tls,
         silo_keys=keys,
         warm=server.warm,
+        env=app.env(out_dir, resume) if app else None,
     ) as federation:
         port = int(federation.address.rsplit(":", 1)[1])
 
@@ -203,14 +219,26 @@ def _run_claimed(
                     len(keys) if keys is not None else None,
                     [(silo.name, silo.emulation) for silo in local_silos],
                     federation.control_address,
+                    app,
+                    digest,
                 )
             )
-        return federation.run(
+        began = time.monotonic()
+        if app is not None:  # its strategy waits only for its own min_available_nodes
+            federation.wait_for_silos(run.num_silos, server.run_timeout or None)
+        left = server.run_timeout - (time.monotonic() - began) if server.run_timeout else None
+        outcome = federation.run(
             run_config,
             on_round=on_round,
-            timeout=server.run_timeout or None,
+            timeout=left if left is None else max(left, 1.0),
+            app=app.folder if app else None,
             first_round=first_round,
+            out_dir=out_dir,
         )
+        if app is not None and outcome.num_rounds is None:
+            with contextlib.suppress(CheckpointError):  # the rounds its strategy planned
+                outcome.num_rounds = load_checkpoint(out_dir).num_rounds
+        return outcome
 
 
 # What a run leaves in its out-dir; any of them means the folder holds a run.
@@ -222,6 +250,7 @@ RUN_RESULTS = (
     RUN_FILES.checkpoint,
     RUN_FILES.run,
     DATABASE_FILE,
+    APP_FILE,
 )
 
 
@@ -334,6 +363,14 @@ def resume_settings(
         )
     server = {**tables[SERVER], **(server or {})}  # a page-token: ServerSettings refuses it
     run_dir = run_dir.resolve()
+    kept = kept_app(run_dir)
+    if kept is not None:
+        return _resume_app(run_dir, kept, num_rounds, server)
+    if server.get("app"):
+        raise ConfigError(
+            f"{run_dir} holds a run of fedlb's own app, not of an app of yours: drop app "
+            "(--app) to resume it"
+        )
     try:
         checkpoint = load_checkpoint(run_dir)
         values = {**checkpoint.settings, "out-dir": str(run_dir), "resume": str(run_dir)}
@@ -354,6 +391,54 @@ def resume_settings(
     return settings, run
 
 
+def _resume_app(
+    run_dir: Path,
+    kept: tuple[UserApp, int],
+    num_rounds: int | None,
+    server: Mapping[str, Any],
+) -> tuple[ServerSettings, RunConfig]:
+    """resume_settings of a run of a user's app: the app and run-config it was started
+    with (its app.json), its silos, where its server listened."""
+    app, num_silos = kept
+    if num_rounds is not None:
+        raise ConfigError(
+            f"{run_dir} is a run of your app, whose rounds are its own run config's: it "
+            "goes on to the rounds it was started with (drop --num-rounds)"
+        )
+    given = str(server.get("app", ""))
+    if (given or server.get("run-config")) and not same_app(
+        given or str(app.folder), str(server.get("run-config", "")), app
+    ):
+        raise ConfigError(
+            f"{run_dir} goes on with the app and run-config it was started with ({app.folder}, "
+            f"{app.overrides or 'no overrides'}; kept in its {APP_FILE}): drop app and "
+            "run-config, or give those"
+        )
+    try:
+        checkpoint = load_checkpoint(run_dir)  # a CheckpointError names what is missing
+    except CheckpointError as error:
+        raise ConfigError(str(error)) from error
+    run = RunConfig.from_mapping(
+        {"num-silos": num_silos, "out-dir": str(run_dir), "resume": str(run_dir)}
+    )
+    if checkpoint.round >= checkpoint.num_rounds:
+        raise ConfigError(
+            f"{run_dir}: its checkpoint is of round {checkpoint.round} of "
+            f"{checkpoint.num_rounds}, the run's last: nothing is left to run"
+        )
+    listened = read_server_file(run_dir)
+    settings = ServerSettings.from_mapping(
+        {
+            **{k: listened[k] for k in ("host", "port") if k in listened},
+            **server,
+            "out-dir": str(run_dir),
+            "app": str(app.folder),
+            "run-config": "",  # run_server takes the overrides as kept, parsed
+        }
+    )
+    return settings, run
+
+
 def start_silo(
     settings: SiloSettings,
     connect_timeout: float | None = 60.0,
@@ -362,6 +447,9 @@ def start_silo(
     """Start the silo's SuperNode against its server and return once it has connected
     (its `.stop()` ends it, `.alive()` says whether it still runs, `.log_path` is its log).
     The silo trains whenever the server's run sends it work; it stays up between runs.
+    With `settings.app`, its warm server imports that app's clientapp module once, from
+    the app's folder (a module that trains or touches CUDA at import leaves the silo
+    running cold, as its log says: fedlb.deploy.fork_safety).
 
     Raises ConfigError, before anything starts, for settings it cannot run with (its own
     data file is read and checked), and JoinError, with the reason, when the server
@@ -378,6 +466,7 @@ def start_silo(
     began = time.monotonic()
     deadline = None if connect_timeout is None else began + connect_timeout
     pause = FIRST_PAUSE_S
+    app = settings.user_app()
     while True:
         node = None
         try:
@@ -391,6 +480,9 @@ def start_silo(
                 extra_args=["--auth-supernode-private-key", str(key)] if key else None,
                 warm=settings.warm,
                 resident=settings.resident,
+                # a user's app: its ClientApp's module imported once from its folder
+                preload=[app.clientapp_module] if app else (),
+                import_paths=[app.folder] if app else (),
             )
             wait_joined(
                 node, settings.server, ca is not None, connect_timeout, on_wait, since=began

@@ -22,8 +22,10 @@ from typing import Any, Literal
 from fedlb.data import load_npz
 from fedlb.flower.identity import silo_label
 from fedlb.flower.protocol import (
+    EMULATED_CLOCKS,
     NODE_DATA_PATH,
     NODE_DEVICE,
+    NODE_EMULATED_CLOCK,
     NODE_EMULATED_CURVE,
     NODE_EMULATED_SPEED,
     NODE_HE_CONTEXT,
@@ -38,6 +40,7 @@ from .resident import RESIDENT_SETTINGS
 from .run_config import ConfigError, RunConfig, dataclass_arguments, read_toml
 from .silo_app import SiloConfigError, node_settings
 from .task import check_partition
+from .user_app import APP_RUN_SETTINGS, UserApp
 
 SERVER, RUN, SILO = "server", "run", "silo"  # the settings files' sections
 
@@ -78,6 +81,12 @@ class ServerSettings:
         where it listens (this machine only by default; another address needs a token)
         and its port (0: a free one). Its token is a secret and never comes from a file:
         --page-token or FEDLB_PAGE_TOKEN.
+    app: a user's own Flower app to run instead of fedlb's: the folder of its
+        pyproject.toml ('' : fedlb's own app, on the [run] settings). Its settings are
+        its own run config; of fedlb's [run] settings only num-silos (the silos to wait
+        for before it is submitted) and out-dir apply (fedlb.deploy.user_app).
+    run_config: with app, overrides of the app's run config in Flower's `--run-config`
+        syntax ("num-server-rounds=5 learning-rate=0.01").
     """
 
     host: str = "127.0.0.1"
@@ -90,6 +99,8 @@ class ServerSettings:
     page: bool = True
     page_host: str = "127.0.0.1"
     page_port: int = 0
+    app: str = ""
+    run_config: str = ""
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServerSettings:
@@ -111,6 +122,17 @@ class ServerSettings:
         check_out_dir(Path(self.out_dir or "runs"), "out-dir")  # '' : runs/<date-time>
         self.tls()
         self.registered_keys()
+        if self.run_config and not self.app:
+            raise ConfigError(
+                "[server] run-config overrides the run config of your own app: give its "
+                "folder too (--app DIR); fedlb's own app takes its settings as flags or [run]"
+            )
+        self.user_app()
+
+    def user_app(self) -> UserApp | None:
+        """The user's app this server runs (None: fedlb's own), checked: a ConfigError
+        for a folder that holds no Flower app or a run-config it cannot take."""
+        return UserApp.read(self.app, self.run_config) if self.app else None
 
     def results_dir(self) -> Path:
         """out_dir, or a new runs/<date-time> when it is ''."""
@@ -179,6 +201,15 @@ def server_settings(
     in_file(path, ServerSettings, tables[SERVER], "[server] key")
     in_file(path, RunConfig, tables[RUN], "setting")
     settings = ServerSettings.from_mapping({**tables[SERVER], **(server or {})})
+    if settings.app:
+        meaningless = sorted((set(tables[RUN]) | set(run or {})) - APP_RUN_SETTINGS)
+        if meaningless:
+            raise ConfigError(
+                f"{', '.join(meaningless)}: settings of fedlb's own app, which mean nothing "
+                "to yours under app (it takes its settings from its pyproject.toml and "
+                'run-config, e.g. --run-config "num-server-rounds=5"); drop them (of '
+                "fedlb's run settings only num-silos, the silos to wait for, and out-dir apply)"
+            )
     config = RunConfig.from_mapping({**tables[RUN], **(run or {})})
     if config.out_dir and not settings.out_dir:  # a file's [run] out-dir is the results'
         check_out_dir(Path(config.out_dir), "out-dir")
@@ -260,6 +291,9 @@ class SiloSettings:
     emulated_curve: or a measured step-time curve to pad its steps to ('' : none):
         "h200/cnn" (fedlb.training's STEP_CURVES), "h200/cnn*20" (its times × 20). One
         model's curve: the run must train that model.
+    emulated_clock: the clock the emulation runs on: measured (steps padded with sleep,
+        the default) or model (no sleeping: the silo reports τ·B/v or the curve's time,
+        deterministic, for tests and studies); '' : measured.
     threads: torch threads (0: torch's default; 1 when silos share a machine).
     device: where it trains: auto (its GPU when it has one), cpu, cuda or cuda:N; HE and
         the upload stay on the CPU.
@@ -275,6 +309,11 @@ class SiloSettings:
         (fedlb.deploy.resident), instead of a fork per message; auto: where it trains on a
         GPU (device cuda, cuda:N, or auto on a machine with one). It gives up the fork's
         isolation of one message from the next, cheap on a CPU.
+    app: the folder of the user's own Flower app the server runs (`fedlb server --app`):
+        its warm server imports the app's clientapp module from there once, so every
+        forked ClientApp finds it imported; '' : fedlb's own app. The ClientApp that
+        runs is the FAB's the server submits (Flower installs it): the folder must be the
+        same app (`fedlb silo` prints its FAB's digest beside the server's).
     """
 
     server: str = "127.0.0.1:8000"
@@ -294,6 +333,8 @@ class SiloSettings:
     auth_key: str = ""
     warm: bool = True
     resident: str = "auto"
+    emulated_clock: str = ""
+    app: str = ""
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> SiloSettings:
@@ -323,10 +364,15 @@ class SiloSettings:
     @property
     def emulation(self) -> str:
         """What it emulates, and on which clock, in words (consoles)."""
+        clock = (
+            "clock: model, no sleeping"
+            if self.emulated_clock == "model"
+            else "clock: measured, sleep-padded"
+        )
         if self.emulated_curve:
-            return f"emulated curve {self.emulated_curve} (clock: measured, sleep-padded)"
+            return f"emulated curve {self.emulated_curve} ({clock})"
         if self.speed:
-            return f"emulated {self.speed:.0f} samples/s (clock: measured, sleep-padded)"
+            return f"emulated {self.speed:.0f} samples/s ({clock})"
         return "real speed"
 
     def check(self) -> None:
@@ -381,6 +427,12 @@ class SiloSettings:
             )
         if self.threads < 0:
             raise ConfigError(f"threads must be >= 0, got {self.threads}")
+        if self.emulated_clock and self.emulated_clock not in EMULATED_CLOCKS:
+            raise ConfigError(
+                f"emulated-clock must be one of {', '.join(EMULATED_CLOCKS)}, got "
+                f"{self.emulated_clock!r}"
+            )
+        self.user_app()
         check_out_dir(Path(self.workdir or "runs"), "workdir")  # '' : runs/<silo name>
         if self.root_certificates and not Path(self.root_certificates).is_file():
             raise ConfigError(
@@ -395,6 +447,10 @@ class SiloSettings:
             node_settings(self.node_config())
         except SiloConfigError as error:
             raise ConfigError(str(error)) from error
+
+    def user_app(self) -> UserApp | None:
+        """The user's app whose ClientApp this silo runs warm (None: fedlb's own)."""
+        return UserApp.read(self.app) if self.app else None
 
     def he_fingerprint(self) -> str | None:
         """The fingerprint of its HE key (to compare with the server's), None without HE."""
@@ -417,6 +473,8 @@ class SiloSettings:
             config[NODE_HE_CONTEXT] = str(Path(self.he_context).resolve())
         if self.emulated_curve:
             config[NODE_EMULATED_CURVE] = self.emulated_curve
+        if self.emulated_clock:
+            config[NODE_EMULATED_CLOCK] = self.emulated_clock
         return config
 
 

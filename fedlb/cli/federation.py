@@ -118,8 +118,11 @@ def serve(
     SIGTERM stops everything it started."""
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     ready: list[ServerReady] = []
+    app = settings.user_app()
+    # a user's app names its own rounds (its run config, where a usual key does)
+    rounds = app.num_rounds if app else run.num_rounds
     if page is not None:
-        page.start_run(name, num_rounds=run.num_rounds, num_silos=run.num_silos)
+        page.start_run(name, num_rounds=rounds, num_silos=run.num_silos)
 
     def announced(where: ServerReady) -> None:
         ready.append(where)
@@ -129,7 +132,7 @@ def serve(
                 name,
                 address=where.address,
                 out_dir=str(where.out_dir),
-                num_rounds=where.run.num_rounds,
+                num_rounds=planned_rounds(where, rounds),
                 num_silos=where.run.num_silos,
                 local_silos=where.local_silos,
             )
@@ -171,6 +174,20 @@ def serve(
     return outcome
 
 
+def planned_rounds(ready: ServerReady, rounds: int | None) -> int | None:
+    """The rounds the run plans: fedlb's own run's setting; a user's app's as its
+    checkpoint says them when it goes on after a stop, else as its run config names them
+    (None: not known before its first checkpoint)."""
+    if ready.app is None:
+        return ready.run.num_rounds
+    if ready.run.resume:
+        try:
+            return load_checkpoint(Path(ready.run.resume)).num_rounds
+        except CheckpointError:
+            return None
+    return rounds
+
+
 def page_rounds_before(page: PageState, path: Path) -> None:
     """A resumed run's page starts with the rounds its stopped server finished (the run
     has kept them in rounds.jsonl by now; a fresh run's file is empty)."""
@@ -186,6 +203,13 @@ def announce(ready: ServerReady) -> None:
         f"[bold]fedlb server[/]: SuperLink on {ready.address}; waiting for "
         f"{ready.run.num_silos} silos; results in {ready.out_dir}"
     )
+    if ready.app is not None:
+        overrides = " ".join(f"{k}={v!r}" for k, v in ready.app.overrides.items())
+        console.print(
+            f"  your app: {ready.app.folder} (serverapp {ready.app.serverapp}, FAB sha256 "
+            f"{ready.app_digest[:12]}; silos: fedlb silo --app <their copy>)"
+            + (f"; run-config {escape(overrides)}" if overrides else "")
+        )
     if ready.control_address:
         console.print(
             f"  Control API (runs, nodes, `flwr ls`) on {ready.control_address}, this machine "
@@ -214,6 +238,8 @@ def finish(outcome: RunOutcome) -> None:
     problem = outcome.problem
     if problem is None:
         model = outcome.model_path.name if outcome.model_path else "no model"
+        if outcome.app is not None:  # a user's app saves its model where it does
+            model = "the app's own files where it writes them"
         console.print(
             f"[green]run {outcome.run_id} completed[/]: {rounds}. Results: "
             f"{outcome.out_dir}/rounds.jsonl, summary.json, {model}; ServerApp log: "
@@ -226,6 +252,7 @@ def finish(outcome: RunOutcome) -> None:
     console.print(
         f"[red]run {outcome.run_id} failed[/] ({rounds} on record): {escape(problem)}. "
         f"The ServerApp log: {outcome.log_path}"
+        + (f", which ends with:\n{escape(outcome.log_tail)}" if outcome.log_tail else "")
     )
     raise typer.Exit(1)
 
@@ -280,10 +307,29 @@ def server(
     page_host: PageHostOrFile = None,
     page_port: PagePortOrFile = None,
     page_token: PageToken = None,
+    user_app: Annotated[
+        Path | None,
+        typer.Option(
+            "--app",
+            help="Run your own Flower app (the folder of its pyproject.toml) instead of "
+            "fedlb's: its strategy wrapped in LoadBalanced, its ClientApp with balance_mod; "
+            "of the run settings only --num-silos applies (docs/flower.md, 'Deploying "
+            "your own app').",
+        ),
+    ] = None,
+    run_config: Annotated[
+        str | None,
+        typer.Option(
+            "--run-config",
+            help='With --app: overrides of its run config, as `flwr run` takes them ("num-'
+            'server-rounds=5 learning-rate=0.01").',
+        ),
+    ] = None,
     *,
     run_flags: dict[str, Any],
 ) -> None:
-    """Start a SuperLink, wait for the silos, run load-balanced FedAvg, write the results.
+    """Start a SuperLink, wait for the silos, run load-balanced FedAvg (or your own
+    Flower app: --app), write the results.
 
     Every setting can come from --config (see server/server.toml) or a flag; flags win.
     After every round the run's out-dir gets a checkpoint: if the server stops, `fedlb
@@ -301,6 +347,8 @@ def server(
             "page": page,
             "page-host": page_host,
             "page-port": page_port,
+            "app": user_app,
+            "run-config": run_config,
         }
     )
     try:
@@ -316,8 +364,13 @@ def server(
                 raise UsageError("--overwrite starts a fresh run; --resume goes on with one")
             settings, run = resume_settings(resume, run_flags.get("num-rounds"), flags, config)
             out = Path(settings.out_dir)
-            story = load_checkpoint(out).story(run.num_rounds, out)  # what its files hold
-            console.print(f"resuming {settings.out_dir}: {story}")
+            checkpoint = load_checkpoint(out)
+            app = settings.user_app()  # a user's app plans its own rounds
+            rounds = checkpoint.num_rounds if app else run.num_rounds
+            console.print(f"resuming {settings.out_dir}: {checkpoint.story(rounds, out)}")
+            changed = app.changed_since(out) if app else None
+            if changed:
+                console.print(f"[yellow]note:[/] {escape(changed)}")
         else:
             settings, run = server_settings(config, flags, run_flags)
     except (ConfigError, CheckpointError) as error:

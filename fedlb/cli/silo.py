@@ -157,6 +157,22 @@ def silo(
             "(0: wait for ever)."
         ),
     ] = 60.0,
+    emulated_clock: Annotated[
+        str | None,
+        typer.Option(
+            help="The clock its emulation runs on: measured (steps padded with sleep) or "
+            "model (no sleeping: it reports the emulated seconds; tests). Default measured."
+        ),
+    ] = None,
+    user_app: Annotated[
+        Path | None,
+        typer.Option(
+            "--app",
+            help="The folder of the Flower app the server runs (fedlb server --app): its "
+            "ClientApp module is imported once by the warm silo, so each message forks it "
+            "ready (the ClientApp that runs is the one the server submits).",
+        ),
+    ] = None,
 ) -> None:
     """Start this silo's SuperNode against the server and keep it up until Ctrl-C."""
     flags = given(
@@ -178,6 +194,8 @@ def silo(
             "auth-key": auth_key,
             "warm": warm,
             "resident": None if resident is None else ("on" if resident else "off"),
+            "emulated-clock": emulated_clock,
+            "app": user_app.resolve() if user_app is not None else None,
         }
     )
     if not connect_timeout >= 0:  # NaN too
@@ -194,6 +212,17 @@ def _run_silo(settings: SiloSettings, connect_timeout: float) -> None:
     """`fedlb silo` with its work dir held: join, and join again, until it is stopped."""
     if settings.he_context:
         console.print(f"HE on: key fingerprint {settings.he_fingerprint()} ({settings.he_context})")
+    app = settings.user_app()
+    if app is not None:
+        try:
+            digest = app.fab_digest()
+        except ConfigError as error:
+            raise UsageError(str(error)) from error
+        console.print(
+            f"app: {app.folder} (clientapp {app.clientapp}, FAB sha256 {digest[:12]}: the "
+            "server prints its own; "
+            + ("imported once by the warm silo)" if settings.warm else "cold: Flower's own)")
+        )
     name, address = settings.name, settings.server
 
     def request_stop(signum: int, frame: object) -> None:

@@ -408,3 +408,41 @@ def test_a_users_app_goes_on_after_its_server_is_killed(tmp_path):
         assert _sizes(rows, stopped_at.round + 1) == planned
     assert load_checkpoint(out).round == 3
     assert json.loads((out / "summary.json").read_text())["resumed_after"] == stopped_at.round
+
+
+def test_a_failed_run_ends_non_zero_with_its_serverapp_logs_last_lines(tmp_path, capsys):
+    """What `fedlb server` says when a run fails: the reason, then the ServerApp log's
+    last lines (a user's app's own traceback ends there)."""
+    import typer
+
+    from fedlb.cli.federation import finish
+    from fedlb.deploy import RunOutcome
+
+    log = tmp_path / "serverapp-7.log"
+    log.write_text("INFO : starting\nTraceback (most recent call last):\nKeyError: 'lr'\n")
+    outcome = RunOutcome("7", "finished:failed", log_path=log, app=tmp_path)
+    with pytest.raises(typer.Exit) as ended:
+        finish(outcome)
+    assert ended.value.exit_code == 1
+    assert outcome.log_tail.endswith("KeyError: 'lr'")
+    shown = said(capsys.readouterr().out)
+    assert "failed (no rounds on record): it ended as finished:failed" in shown, shown
+    assert "which ends with: INFO : starting Traceback" in shown
+    assert "KeyError: 'lr'" in shown
+
+
+def test_the_wait_app_returns_once_the_silos_joined_and_fails_with_the_reason():
+    """fedlb's wait app, submitted before a user's app: done once num-silos silos are
+    listed; after join-timeout, a failure that says how many joined and what to do."""
+    from fedlb.deploy.waiting import wait_for_silos
+
+    class Grid:
+        def __init__(self, counts):
+            self.counts = iter(counts)
+
+        def get_node_ids(self):
+            return list(range(next(self.counts, 0)))
+
+    assert wait_for_silos(Grid([1, 2, 3]), 3, timeout=5, poll_s=0.01) == 3
+    with pytest.raises(RuntimeError, match="only 0 of 3 silos joined within 0 s; start the"):
+        wait_for_silos(Grid([]), 3, timeout=0.05, poll_s=0.01)

@@ -113,13 +113,113 @@ def test_the_app_serves_the_page_its_data_and_the_vendored_chart_library():
 
 
 def test_a_token_is_required_on_every_request_once_given():
-    client = TestClient(make_app(PageState(), token=TOKEN, loopback=False))
+    app = make_app(PageState(), token=TOKEN, loopback=False)
     for path in ("/", "/api/state", "/static/page.js"):
-        assert client.get(path).status_code == 401
-        assert client.get(path, params={"token": "wrong-token-here"}).status_code == 401
-        assert client.get(path, params={"token": TOKEN}).status_code == 200
+        # a fresh client each time: none has the cookie a right ?token= sets
+        assert TestClient(app).get(path).status_code == 401
+        wrong = TestClient(app).get(path, params={"token": "wrong-token-here"})
+        assert wrong.status_code == 401
+        assert TestClient(app).get(path, params={"token": TOKEN}).status_code == 200
     bearer = {"authorization": f"Bearer {TOKEN}"}
-    assert client.get("/api/state", headers=bearer).status_code == 200
+    assert TestClient(app).get("/api/state", headers=bearer).status_code == 200
+    assert (
+        TestClient(app).get("/api/state", headers={"authorization": "Bearer no"}).status_code == 401
+    )
+
+
+def test_a_request_without_the_token_is_told_in_one_line_to_open_the_printed_address():
+    answer = TestClient(make_app(PageState(), token=TOKEN, loopback=False)).get("/static/page.js")
+    assert answer.status_code == 401
+    assert answer.text.count("\n") == 1
+    assert answer.text.endswith("\n")
+    assert "open the address fedlb printed" in answer.text
+    assert TOKEN not in answer.text
+    assert answer.headers["www-authenticate"].startswith("Bearer")
+    assert answer.headers["cache-control"] == "no-store"
+
+
+def test_the_printed_addresss_token_becomes_a_cookie_for_the_pages_own_requests():
+    """A browser gets the token once (the printed address's ?token=); index.html then
+    loads page.js and uPlot, and page.js polls api/state, without it: the answer to the
+    first request set a cookie that carries it (HttpOnly, SameSite=Strict, the page's
+    path, not Secure on plain http), holding a value derived from the token."""
+    app = make_app(PageState(), token=TOKEN, loopback=False)
+    browser = TestClient(app)  # keeps cookies as a browser does
+    first = browser.get("/", params={"token": TOKEN})
+    assert first.status_code == 200
+    assert first.headers["referrer-policy"] == "no-referrer"
+    assert first.headers["cache-control"] == "no-store"
+    said = first.headers["set-cookie"]
+    name, value = said.split(";", 1)[0].split("=", 1)
+    assert name == "fedlb-page-80"  # one per port: TestClient's server is testserver:80
+    assert len(value) == 64
+    assert TOKEN not in said
+    attributes = {part.strip().lower() for part in said.split(";")[1:]}
+    assert attributes == {"httponly", "path=/", "samesite=strict"}  # a session cookie
+    for path in ("/static/page.js", "/static/vendor/uPlot.iife.min.js", "/api/state"):
+        again = browser.get(path)  # no token in the address: the cookie carries it
+        assert again.status_code == 200, path
+        assert "set-cookie" not in again.headers  # set once, by the ?token= answer
+    # the cookie is the token's: a made-up one, or another port's, gets nothing
+    for cookies in ({name: "0" * 64}, {name: ""}, {"fedlb-page-81": value}):
+        assert TestClient(app, cookies=cookies).get("/api/state").status_code == 401
+    # a wrong ?token= does not undo a right cookie, nor set one
+    kept = browser.get("/", params={"token": "wrong-token-here"})
+    assert kept.status_code == 200
+    assert "set-cookie" not in kept.headers
+    # Bearer (a script's way) sets no cookie; nor does a page without a token
+    bearer = TestClient(app).get("/api/state", headers={"authorization": f"Bearer {TOKEN}"})
+    assert "set-cookie" not in bearer.headers
+    assert "set-cookie" not in TestClient(make_app(PageState())).get("/").headers
+    # behind a TLS proxy (https as the server sees it) the cookie is Secure too
+    tls = TestClient(app, base_url="https://testserver").get("/", params={"token": TOKEN})
+    assert "secure" in tls.headers["set-cookie"].lower()
+
+
+def test_a_page_on_another_loopback_address_answers_its_own_host_name():
+    """--page-host 127.0.0.2 (loopback, so the Host check stays): its own address is a
+    Host it answers, with its token; a rebound DNS name still gets nothing."""
+    app = make_app(PageState(), token=TOKEN, loopback=True, host="127.0.0.2")
+    client = TestClient(app)
+    ours = client.get("/", params={"token": TOKEN}, headers={"host": "127.0.0.2:8050"})
+    assert ours.status_code == 200
+    assert client.get("/", headers={"host": "evil.example:8050"}).status_code == 400
+    six = make_app(PageState(), token=TOKEN, loopback=True, host="::2")
+    answer = TestClient(six).get("/api/state", params={"token": TOKEN}, headers={"host": "[::2]:1"})
+    assert answer.status_code == 200
+
+
+def test_the_token_is_in_the_printed_address_only_never_in_the_logs(capfd, caplog):
+    """A real server (uvicorn): the printed address's token sets the cookie, the cookie
+    alone gets the scripts, nothing without it; no log line holds the token (nor a wrong
+    one). A token with characters an address cannot carry is quoted in it."""
+    import logging
+    import urllib.error
+    import urllib.parse
+
+    caplog.set_level(logging.DEBUG)
+    state = PageState()
+    state.add_round(record(1))
+    with LivePage(state, token=TOKEN) as page:
+        base = f"http://127.0.0.1:{page.port}/"
+        with urllib.request.urlopen(page.url, timeout=10) as answer:
+            said = answer.headers["set-cookie"]
+        cookie = said.split(";", 1)[0]
+        assert cookie.startswith(f"fedlb-page-{page.port}=")
+        asked = urllib.request.Request(base + "static/page.js", headers={"cookie": cookie})
+        with urllib.request.urlopen(asked, timeout=10) as answer:
+            assert answer.status == 200
+        for url in (base + "static/page.js", base + "api/state?token=wrong-token-abc"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(url, timeout=10)
+            assert refused.value.code == 401
+    logged = capfd.readouterr()
+    for text in (logged.out, logged.err, caplog.text):
+        assert TOKEN not in text
+        assert "wrong-token-abc" not in text
+    odd = "a token & #with spaces/+"
+    url = LivePage(PageState(), token=odd).url
+    assert urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["token"] == [odd]
 
 
 def test_another_address_than_loopback_needs_a_token():

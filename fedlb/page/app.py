@@ -3,12 +3,17 @@ uvicorn) served by uvicorn on a thread of the process that runs the federation, 
 round costs the run nothing: the page reads the records that process already has.
 
 Safe by default: it listens on loopback only and answers only the Host names of loopback
-(a web page elsewhere cannot reach it through DNS rebinding); any other address needs a
-token, which every request must then carry (`?token=` or `Authorization: Bearer`). It has
-GET routes only, and shows no key, weight or token."""
+and of the address it listens on (a web page elsewhere cannot reach it through DNS
+rebinding); any other address needs a token, which every request must then carry. The
+token is given once, in the printed address (`?token=`); the answer sets a cookie that
+carries it for the page's own requests (its scripts, its data): HttpOnly, SameSite=Strict,
+the page's path, and holding a value derived from the token, not the token. Scripts may
+send `Authorization: Bearer` instead. It has GET routes only, and shows no key, weight or
+token."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -18,6 +23,7 @@ import threading
 import time
 from importlib.resources import files
 from typing import Any
+from urllib.parse import quote
 
 import uvicorn
 from starlette.applications import Starlette
@@ -76,36 +82,94 @@ def _static(name: str) -> bytes:
     return files("fedlb.page").joinpath("static", name).read_bytes()
 
 
-def make_app(state: PageState, token: str | None = None, loopback: bool = True) -> Starlette:
-    """The page's app: `/` the page, `/api/state` its data, `/static/` its scripts and
-    the vendored chart library. With `token`, every request must carry it; with
-    `loopback`, only loopback Host names are answered."""
+def cookie_value(token: str) -> str:
+    """What the page's cookie holds: a value derived from the token (HMAC-SHA256), so
+    that a browser's cookie store never holds the token itself."""
+    return hmac.new(token.encode(), b"fedlb live page cookie", hashlib.sha256).hexdigest()
 
-    def refused(request: Request) -> Response | None:
-        """Why this request gets nothing (None: it may have the page): a Host that is
-        not loopback's on a loopback page, or no token where the page has one."""
-        if loopback and host_name(request.headers.get("host", "")) not in LOOPBACK_HOSTS:
-            return PlainTextResponse("Invalid host header", status_code=400)
+
+def cookie_name(scope: Any) -> str:
+    """The cookie's name: one per port the page listens on, as a browser keeps cookies by
+    host name but not by port (two runs' pages on one machine keep their own)."""
+    server = scope.get("server") or ("", 0)
+    return f"fedlb-page-{server[1]}"
+
+
+REFUSED = (
+    "this page needs its token: open the address fedlb printed when the run started "
+    "(live page: http://...?token=...), or send Authorization: Bearer <token>\n"
+)
+
+
+def make_app(
+    state: PageState, token: str | None = None, loopback: bool = True, host: str | None = None
+) -> Starlette:
+    """The page's app: `/` the page, `/api/state` its data, `/static/` its scripts and
+    the vendored chart library. With `token`, every request must carry it (`?token=`,
+    the cookie a `?token=` request gets, or `Authorization: Bearer`); with `loopback`,
+    only loopback Host names are answered, and `host`'s (the address it listens on)."""
+    hosts = set(LOOPBACK_HOSTS)
+    if host:
+        hosts.add(host_name(f"[{host.strip('[]')}]" if ":" in host else host))
+    expected = cookie_value(token) if token else ""
+
+    def admitted(request: Request) -> tuple[Response | None, bool]:
+        """Why this request gets nothing (None: it may have the page), and whether its
+        answer sets the page's cookie (a right `?token=`). Refused: a Host not the
+        page's own on a loopback page, or no right token where the page has one."""
+        if loopback and host_name(request.headers.get("host", "")) not in hosts:
+            return PlainTextResponse("Invalid host header", status_code=400), False
         if not token:
-            return None
-        given = request.query_params.get("token", "")
+            return None, False
+        given = request.query_params.get("token")
+        if given is not None and hmac.compare_digest(cookie_value(given), expected):
+            return None, True
         header = request.headers.get("authorization", "")
-        if header.lower().startswith("bearer "):
-            given = header[7:].strip()
-        if hmac.compare_digest(given.encode(), token.encode()):
-            return None
-        return PlainTextResponse("this page needs its token: ?token=...", status_code=401)
+        if header[:7].lower() == "bearer " and hmac.compare_digest(
+            cookie_value(header[7:].strip()), expected
+        ):
+            return None, False
+        kept = request.cookies.get(cookie_name(request.scope), "")
+        if hmac.compare_digest(kept.encode(), expected.encode()):
+            return None, False
+        return PlainTextResponse(
+            REFUSED,
+            status_code=401,
+            headers={**NO_STORE, "WWW-Authenticate": 'Bearer realm="fedlb live page"'},
+        ), False
+
+    def remember(request: Request, response: Response) -> Response:
+        """The page's cookie on the answer to a right `?token=`: the browser sends it with
+        the page's own requests from then on; a session cookie, for this page's path and
+        port only, out of reach of scripts and of other sites' requests."""
+        response.set_cookie(
+            cookie_name(request.scope),
+            expected,
+            path=(request.scope.get("root_path") or "") + "/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",  # plain http: a Secure cookie is dropped
+        )
+        return response
 
     async def index(request: Request) -> Response:
-        if (no := refused(request)) is not None:
+        no, keep = admitted(request)
+        if no is not None:
             return no
-        return Response(_static("index.html"), media_type="text/html; charset=utf-8")
+        page = Response(
+            _static("index.html"),
+            media_type="text/html; charset=utf-8",
+            # no-referrer: the address (its ?token=) goes nowhere with the page's requests
+            headers={**NO_STORE, "Referrer-Policy": "no-referrer"},
+        )
+        return remember(request, page) if keep else page
 
     async def api_state(request: Request) -> Response:
         """The page's data; `?since=V` where the page already drew version V: only the
         version and the time, until a round changes it (a poll between rounds costs
         next to nothing, however many rounds the run has)."""
-        if (no := refused(request)) is not None:
+        no, keep = admitted(request)
+        if no is not None:
             return no
         since = request.query_params.get("since", "")
         version = state.version
@@ -113,13 +177,17 @@ def make_app(state: PageState, token: str | None = None, loopback: bool = True) 
             body = json.dumps({"version": version, "unchanged": True, "now": time.time()})
         else:
             body = json.dumps(state.snapshot(), allow_nan=False)
-        return Response(body, media_type="application/json", headers=NO_STORE)
+        answer = Response(body, media_type="application/json", headers=NO_STORE)
+        return remember(request, answer) if keep else answer
 
     class Guarded(StaticFiles):
         async def get_response(self, path: str, scope: Any) -> Response:
-            if (no := refused(Request(scope))) is not None:
+            request = Request(scope)
+            no, keep = admitted(request)
+            if no is not None:
                 return no
-            return await super().get_response(path, scope)
+            answer = await super().get_response(path, scope)
+            return remember(request, answer) if keep else answer
 
     return Starlette(
         routes=[
@@ -135,7 +203,8 @@ NO_STORE = {"Cache-Control": "no-store"}
 
 class LivePage:
     """The page served on a thread until `stop()`: `LivePage(state).start()` returns once it
-    listens; `url` is its address (with the token, where it has one).
+    listens; `url` is its address (with the token, where it has one: the address to open;
+    the page keeps it in a cookie from there).
 
     Args:
         state: what it shows.
@@ -170,7 +239,7 @@ class LivePage:
         sock.listen(16)
         self._socket = sock
         self._port = sock.getsockname()[1]
-        app = make_app(self.state, self.token, loopback=is_loopback(self.host))
+        app = make_app(self.state, self.token, is_loopback(self.host), self.host)
         config = uvicorn.Config(
             app,
             log_level="warning",
@@ -194,7 +263,8 @@ class LivePage:
     @property
     def url(self) -> str:
         host = f"[{self.host.strip('[]')}]" if ":" in self.host.strip("[]") else self.host
-        return f"http://{host}:{self._port}/" + (f"?token={self.token}" if self.token else "")
+        token = f"?token={quote(self.token, safe='')}" if self.token else ""
+        return f"http://{host}:{self._port}/{token}"
 
     def stop(self) -> None:
         """Stop serving (the run's end); a page open then keeps what it last showed."""

@@ -185,13 +185,26 @@ function draw(state) {
   document.body.dataset.version = String(state.version);
 }
 
+// A token-protected page: the printed address's ?token= was for its first request, whose
+// answer set the page's cookie (HttpOnly: not readable here), which carries it from then
+// on, to the scripts and to api/state. The token leaves the address bar and the history.
+const opened = new URL(window.location.href);
+if (opened.searchParams.has("token")) {
+  opened.searchParams.delete("token");
+  window.history.replaceState(null, "", opened.pathname + opened.search + opened.hash);
+}
+
 async function poll() {
   try {
-    // the token, if any, rides along; since: the version drawn (unchanged: a tiny answer)
-    const query = new URLSearchParams(window.location.search);
+    // since: the version drawn (unchanged: a tiny answer)
+    const query = new URLSearchParams();
     if (last !== null) query.set("since", String(shown));
-    const response = await fetch("api/state?" + query.toString(), { cache: "no-store" });
-    if (response.ok) {
+    const response = await fetch("api/state?" + query.toString(), { cache: "no-store", credentials: "same-origin" });
+    if (response.status === 401) {
+      // the token is not (or no longer) the page's: say why, keep what was drawn
+      document.body.dataset.status = "refused";
+      document.getElementById("current").textContent = (await response.text()).trim();
+    } else if (response.ok) {
       const state = await response.json();
       if (state.unchanged && last !== null) {
         last.now = state.now;

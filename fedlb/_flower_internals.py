@@ -690,16 +690,29 @@ def cli_errors() -> Iterator[None]:
 def build_fab(app: Path) -> bytes:
     """The FAB `flwr run` builds from the Flower app in `app`: its pyproject.toml checked
     (`flwr.cli.config_utils.load_and_validate`, ValueError when wrong), then
-    `flwr.cli.build.build_fab_from_disk`."""
+    `flwr.cli.build.build_fab_from_disk`; the modules the check imported are forgotten."""
     import warnings
 
     from flwr.cli.build import build_fab_from_disk
     from flwr.cli.config_utils import load_and_validate
 
-    with warnings.catch_warnings():  # deprecations inside Flower's dependencies (pathspec)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        load_and_validate(app / "pyproject.toml")
-        fab: bytes = build_fab_from_disk(app)
+    loaded = set(sys.modules)
+    try:
+        with warnings.catch_warnings():  # deprecations inside Flower's dependencies (pathspec)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            load_and_validate(app / "pyproject.toml")
+            fab: bytes = build_fab_from_disk(app)
+    finally:
+        # The check finds the app's modules, which imports their package into this process
+        # (importlib.util.find_spec): forget it, so another app of the same package name, or
+        # a changed copy, is imported from its own folder later.
+        folder = str(app.resolve())
+        for name in set(sys.modules) - loaded:
+            where = getattr(sys.modules[name], "__file__", None) or "".join(
+                getattr(sys.modules[name], "__path__", [])
+            )
+            if str(Path(where).resolve()).startswith(folder):
+                del sys.modules[name]
     return fab
 
 

@@ -741,6 +741,18 @@ def test_a_run_is_submitted_as_flwr_run_builds_it():
     assert not plain.HasField("override_federation_config")
 
 
+def test_building_a_users_fab_leaves_none_of_its_modules_imported(tmp_path):
+    """Flower's check imports the app's package (find_spec of its module refs); a later
+    app of the same package name, or a changed copy, must be imported from its own folder."""
+    import shutil
+    import sys
+
+    app = tmp_path / "app"
+    shutil.copytree(ROOT / "tests" / "apps" / "quickstart_pytorch", app)
+    flower.build_fab(app)
+    assert not [m for m in sys.modules if m.split(".")[0] == "pytorchexample"]
+
+
 def test_runs_are_listed_stopped_and_streamed_with_these_requests():
     """ListRunsRequest(run_id), run_from_proto's status (status, sub_status) as `flwr ls`
     writes it, StopRunRequest(run_id), StreamLogsRequest(run_id, after_timestamp)."""

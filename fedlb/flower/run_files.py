@@ -3,10 +3,13 @@ and how fedlb reads a JSON file it wrote, saying in a few words what is wrong wi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from fedlb.security.stored import StoredFileError, json_kind, parse_json, read_json
+
+__all__ = ["RUN_FILES", "RunFiles", "json_kind", "parse_json", "read_json_object"]
 
 
 @dataclass(frozen=True)
@@ -25,31 +28,15 @@ class RunFiles:
 RUN_FILES = RunFiles()
 
 
-def parse_json(data: bytes | str) -> Any:
-    """JSON text fedlb wrote, parsed; ValueError, in a few words, where it is not UTF-8
-    text or not JSON (whoever reads it names the file and says what to do)."""
-    try:
-        text = data.decode() if isinstance(data, bytes) else data
-    except UnicodeDecodeError as error:
-        bad = error.object[error.start]
-        raise ValueError(f"not UTF-8 text: byte {error.start + 1} is {bad:#04x}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"not JSON: {error.msg} at character {error.pos + 1}") from None
-
-
 def read_json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`: FileNotFoundError where there is no file, ValueError (in
-    a few words) where it is not UTF-8 text, not JSON or not an object, other OSErrors as
-    they come."""
-    value = parse_json(path.read_bytes())
+    """The JSON object in `path` (fedlb.security.stored's bounds: size, depth, finite
+    numbers): FileNotFoundError where there is no file, ValueError (in a few words, the
+    reader names the file) where it is damaged or not an object, other OSErrors as they
+    come."""
+    try:
+        value = read_json(path)
+    except StoredFileError as error:
+        raise ValueError(error.reason) from None
     if not isinstance(value, dict):
         raise ValueError(f"{json_kind(value)}, not a JSON object")
     return value
-
-
-def json_kind(value: Any) -> str:
-    """What a JSON value is, in words."""
-    names = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}
-    return names.get(type(value), "a number")

@@ -7,6 +7,9 @@ and the cluster mode alike (it knows nothing of Flower's strategies).
   digests beside stored files.
 - `claim_folder` (`FolderInUseError`, `LOCK_FILE`): one fedlb run per out-dir or work
   dir at a time, an OS lock held while the run's process lives.
+- `read_json`, `read_json_object`, `read_json_lines`, `parse_json`, `set_aside`
+  (`StoredFileError`): JSON files read back bounded in size and depth, finite numbers
+  only; a damaged one set aside.
 - `seal_zip`, `check_seal` (`DigestError`): a zip's own digest, sealed at its end (its
   archive comment), over every byte of it: checked with or without a side file.
 """
@@ -28,12 +31,21 @@ if TYPE_CHECKING:
         write_digest,
     )
     from .run_lock import LOCK_FILE, FolderInUseError, claim_folder
+    from .stored import (
+        StoredFileError,
+        parse_json,
+        read_json,
+        read_json_lines,
+        read_json_object,
+        set_aside,
+    )
     from .tls import TlsError, TlsFiles, make_certificates, make_silo_key
 
 __all__ = [
     "LOCK_FILE",
     "DigestError",
     "FolderInUseError",
+    "StoredFileError",
     "TlsError",
     "TlsFiles",
     "check_digest",
@@ -43,7 +55,12 @@ __all__ = [
     "file_digest",
     "make_certificates",
     "make_silo_key",
+    "parse_json",
+    "read_json",
+    "read_json_lines",
+    "read_json_object",
     "seal_zip",
+    "set_aside",
     "write_digest",
 ]
 
@@ -61,5 +78,13 @@ __getattr__ = lazy_face(
             "write_digest",
         ],
         ".run_lock": ["LOCK_FILE", "FolderInUseError", "claim_folder"],
+        ".stored": [
+            "StoredFileError",
+            "parse_json",
+            "read_json",
+            "read_json_lines",
+            "read_json_object",
+            "set_aside",
+        ],
     },
 )

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
+from fedlb._markup import plain
 from fedlb.balance import defaults
 from fedlb.cluster import CLUSTER_POLICIES, DEFAULT_CLUSTER_POLICY
 from fedlb.experiments import ClusterScenario, ClusterScenarioError, launch
@@ -134,15 +134,16 @@ def cluster(
     with holding(out, "--out"):  # one fedlb cluster at a time per results folder
         on_curves = all(e.strip().startswith("curve:") for e in first.speeds.split(","))
         console.print(
-            f"[bold]fedlb cluster[/]: {first.nproc} ranks, speeds {first.speeds}"
+            f"[bold]fedlb cluster[/]: {first.nproc} ranks, speeds {plain(first.speeds)}"
             f"{'' if on_curves else f' x {first.base_speed:g} samples/s'}, "
             f"X = {first.nproc * first.batch_size}, {first.iterations} iterations; devices "
-            f"{first.device}, backend {first.placement()[1]}; clock: {first.clock_label()}, "
+            f"{plain(first.device)}, backend {first.placement()[1]}; clock: "
+            f"{plain(first.clock_label())}, "
             "sleep-padded"
         )
         summaries = _run_jobs(jobs, out, timeout)
     table = Table(
-        title=f"time per update and accuracy, clock: {first.clock_label()}",
+        title=f"time per update and accuracy, clock: {plain(first.clock_label())}",
         caption=f"ceiling these speeds allow over BSP: {first.ceiling():.2f}x (compute only)",
         title_justify="left",
         caption_justify="left",
@@ -159,7 +160,7 @@ def cluster(
         speedup = base / summary["mean_update_s"] if base else None
         steady = summary.get("steady_efficiency")
         row = [
-            name,
+            plain(name),
             f"{summary['mean_update_s'] * 1000:.1f}",
             "–" if speedup is None else f"{speedup:.2f}x",
             "–" if steady is None else f"{steady:.3f}",
@@ -171,10 +172,10 @@ def cluster(
                 "–" if seconds is None else f"{seconds:.1f}",
                 "–" if updates is None else str(updates),
             ]
-        row.append(str(summary.get("final_sizes", "–")))
+        row.append(plain(summary.get("final_sizes", "–")))  # read back from its file
         table.add_row(*row)
     console.print(table)
-    console.print(f"results: {out}/<policy>/iterations.jsonl, summary.json, torchrun.log")
+    console.print(f"results: {plain(out)}/<policy>/iterations.jsonl, summary.json, torchrun.log")
 
 
 def _run_jobs(
@@ -187,16 +188,16 @@ def _run_jobs(
         folder = out / name.replace(":", "-")
         code = launch(job, folder, timeout)
         if code != 0:
-            # escaped: gloo's messages hold [file:line] parts that rich would read as markup
-            reason = escape(_failure(folder / "torchrun.log"))
-            console.print(f"[red]{name}: the job failed[/]: {reason}")
-            console.print(f"log: {folder / 'torchrun.log'}")
+            # gloo's messages hold [file:line] parts that rich would read as markup
+            reason = plain(_failure(folder / "torchrun.log"))
+            console.print(f"[red]{plain(name)}: the job failed[/]: {reason}")
+            console.print(f"log: {plain(folder / 'torchrun.log')}")
             raise typer.Exit(1)
         summaries[name] = json.loads((folder / "summary.json").read_text())
         summary = summaries[name]
         accuracy = summary["final_accuracy"]
         console.print(
-            f"  {name}: {summary['mean_update_s'] * 1000:.1f} ms per update, "
+            f"  {plain(name)}: {summary['mean_update_s'] * 1000:.1f} ms per update, "
             f"{summary['updates']} updates in {summary['wall_s']:.1f} s"
             + ("" if accuracy is None else f", accuracy {accuracy:.3f}")
         )
@@ -259,7 +260,7 @@ def manager(
         )
     except ManagerSetupError as error:
         raise UsageError(str(error)) from error
-    shown = escape(host)  # an IPv6 address in brackets is no markup
+    shown = plain(host)  # an IPv6 address in brackets is no markup
     console.print(f"[bold]fedlb manager[/] on {shown}:{bound} (gRPC, fedlb.BatchSizeManager)")
     guards = [f"token {'on' if token_on else 'off'}", f"TLS {'on' if certs else 'off'}"]
     console.print(

@@ -9,10 +9,10 @@ from typing import Annotated, Any
 
 import typer
 from rich import box
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedlb._markup import plain
 from fedlb.data import DATASETS
 from fedlb.deploy import as_settings
 from fedlb.experiments import (
@@ -74,7 +74,7 @@ def print_summary(chosen: Scenario, summary: dict[str, Any]) -> None:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         padding=(0, 1, 0, 0),
-        title=f"{chosen.name} — clock: {chosen.clock_label()}, target accuracy "
+        title=f"{plain(chosen.name)} — clock: {plain(chosen.clock_label())}, target accuracy "
         f"{chosen.target_accuracy:g}{seeds}",
         title_justify="left",
         caption="target s: clock time to the target accuracy"
@@ -97,7 +97,7 @@ def print_summary(chosen: Scenario, summary: dict[str, Any]) -> None:
         ttt = row["time_to_target_s"]
         speedup = row.get("speedup_over_fedavg")  # older summaries: none
         cells = [
-            name,
+            plain(name),  # a summary's keys are a file's (--from-results)
             _fmt(ttt, ".2f"),
             _fmt(speedup, ".2f") + ("x" if speedup else ""),
             _fmt(row["final_accuracy"], ".3f"),
@@ -108,7 +108,7 @@ def print_summary(chosen: Scenario, summary: dict[str, Any]) -> None:
             _fmt(row["idle_fraction"], ".0%"),
         ]
         if chosen.repeats > 1:
-            cells.insert(2, row["reached_target"])
+            cells.insert(2, plain(row["reached_target"]))
         table.add_row(*cells)
         spreads = {
             key: f"±{row[f'{key}_std']:.3f}"
@@ -126,7 +126,7 @@ def print_summary(chosen: Scenario, summary: dict[str, Any]) -> None:
             table.add_row(*spread_row, style="dim")
     console.print(table)
     for note in ended_early(summary, chosen.rounds):
-        console.print(f"[yellow]{escape(note)}[/yellow]")
+        console.print(f"[yellow]{plain(note)}[/yellow]")
 
 
 @app.command()
@@ -252,8 +252,8 @@ def experiment(
         print_summary(chosen, summary)
         path = from_results / f"summary-target-{target_accuracy:g}.json"
         path.write_text(json.dumps(summary, indent=2))
-        console.print(f"summary at target {target_accuracy:g}: {path}")
-        console.print(f"plots drawn again: {', '.join(p.name for p in plots)}")
+        console.print(f"summary at target {target_accuracy:g}: {plain(path)}")
+        console.print(f"plots drawn again: {plain(', '.join(p.name for p in plots))}")
         return
     try:
         chosen = Scenario.from_file(scenario, flags) if scenario else Scenario.from_mapping(flags)
@@ -262,10 +262,10 @@ def experiment(
     folder = Path(chosen.out or Path("runs") / f"experiment-{chosen.name}")
     on_curves = all(e.strip().startswith("curve:") for e in chosen.speeds.split(","))
     console.print(
-        f"[bold]fedlb experiment[/] {chosen.name}: {chosen.silos} silos, speeds "
-        f"{chosen.speeds}{'' if on_curves else f' x {chosen.base_speed:g} samples/s'}, "
-        f"{chosen.partition}, "
-        f"{chosen.rounds} rounds, clock: {chosen.clock_label()}; policies {chosen.policies}"
+        f"[bold]fedlb experiment[/] {plain(chosen.name)}: {chosen.silos} silos, speeds "
+        f"{plain(chosen.speeds)}{'' if on_curves else f' x {chosen.base_speed:g} samples/s'}, "
+        f"{plain(chosen.partition)}, {chosen.rounds} rounds, clock: "
+        f"{plain(chosen.clock_label())}; policies {plain(chosen.policies)}"
         + (f"; seeds {', '.join(map(str, chosen.seeds()))}" if chosen.repeats > 1 else "")
         + ("; HE: CKKS (measured HE seconds join each silo's fixed cost)" if chosen.he else "")
         + (
@@ -273,7 +273,7 @@ def experiment(
             if chosen.second_run
             else ""
         )
-        + (f"; on the Ray cluster at {chosen.ray_address}" if chosen.ray_address else "")
+        + (f"; on the Ray cluster at {plain(chosen.ray_address)}" if chosen.ray_address else "")
     )
 
     runs = len(chosen.policy_names()) * chosen.repeats
@@ -308,8 +308,8 @@ def experiment(
         def done(name: str, result: PolicyResult) -> None:
             summary = result.summary(chosen.target_accuracy)
             progress.console.print(
-                f"  {name}: {summary['rounds']} rounds in {summary['total_clock_s']:.1f} s "
-                f"(clock: {chosen.clock_label()}), final accuracy "
+                f"  {plain(name)}: {summary['rounds']} rounds in {summary['total_clock_s']:.1f} s "
+                f"(clock: {plain(chosen.clock_label())}), final accuracy "
                 f"{_fmt(summary['final_accuracy'], '.3f')}"
             )
 
@@ -325,21 +325,21 @@ def experiment(
         except ScenarioError as error:
             raise UsageError(str(error)) from error
         except RuntimeError as error:  # a policy's run failed: its message names the log
-            console.print(f"[red]experiment stopped:[/] {escape(str(error))}")
+            console.print(f"[red]experiment stopped:[/] {plain(error)}")
             raise typer.Exit(1) from error
         if state is not None:
             state.finish("completed")
     print_summary(chosen, summary)
     if any(folder.glob(f"**/{RUN_FILES.tensorboard}")):  # one per policy (and seed)
-        console.print(f"each round's scalars, per policy: tensorboard --logdir {folder}")
+        console.print(f"each round's scalars, per policy: tensorboard --logdir {plain(folder)}")
     if chosen.repeats == 1:
         console.print(
-            f"results: {folder}/rounds.jsonl, summary.json, partition.json, accuracy.png, "
+            f"results: {plain(folder)}/rounds.jsonl, summary.json, partition.json, accuracy.png, "
             "accuracy_by_round.png, batch_sizes.png, round_time.png, idle.png"
         )
     else:
         console.print(
-            f"results: {folder}/rounds.jsonl, summary.json, accuracy.png, "
+            f"results: {plain(folder)}/rounds.jsonl, summary.json, accuracy.png, "
             "accuracy_by_round.png (all seeds); "
-            f"each seed's full set in {folder}/seed-S/"
+            f"each seed's full set in {plain(folder)}/seed-S/"
         )

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
+from fedlb._markup import plain
 from fedlb.deploy import (
     ConfigError,
     DeployError,
@@ -158,13 +158,13 @@ def serve(
         if ready:  # the SuperLink was up: a run may have checkpointed rounds to go on from
             console.print(
                 f"stopped (Ctrl-C); everything it started is stopped. `fedlb server --resume "
-                f"{ready[0].out_dir}` goes on after the last checkpointed round"
+                f"{plain(ready[0].out_dir)}` goes on after the last checkpointed round"
             )
         raise typer.Exit(130) from None
     except ConfigError as error:  # checked before anything started
         raise UsageError(str(error)) from error
     except DeployError as error:
-        console.print(f"[red]could not run the federation:[/] {escape(str(error))}")
+        console.print(f"[red]could not run the federation:[/] {plain(error)}")
         raise typer.Exit(1) from error
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -200,32 +200,33 @@ def page_rounds_before(page: PageState, path: Path) -> None:
 
 def announce(ready: ServerReady) -> None:
     console.print(
-        f"[bold]fedlb server[/]: SuperLink on {ready.address}; waiting for "
-        f"{ready.run.num_silos} silos; results in {ready.out_dir}"
+        f"[bold]fedlb server[/]: SuperLink on {plain(ready.address)}; waiting for "
+        f"{ready.run.num_silos} silos; results in {plain(ready.out_dir)}"
     )
     if ready.app is not None:
         overrides = " ".join(f"{k}={v!r}" for k, v in ready.app.overrides.items())
         console.print(
-            f"  your app: {ready.app.folder} (serverapp {ready.app.serverapp}, FAB sha256 "
+            f"  your app: {plain(ready.app.folder)} (serverapp {plain(ready.app.serverapp)}, "
+            f"FAB sha256 "
             f"{ready.app_digest[:12]}; silos: fedlb silo --app <their copy>)"
-            + (f"; run-config {escape(overrides)}" if overrides else "")
+            + (f"; run-config {plain(overrides)}" if overrides else "")
         )
     if ready.control_address:
         console.print(
-            f"  Control API (runs, nodes, `flwr ls`) on {ready.control_address}, this machine "
-            f"only: FLWR_HOME={ready.out_dir / 'processes' / 'home-cli'} flwr ls"
+            f"  Control API (runs, nodes, `flwr ls`) on {plain(ready.control_address)}, this "
+            f"machine only: FLWR_HOME={plain(ready.out_dir / 'processes' / 'home-cli')} flwr ls"
         )
     if ready.tls_ca is not None:
-        console.print(f"  TLS on: silos need {ready.tls_ca} (--root-certificates)")
+        console.print(f"  TLS on: silos need {plain(ready.tls_ca)} (--root-certificates)")
     if ready.silo_keys is not None:
         console.print(f"  SuperNode authentication on: {ready.silo_keys} registered silo key(s)")
     if ready.run.he_context:
         console.print(
-            f"  HE on: updates averaged as CKKS ciphertexts under {ready.run.he_context}"
+            f"  HE on: updates averaged as CKKS ciphertexts under {plain(ready.run.he_context)}"
             " (no secret key at the server; evaluation federated only)"
         )
     for name, emulation in ready.local_silos:
-        console.print(f"  local {name}: {emulation}")
+        console.print(f"  local {plain(name)}: {plain(emulation)}")  # curve names
 
 
 def finish(outcome: RunOutcome) -> None:
@@ -237,22 +238,22 @@ def finish(outcome: RunOutcome) -> None:
     )
     problem = outcome.problem
     if problem is None:
-        model = outcome.model_path.name if outcome.model_path else "no model"
+        model = plain(outcome.model_path.name) if outcome.model_path else "no model"
         if outcome.app is not None:  # a user's app saves its model where it does
             model = "the app's own files where it writes them"
         console.print(
             f"[green]run {outcome.run_id} completed[/]: {rounds}. Results: "
-            f"{outcome.out_dir}/rounds.jsonl, summary.json, {model}; ServerApp log: "
-            f"{outcome.log_path}"
+            f"{plain(outcome.out_dir)}/rounds.jsonl, summary.json, {model}; ServerApp log: "
+            f"{plain(outcome.log_path)}"
         )
         events = outcome.out_dir / RUN_FILES.tensorboard if outcome.out_dir else None
         if events is not None and events.is_dir():
-            console.print(f"each round's scalars: tensorboard --logdir {events}")
+            console.print(f"each round's scalars: tensorboard --logdir {plain(events)}")
         return
     console.print(
-        f"[red]run {outcome.run_id} failed[/] ({rounds} on record): {escape(problem)}. "
-        f"The ServerApp log: {outcome.log_path}"
-        + (f", which ends with:\n{escape(outcome.log_tail)}" if outcome.log_tail else "")
+        f"[red]run {outcome.run_id} failed[/] ({rounds} on record): {plain(problem)}. "
+        f"The ServerApp log: {plain(outcome.log_path)}"
+        + (f", which ends with:\n{plain(outcome.log_tail)}" if outcome.log_tail else "")
     )
     raise typer.Exit(1)
 
@@ -367,10 +368,11 @@ def server(
             checkpoint = load_checkpoint(out)
             app = settings.user_app()  # a user's app plans its own rounds
             rounds = checkpoint.num_rounds if app else run.num_rounds
-            console.print(f"resuming {settings.out_dir}: {checkpoint.story(rounds, out)}")
+            story = checkpoint.story(rounds, out)
+            console.print(f"resuming {plain(settings.out_dir)}: {plain(story)}")
             changed = app.changed_since(out) if app else None
             if changed:
-                console.print(f"[yellow]note:[/] {escape(changed)}")
+                console.print(f"[yellow]note:[/] {plain(changed)}")
         else:
             settings, run = server_settings(config, flags, run_flags)
     except (ConfigError, CheckpointError) as error:

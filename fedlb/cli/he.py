@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from fedlb._markup import plain
+
 from .common import UsageError, app, console
 
 
@@ -42,8 +44,8 @@ def keygen(
     console.print(
         f"CKKS keys (degree {info.poly_modulus_degree}, {info.total_bits} modulus bits, "
         f"depth {info.depth}, scale 2^{info.scale_bits:g}; fingerprint {files.fingerprint}):\n"
-        f"  {files.secret}  secret: every silo (--he-context), never the server\n"
-        f"  {files.public}  public: the server (--he-context)"
+        f"  {plain(files.secret)}  secret: every silo (--he-context), never the server\n"
+        f"  {plain(files.public)}  public: the server (--he-context)"
     )
 
 
@@ -75,4 +77,4 @@ def decrypt(
     except (HeKeyError, CiphertextError) as error:
         raise UsageError(str(error)) from error
     torch.save(record.to_torch_state_dict(), out)
-    console.print(f"decrypted {model} into {out} ({len(record)} arrays)")
+    console.print(f"decrypted {plain(model)} into {plain(out)} ({len(record)} arrays)")

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from fedlb._markup import plain
 from fedlb.page import MIN_TOKEN, LivePage, PageError, PageState, is_loopback
 
 from .common import UsageError, console
@@ -64,8 +65,8 @@ def live_page(
         page = LivePage(state, host, port, token).start()
     except PageError as error:
         raise UsageError(str(error)) from None
-    where = "this machine only" if is_loopback(host) else f"on {host}, with its token"
-    console.print(f"[bold]live page[/]: {page.url} ({where}; --no-page: none)")
+    where = "this machine only" if is_loopback(host) else f"on {plain(host)}, with its token"
+    console.print(f"[bold]live page[/]: {plain(page.url)} ({where}; --no-page: none)")
     try:
         yield state
     finally:

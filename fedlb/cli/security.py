@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from fedlb._markup import plain
 from fedlb.deploy import ConfigError, check_out_dir
 from fedlb.security import TlsError, make_certificates, make_silo_key
 
@@ -58,8 +59,9 @@ def certs(
     except ValueError as error:  # cryptography's refusal of a name, e.g. a non-ASCII one
         raise UsageError(f"--host {', '.join(hosts)}: {error}") from error
     console.print(
-        f"TLS files in {out}: {files.ca.name} (every silo and the server), "
-        f"{files.cert.name} and {files.key.name} (the server only), ca.key (keep it safe: "
+        f"TLS files in {plain(out)}: {plain(files.ca.name)} (every silo and the server), "
+        f"{plain(files.cert.name)} and {plain(files.key.name)} (the server only), ca.key (keep "
+        "it safe: "
         "it signs servers the silos will trust)"
     )
 
@@ -82,4 +84,6 @@ def silo_key(
         private, public = make_silo_key(out, name, overwrite)
     except TlsError as error:
         raise UsageError(str(error)) from error
-    console.print(f"{private} (the silo's, keep it there) and {public} (give it to the server)")
+    console.print(
+        f"{plain(private)} (the silo's, keep it there) and {plain(public)} (give it to the server)"
+    )

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
+from fedlb._markup import plain
 from fedlb.deploy import (
     ClientAppFailures,
     ConfigError,
@@ -44,19 +44,19 @@ def _join(
     except ConfigError as error:
         raise UsageError(str(error)) from error
     except JoinError as error:
-        console.print(f"[red]{name} did not join {address}:[/] {escape(str(error))}")
+        console.print(f"[red]{plain(name)} did not join {plain(address)}:[/] {plain(error)}")
         raise typer.Exit(1) from error
     except DeployError as error:
-        console.print(f"[red]could not start the silo:[/] {escape(str(error))}")
+        console.print(f"[red]could not start the silo:[/] {plain(error)}")
         raise typer.Exit(1) from error
     except KeyboardInterrupt:
-        console.print(f"{name} stopped before it joined")
+        console.print(f"{plain(name)} stopped before it joined")
         return None
     clock = settings.emulation
     node_id = supernode_join(node.log_path).node_id
     console.print(
-        f"[bold]{name}[/] joined {address} as node {node_id} (pid {node.pid}, {clock}); "
-        f"log {node.log_path}"
+        f"[bold]{plain(name)}[/] joined {plain(address)} as node {node_id} (pid {node.pid}, "
+        f"{plain(clock)}); log {plain(node.log_path)}"
     )
     return node
 
@@ -67,22 +67,22 @@ def _rejoin_or_exit(node: FlowerProcess, name: str, address: str, quick_exits: i
     forgotten = "401 Unauthorized" in node.log_tail(40)  # a new SuperLink's answer
     if code != 0 and not forgotten:  # killed or crashed: say so and end
         console.print(
-            f"[red]{name}: its SuperNode exited (code {code}); its log ({node.log_path}) "
-            f"ends with:[/]\n{escape(node.log_tail())}"
+            f"[red]{plain(name)}: its SuperNode exited (code {code}); its log "
+            f"({plain(node.log_path)}) ends with:[/]\n{plain(node.log_tail())}"
         )
         raise typer.Exit(1)
     # Flower's SuperNode leaves cleanly (code 0), or on a 401, when its server is gone
     # or no longer knows it (a server restarted on the same address): join again.
     if quick_exits >= REJOINS_IN_A_ROW:
         console.print(
-            f"[red]{name}: its SuperNode left {address} {quick_exits} times in a row within "
-            f"{QUICK_EXIT_S:.0f} s of joining (code {code}); giving up. Its log "
-            f"({node.log_path}) ends with:[/]\n{escape(node.log_tail())}"
+            f"[red]{plain(name)}: its SuperNode left {plain(address)} {quick_exits} times in a "
+            f"row within {QUICK_EXIT_S:.0f} s of joining (code {code}); giving up. Its log "
+            f"({plain(node.log_path)}) ends with:[/]\n{plain(node.log_tail())}"
         )
         raise typer.Exit(1)
     console.print(
-        f"{name}: its SuperNode left {address} (code {code}: the server restarted or no "
-        "longer knows this silo); rejoining"
+        f"{plain(name)}: its SuperNode left {plain(address)} (code {code}: the server restarted "
+        "or no longer knows this silo); rejoining"
     )
 
 
@@ -211,7 +211,9 @@ def silo(
 def _run_silo(settings: SiloSettings, connect_timeout: float) -> None:
     """`fedlb silo` with its work dir held: join, and join again, until it is stopped."""
     if settings.he_context:
-        console.print(f"HE on: key fingerprint {settings.he_fingerprint()} ({settings.he_context})")
+        console.print(
+            f"HE on: key fingerprint {settings.he_fingerprint()} ({plain(settings.he_context)})"
+        )
     app = settings.user_app()
     if app is not None:
         try:
@@ -219,8 +221,8 @@ def _run_silo(settings: SiloSettings, connect_timeout: float) -> None:
         except ConfigError as error:
             raise UsageError(str(error)) from error
         console.print(
-            f"app: {app.folder} (clientapp {app.clientapp}, FAB sha256 {digest[:12]}: the "
-            "server prints its own; "
+            f"app: {plain(app.folder)} (clientapp {plain(app.clientapp)}, FAB sha256 "
+            f"{digest[:12]}: the server prints its own; "
             + ("imported once by the warm silo)" if settings.warm else "cold: Flower's own)")
         )
     name, address = settings.name, settings.server
@@ -230,11 +232,11 @@ def _run_silo(settings: SiloSettings, connect_timeout: float) -> None:
         raise KeyboardInterrupt  # SIGTERM stops as Ctrl-C does, joining or joined
 
     def waiting(message: str) -> None:
-        console.print(f"{name}: {escape(message)}")
+        console.print(f"{plain(name)}: {plain(message)}")
 
     replaced = signal.signal(signal.SIGTERM, request_stop)
     try:
-        console.print(f"{name}: connecting to {address}")
+        console.print(f"{plain(name)}: connecting to {plain(address)}")
         quick_exits = 0
         node: FlowerProcess | None = None
         try:
@@ -247,13 +249,13 @@ def _run_silo(settings: SiloSettings, connect_timeout: float) -> None:
                 while node.alive():
                     time.sleep(0.5)
                     for failure in failures.new():
-                        console.print(f"[red]{name}:[/] {escape(failure)}")
+                        console.print(f"[red]{plain(name)}:[/] {plain(failure)}")
                 node.stop()  # what it left behind
                 quick_exits = quick_exits + 1 if time.monotonic() - joined < QUICK_EXIT_S else 0
                 _rejoin_or_exit(node, name, address, quick_exits)
         except KeyboardInterrupt:  # asked to stop (Ctrl-C, SIGTERM): a clean end
             if node is not None:
                 node.stop()
-            console.print(f"{name} stopped")
+            console.print(f"{plain(name)} stopped")
     finally:
         signal.signal(signal.SIGTERM, replaced)

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from fedlb._markup import plain
 from fedlb.balance import ESTIMATORS, TUNERS, choices, defaults, make_estimator, make_tuner
 from fedlb.experiments import WHATIF_CLOCK, GpuLikeTime, LinearTime, TimeModel, what_if
 
@@ -130,16 +131,17 @@ def tune(
         return
     console.print(
         f"[bold]fedlb tune[/] — clock: {WHATIF_CLOCK} (modelled times, nothing run); "
-        f"X = {batch * n}, τ = {iterations}; estimator {estimator}; fedlb's default "
+        f"X = {batch * n}, τ = {iterations}; estimator {plain(estimator)}; fedlb's default "
         f"controller: {defaults.controller()}"
     )
     for name, history in runs.items():
         table = Table(
-            title=f"{name}{' (default)' if name == defaults.TUNER else ''}", title_justify="left"
+            title=f"{plain(name)}{' (default)' if name == defaults.TUNER else ''}",
+            title_justify="left",
         )
         table.add_column("round", justify="right")
         for w in names:
-            table.add_column(f"B {w}", justify="right")
+            table.add_column(f"B {plain(w)}", justify="right")
         table.add_column("round s", justify="right")
         table.add_column("T* s", justify="right")
         table.add_column("E", justify="right")

@@ -12,9 +12,9 @@ from typing import Any
 
 from rich import box
 from rich.console import Console, ConsoleOptions, RenderResult
-from rich.markup import escape
 from rich.table import Table
 
+from fedlb._markup import plain
 from fedlb.balance import StepCurve, WorkerReport, ideal_round_time
 from fedlb.training import step_curve
 
@@ -98,11 +98,11 @@ class RoundRecord:
         reports dropped, and membership events (silos that left, joined, should leave)."""
         yield render_round(self)
         for line in self.failed:
-            yield f"  [red]no update:[/] {escape(line)}"
+            yield f"  [red]no update:[/] {plain(line)}"
         for reason in self.rejected:
-            yield f"  [yellow]report dropped:[/] {escape(reason)}"
+            yield f"  [yellow]report dropped:[/] {plain(reason)}"
         for event in self.events:
-            yield f"  [cyan]{escape(event)}[/]"
+            yield f"  [cyan]{plain(event)}[/]"
 
     def json_lines(self) -> list[str]:
         """One line per silo, each with the round's fields too (easy to load as a table);
@@ -163,7 +163,8 @@ def render_round(record: RoundRecord) -> Table:
     if record.server_accuracy is not None:
         title += f" (server {record.server_accuracy:.3f})"
     table = Table(
-        title=title + " — silos in seconds:",
+        # escaped whole: the clock names the curves silos said they emulated
+        title=plain(title) + " — silos in seconds:",
         title_justify="left",
         box=box.SIMPLE_HEAD,  # light borders: eleven columns fit an 80-column terminal
         pad_edge=False,
@@ -174,7 +175,7 @@ def render_round(record: RoundRecord) -> Table:
         table.add_column(name, justify="left" if name == "silo" else "right", min_width=len(name))
     for s in record.silos:
         table.add_row(
-            s.silo,
+            plain(s.silo),  # a cell is markup to rich: a label is the silo's to choose
             str(s.batch_size),
             str(s.local_steps),
             _fmt(s.compute_s, 2),
@@ -187,7 +188,7 @@ def render_round(record: RoundRecord) -> Table:
             _fmt(s.accuracy),
         )
     for reason in record.failed:  # the silo alone here (the reason, whole, follows)
-        label = escape(reason.split(": ", 1)[0])
+        label = plain(reason.split(": ", 1)[0])
         table.add_row(f"[red]{label}[/]", "–", "–", "no update", *[""] * (len(columns) - 2))
     return table
 
@@ -442,7 +443,7 @@ def compare_runs(runs: Mapping[str, list[RoundRecord]]) -> Table:
     reached_first = wall_to(first, target) if target is not None else None
     for name, records in runs.items():
         if not records:
-            table.add_row(name, "0", *["–"] * 6)
+            table.add_row(plain(name), "0", *["–"] * 6)
             continue
         middle = middle_rounds(records)
         reached = wall_to(records, target) if target is not None else None
@@ -453,7 +454,7 @@ def compare_runs(runs: Mapping[str, list[RoundRecord]]) -> Table:
             else "–"
         )
         table.add_row(
-            name,
+            plain(name),  # a run's folder, as the operator named it
             str(len(records)),
             _fmt(statistics.median(r.total_wall_s for r in middle), 1),
             _fmt(statistics.median(r.round_s or 0.0 for r in middle), 1),

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from fedlb.flower import (
     RUN_FILES,
     CheckpointError,
@@ -34,14 +36,17 @@ from fedlb.flower import (
     load_checkpoint,
     start_run_identity,
 )
-from fedlb.security import FolderInUseError, claim_folder, digest_path
+from fedlb.security import FolderInUseError, StoredFileError, claim_folder, digest_path, read_json
 
 from .federation import Federation, RunOutcome
 from .processes import (
+    SUPERLINK,
     FlowerProcess,
     JoinError,
     check_port_free,
+    leftover,
     process_start_time,
+    shown_command,
     start_supernode,
     stop_leftover,
     wait_joined,
@@ -276,38 +281,54 @@ def clear_run_folder(out_dir: Path) -> None:
 
 def stop_left_behind(out_dir: Path) -> None:
     """Before a resume: ConfigError if the server that ran `out_dir` still runs; stop the
-    SuperLink and silos it started if they outlived it (their PIDs are in server.json)."""
+    SuperLink and silos it started if they outlived it (server.json lists them). A
+    process is stopped only when its command line is the one fedlb started it with, on
+    its own port (`processes.leftover`): whatever else a damaged or stale server.json
+    names is left alone, and that is said."""
     listed = read_server_file(out_dir)
     owner = listed.get("server") or {}
-    if owner.get("pid") not in (None, os.getpid()) and process_start_time(
-        int(owner["pid"])
-    ) == owner.get("started"):
+    pid = owner.get("pid")
+    if pid not in (None, os.getpid()) and process_start_time(int(pid)) == owner.get("started"):
         raise ConfigError(
-            f"the server of {out_dir} still runs (pid {owner['pid']}): stop it first "
-            f"(kill {owner['pid']}), then resume"
+            f"the server of {out_dir} still runs (pid {pid}, `{command_of(int(pid))}`, "
+            f"as its {SERVER_FILE} says): stop it first if it is that server, then resume; "
+            f"if it is not, {SERVER_FILE} is stale: delete it and resume with the run's --port"
         )
     for identity in listed.get("processes", []):
-        if stop_leftover(identity):
-            log.warning(
-                "stopped %s (pid %s), left running by the server that stopped",
-                identity.get("name"),
-                identity.get("pid"),
-            )
+        name, pid = identity.get("name"), identity.get("pid")
+        # the SuperLink's own port is the one the file says the server listened on
+        port = listed.get("port") if name == SUPERLINK else None
+        why = leftover(identity, port)
+        if why:
+            log.warning("left alone pid %s, which %s names as %s: %s", pid, SERVER_FILE, name, why)
+        elif why is None and stop_leftover(identity, port=port):
+            log.warning("stopped %s (pid %s), left running by the server that stopped", name, pid)
+
+
+def command_of(pid: int) -> str:
+    """A process's command line, short, for a message ("?" where it cannot be read)."""
+    try:
+        return shown_command(psutil.Process(pid).cmdline()) or "?"
+    except psutil.Error:
+        return "?"
 
 
 def read_server_file(out_dir: Path) -> dict[str, Any]:
     """out_dir/server.json: where the stopped server listened and the processes it
     started ({}: no such file). ConfigError, naming it and what to do, where it is
-    damaged: resuming without it would leave those processes running and the silos
-    reconnecting to a port nothing listens on."""
+    damaged (fedlb.security.stored's bounds: size, depth, finite numbers): resuming
+    without it would leave those processes running and the silos reconnecting to a port
+    nothing listens on."""
     path = out_dir / SERVER_FILE
     try:
-        listed = json.loads(path.read_bytes())
+        listed = read_json(path, max_bytes=SERVER_FILE_BYTES)
         why = _server_file_problem(listed)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as error:  # unreadable, not UTF-8, not JSON
-        why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    except StoredFileError as error:  # too large, not UTF-8, not JSON, too deep
+        why = error.reason
+    except OSError as error:
+        why = error.strerror or str(error)
     if why:
         raise ConfigError(
             f"{path} is damaged ({why}): it lists the port the stopped server listened on "
@@ -315,6 +336,9 @@ def read_server_file(out_dir: Path) -> dict[str, Any]:
             f"local silos), delete {SERVER_FILE}, and resume with the run's --port"
         )
     return dict(listed)
+
+
+SERVER_FILE_BYTES = 2**20  # a server and its processes: a few hundred bytes each
 
 
 def _server_file_problem(listed: Any) -> str | None:

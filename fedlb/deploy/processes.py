@@ -8,6 +8,7 @@ flwr-clientapp) by PID, never by name.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -70,11 +71,30 @@ def check_port_free(host: str, port: int, what: str) -> None:
         try:
             probe.bind((host, port))
         except OSError as error:
-            raise DeployError(
-                f"{what}'s port {host}:{port} is in use ({error.strerror}): another fedlb "
-                "server or silo, or another program, listens there. Nothing was started or "
-                "stopped. Give another port (--port), or stop what holds it"
-            ) from None
+            raise DeployError(_unbindable(host, port, what, error)) from None
+
+
+def _unbindable(host: str, port: int, what: str, error: OSError) -> str:
+    """Why `what` cannot listen on host:port, in one line with what to do: only a port
+    something holds is "in use" (an address that is not this machine's is another fault)."""
+    nothing = "Nothing was started or stopped"
+    if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
+        why = error.strerror or str(error)
+        return (
+            f"{what} cannot listen on {host}:{port}: {host} is not an address of this "
+            f"machine ({why}). {nothing}. Give --host one of its own addresses (0.0.0.0: "
+            "all of them)"
+        )
+    if error.errno == errno.EACCES:
+        return (
+            f"{what} may not listen on {host}:{port} ({error.strerror}: ports below 1024 "
+            f"need privileges). {nothing}. Give another port (--port)"
+        )
+    return (
+        f"{what}'s port {host}:{port} is in use ({error.strerror}): another fedlb "
+        f"server or silo, or another program, listens there. {nothing}. Give another "
+        "port (--port), or stop what holds it"
+    )
 
 
 def unused_port(host: str, what: str, avoid: Collection[int] = (), tries: int = 10) -> int:
@@ -163,8 +183,14 @@ class FlowerProcess:
 
     def identity(self) -> dict[str, Any]:
         """What finds this process group again after the process that started it died
-        (`stop_leftover`): its leader's PID and start time (a reused PID has another)."""
-        return {"name": self.name, "pid": self.pid, "started": process_start_time(self.pid)}
+        (`stop_leftover`): its leader's PID and start time (a reused PID has another), and
+        the port it serves, which its command line names."""
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "started": process_start_time(self.pid),
+            "port": self.port,
+        }
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -246,12 +272,69 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
-def stop_leftover(identity: Mapping[str, Any], grace: float = 10.0) -> bool:
-    """Stop the process group `FlowerProcess.identity()` described, if its leader still
-    runs (same PID, same start time); whether there was one to stop."""
-    pid, started = int(identity["pid"]), identity.get("started")
-    if started is None or process_start_time(pid) != started:
+SUPERLINK = "SuperLink"  # the name FlowerProcess gives the SuperLink; a silo's is its own
+ENTRY_POINTS = {SUPERLINK: "flower-superlink"}  # a silo's: flower-supernode
+
+
+def leftover(identity: Mapping[str, Any], port: int | None = None) -> str | None:
+    """Whether the process `FlowerProcess.identity()` described still runs as fedlb
+    started it: None when it does; "" when no process has its PID and start time (gone);
+    else why the process there is not it, in words. A PID and a start time are only
+    what a file says: the process must also be fedlb's guard running the entry point
+    (flower-superlink for the SuperLink, flower-supernode for a silo; fedlb's gate and
+    warm launcher run them) with `--port` its own port (`port`, else the identity's)."""
+    pid, started = identity.get("pid"), identity.get("started")
+    if not isinstance(pid, int) or started is None or process_start_time(pid) != started:
+        return ""
+    port = port if port is not None else identity.get("port")
+    try:
+        command = psutil.Process(pid).cmdline()
+    except psutil.Error as error:  # gone since, or another user's
+        return "" if isinstance(error, psutil.NoSuchProcess) else "its command line is not readable"
+    entry = ENTRY_POINTS.get(str(identity.get("name")), "flower-supernode")
+    shown = shown_command(command)
+    if len(command) < 3 or not _is_guard(command[1]):
+        return f"`{shown}` is no process fedlb started"
+    points = [i for i, arg in enumerate(command) if Path(arg).name == entry]
+    if not points:
+        return f"`{shown}` runs no {entry}"
+    if not isinstance(port, int) or not any(
+        command[i + 1 : i + 2] == [str(port)]
+        for i in range(points[0], len(command) - 1)
+        if command[i] == "--port"
+    ):
+        return f"`{shown}` is a {entry}, but not on port {port}"
+    return None
+
+
+def _is_guard(path: str) -> bool:
+    try:
+        return Path(path).resolve() == GUARD.resolve()
+    except (OSError, RuntimeError):
         return False
+
+
+def shown_command(command: Sequence[str], limit: int = 80) -> str:
+    """A command line for a message: whole arguments, "..." where cut."""
+    shown = ""
+    for arg in command:
+        more = f"{shown} {arg}" if shown else arg
+        if len(more) > limit:
+            return f"{shown} ..." if shown else f"{arg[: limit - 4]} ..."
+        shown = more
+    return shown
+
+
+def stop_leftover(
+    identity: Mapping[str, Any], grace: float = 10.0, port: int | None = None
+) -> bool:
+    """Stop the process group `FlowerProcess.identity()` described, if its leader still
+    runs as fedlb started it (`leftover`: same PID and start time, and the command line
+    of its entry point on its port); whether there was one to stop. Any other process
+    is left alone."""
+    if leftover(identity, port) is not None:
+        return False
+    pid, started = int(identity["pid"]), identity.get("started")
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlb import _flower_internals as flower
+from fedlb.security import StoredFileError, read_json
 
 from .run_config import ConfigError, read_toml
 
@@ -185,17 +186,21 @@ def parse_run_config(text: str) -> dict[str, Any]:
     return parsed
 
 
+APP_FILE_BYTES = 2**20  # an app's folder and its run-config overrides
+
+
 def read_kept(out_dir: Path) -> dict[str, Any]:
     """out_dir/app.json ({}: none, a run of fedlb's own app); a ConfigError naming it and
     what to do where it is damaged."""
     path = out_dir / APP_FILE
     try:
-        kept = json.loads(path.read_bytes())
+        kept = read_json(path, max_bytes=APP_FILE_BYTES)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as error:
+    except (OSError, StoredFileError) as error:  # too large, not UTF-8, not JSON, too deep
+        why = error.reason if isinstance(error, StoredFileError) else error.strerror or error
         raise ConfigError(
-            f"{path} is damaged ({error}): it names the app the run was started with; "
+            f"{path} is damaged ({why}): it names the app the run was started with; "
             "restore it, or start a new run"
         ) from None
     if not (

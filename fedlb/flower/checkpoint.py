@@ -41,7 +41,7 @@ from .membership import Membership
 from .records import record_from_dict, record_to_dict
 from .round_log import RoundLog
 from .rounds_file import RecordsError, resume_round_lines
-from .run_files import RUN_FILES, read_json_object
+from .run_files import RUN_FILES, parse_json, read_json_object
 
 CHECKPOINT_VERSION = 2  # 2: run id, settings digest, content digest
 
@@ -151,7 +151,8 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
             digest = stored.pop("digest", None)
             intact = digest is not None and bytes(digest).decode() == _content_digest(stored)
             try:
-                meta = json.loads(bytes(stored["meta"]).decode())
+                # bounded: its digest catches damage, not a value built to crash the reader
+                meta = parse_json(bytes(stored["meta"]), max_depth=64)
             except (KeyError, ValueError):
                 meta = None
             version = meta.get("version") if isinstance(meta, dict) else None
@@ -196,7 +197,7 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     except (KeyError, TypeError, ValueError) as error:
         raise CheckpointError(f"{path}: its round record is unreadable ({error!r})") from error
     try:  # the rounds on file must be readable to go on from it (nothing is changed here)
-        resume_round_lines(run_dir / RUN_FILES.rounds, first_unpublished)
+        resume_round_lines(run_dir / RUN_FILES.rounds, first_unpublished, checkpoint.round)
     except RecordsError as error:
         raise CheckpointError(str(error)) from error
     return checkpoint

@@ -19,6 +19,8 @@ from typing import Any, TypeGuard
 
 from rich.console import Console
 
+from fedlb.security.stored import MAX_JSON_LINE_BYTES, MAX_JSON_LINES_BYTES
+
 from .records import RoundRecord, SiloRound, summarise_rounds
 from .run_files import RUN_FILES, json_kind, parse_json
 from .tensorboard import EXTRA, RoundScalars, tensorboard_installed
@@ -121,8 +123,39 @@ def _values(
             pass
         elif not _of_type(value, kind):
             raise ValueError(f"{key} is {_shown(value)}, not {_KINDS.get(kind, kind)}")
+        elif (why := _out_of_bounds(name, value)) is not None:
+            raise ValueError(f"{key} is {_shown(value)}, {why}")
         values[name] = value
     return values
+
+
+# What a record's numbers can be (a line outside them was not written by fedlb). A size
+# or step count of 0 is what a record says of a silo that was sent and said none.
+_SECONDS = (0.0, 1e9)  # 30 years
+BOUNDS: dict[str, tuple[float, float]] = {
+    **dict.fromkeys(("batch_size", "local_steps", "next_batch_size"), (0, 2**40)),
+    **dict.fromkeys(("node", "num_examples"), (0, 2**64)),  # Flower's node ids: uint64
+    **dict.fromkeys(
+        ("compute_s", "fixed_s", "round_s", "idle_s", "he_s", "start_s", "wall_s"), _SECONDS
+    ),
+    **dict.fromkeys(("ideal_s", "eval_wall_s", "server_s", "balancer_s"), _SECONDS),
+    "emulated_speed": (0.0, 1e15),
+    "update_norm": (0.0, math.inf),
+    "server_rss_mb": (0.0, 1e9),
+    "efficiency": (0.0, math.inf),
+    "idle_fraction": (0.0, 1.0),
+    "guard_floor": (0.0, math.inf),
+}
+
+
+def _out_of_bounds(name: str, value: Any) -> str | None:
+    """Why a field's number is not one fedlb writes (None: it is, or it is no number)."""
+    if name not in BOUNDS or value is None or value != value:  # NaN: a silo that did not report
+        return None
+    low, high = BOUNDS[name]
+    if value < low:
+        return f"below {low:g}"
+    return f"above {high:g}" if value > high else None
 
 
 _KINDS = {"float": "a number", "int": "a whole number", "str": "text", "list[str]": "a list"}
@@ -170,34 +203,66 @@ class RoundLines:
     rows: list[tuple[int, dict[str, Any], str]]  # (line number, its JSON, its text)
     torn: int | None = None  # the number of a last line cut short (None: none)
     torn_round: int | None = None  # the round that line belonged to
+    torn_named: bool = False  # whether that line says its round (else torn_round is a guess)
 
 
 def read_round_lines(path: Path) -> RoundLines:
-    """The lines of a run's rounds.jsonl (no file: none). A last line that is no record was
-    cut short (the server stopped while writing it): it is reported, not returned; a line
-    before the last that is no record is a RecordsError naming it."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return RoundLines(path, [])
-    numbered = [(n, raw) for n, raw in enumerate(data.split(b"\n"), start=1) if raw.strip()]
+    """The lines of a run's rounds.jsonl (no file: none), read a line at a time within
+    fedlb.security.stored's bounds. A last line cut short (the server stopped while
+    writing it: no newline after it, and it begins as fedlb's lines do) is reported, not
+    returned; any other line that is no record is a RecordsError naming it."""
     read = RoundLines(path, [])
-    for index, (number, raw) in enumerate(numbered):
-        try:
-            row = parse_round_line(raw)
-        except ValueError as error:
-            if index < len(numbered) - 1:
-                raise RecordsError(_damaged(path, number, str(error))) from None
-            read.torn, read.torn_round = number, _torn_round(raw, read)
-            break
-        read.rows.append((number, row, raw.decode().strip()))
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        return read
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > MAX_JSON_LINES_BYTES:
+            why = f"{size} bytes, more than the {MAX_JSON_LINES_BYTES} such a file holds"
+            raise RecordsError(
+                f"{path} is not a run's rounds.jsonl ({why}): restore it from a copy, and try again"
+            )
+        unread: tuple[int, bytes, str] | None = None  # no record: damage unless the last
+        number = 0
+        while raw := handle.readline(MAX_JSON_LINE_BYTES + 1):
+            number += 1
+            if not raw.strip():
+                continue
+            if unread is not None:
+                raise RecordsError(_damaged(path, unread[0], unread[2]))
+            if len(raw) > MAX_JSON_LINE_BYTES and not raw.endswith(b"\n"):
+                why = f"longer than the {MAX_JSON_LINE_BYTES} bytes of any round's line"
+                raise RecordsError(_damaged(path, number, why))
+            try:
+                read.rows.append((number, parse_round_line(raw), raw.decode().strip()))
+            except ValueError as error:
+                unread = (number, raw, str(error))
+    if unread is not None:
+        number, raw, why = unread
+        if not _cut_short(raw):
+            raise RecordsError(_damaged(path, number, why))
+        read.torn, read.torn_round = number, _torn_round(raw, read)
+        read.torn_named = _TORN_ROUND.match(raw) is not None
     return read
+
+
+_LINE_START = b'{"round": '  # how every line fedlb writes begins (json.dumps, round first)
+
+
+def _cut_short(raw: bytes) -> bool:
+    """Whether a line that is no record can be one cut short as fedlb wrote it: each
+    record's lines go out in one write, newline last, so a cut one has none."""
+    return not raw.endswith(b"\n") and (raw.startswith(_LINE_START) or _LINE_START.startswith(raw))
+
+
+_TORN_ROUND = re.compile(rb'\s*\{\s*"round"\s*:\s*(\d{1,18})\s*[,}]')
 
 
 def _torn_round(raw: bytes, read: RoundLines) -> int:
     """The round a line cut short belonged to: the number it starts with (a record's first
     field), else the last whole line's round if its lines are not all there, else the next."""
-    match = re.match(rb'\s*\{\s*"round"\s*:\s*(\d+)\s*[,}]', raw)
+    match = _TORN_ROUND.match(raw)
     if match:
         return int(match.group(1))
     if not read.rows:
@@ -242,8 +307,12 @@ def resume_round_lines(
     is one of those; when it is of an earlier round, that round is not run again (the
     checkpoint holds its model), so its record stays short of the lines it lost, and the
     note says so, as it says which earlier rounds have no line at all. A damaged line
-    elsewhere, or a kept line that is no record, is a RecordsError naming it. Reads only."""
+    elsewhere, or a kept line that is no record, is a RecordsError naming it, as is a line
+    that explains nothing: rounds out of order, or a round later than a stopped server
+    can have written after its checkpoint (done + 1; keep_before + 1 where `done` is not
+    given). Reads only."""
     read = read_round_lines(path)
+    _check_order(read, (done if done is not None else keep_before) + 1)
     kept = [(n, row, text) for n, row, text in read.rows if row["round"] < keep_before]
     records = _records([(n, row) for n, row, _ in kept], path)
     counts: Counter[int] = Counter()
@@ -306,6 +375,32 @@ def resume_round_lines(
     if said:
         note = f"{path}: " + "; ".join(said)
     return ResumedLines([text for _, _, text in kept], records, note, incomplete, missing)
+
+
+def _check_order(read: RoundLines, last: int) -> None:
+    """A RecordsError naming the first line of `read` whose round comes before the line's
+    above it (fedlb writes rounds in order, a resumed run appending after the rounds it
+    kept), or is later than `last`: no stopped server wrote it, so no resume may drop
+    it as written after its checkpoint, nor keep it."""
+    above: tuple[int, int] | None = None  # (line, round) of the last line read
+    # a line cut short counts where it says its round (else its round is a guess)
+    lines: list[tuple[int, int]] = [(n, row["round"]) for n, row, _ in read.rows]
+    if read.torn_named and read.torn is not None and read.torn_round is not None:
+        lines.append((read.torn, read.torn_round))
+    for number, round_ in lines:
+        if above is not None and round_ < above[1]:
+            raise RecordsError(
+                f"{read.path} line {number} is of round {round_}, after line {above[0]} of "
+                f"round {above[1]}: fedlb writes rounds in order, so one of them is damaged; "
+                "restore the file from a copy, or correct that line, and try again"
+            )
+        if round_ > last:
+            raise RecordsError(
+                f"{read.path} line {number} is of round {round_}, later than any a stopped "
+                f"server writes after its checkpoint (round {last} at most): the line is "
+                "damaged; restore the file from a copy, or delete that line, and try again"
+            )
+        above = (number, round_)
 
 
 def _rounds(numbers: list[int]) -> str:

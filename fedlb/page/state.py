@@ -10,7 +10,6 @@ out-dir (fedlb.flower's RoundReporter.progress), read when the page asks."""
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -21,6 +20,9 @@ from typing import Any
 
 from fedlb.flower import RUN_FILES, RoundRecord, accuracy_of
 from fedlb.flower.identity import node_label
+from fedlb.security import read_json
+
+PROGRESS_BYTES = 2**20  # one round's silos and their reply times
 
 
 def _clean(value: Any) -> Any:
@@ -150,13 +152,20 @@ class PageState:
         push), still waiting for; None where it holds another round or none."""
         path = self._progress_path()
         try:
-            progress = json.loads(path.read_text()) if path is not None else None
-        except (OSError, ValueError):
+            progress = read_json(path, max_bytes=PROGRESS_BYTES) if path is not None else None
+        except (OSError, ValueError):  # StoredFileError too: a damaged one shows nothing
             return None  # not written yet, or being replaced: the next read has it
         if not isinstance(progress, dict) or progress.get("round") != number:
             return None
-        sent = [str(s) for s in progress.get("sent") or []]
-        replied = {str(k): v for k, v in (progress.get("replied") or {}).items()}
+        sent, replied = progress.get("sent"), progress.get("replied")
+        if not isinstance(sent, list) or not isinstance(replied, dict):
+            return None  # not as the ServerApp writes it
+        sent = [str(s) for s in sent]
+        replied = {
+            str(k): v
+            for k, v in replied.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)  # seconds
+        }
         return {
             "sent": sent,
             "replied": replied,

@@ -17,13 +17,17 @@ import shlex
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+from .stored import read_json
+
 LOCK_FILE = ".fedlb.lock"  # in the folder; never part of a run's results
 HOLDER_WRITTEN_S = 2.0  # how long a refused start waits for the holder to name itself
 COMMAND_CHARS = 120  # of the holder's command line in the refusal
+HOLDER_BYTES = 4096  # what a holder writes: its pid, command line and start
 
 _held: dict[Path, tuple[int, bool, int]] = {}  # folder -> (lock descriptor, made, claims)
 _guard = threading.Lock()
@@ -102,22 +106,61 @@ def _release(folder: Path, descriptor: int, made: bool) -> None:
 
 
 def command_line() -> str:
-    """This process's command as its user typed it (`fedlb experiment --out x`), cut short."""
+    """This process's command as its user typed it (`fedlb experiment --out x`), cut short
+    on whole arguments (`cut_command`)."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)  # python -m fedlb.cli
     first = sys.argv[0] if sys.argv else ""
     if spec is not None:
         program = ["python", "-m", spec.name.removesuffix(".__main__")]
     else:  # a command (fedlb, pytest), a script, python -c
         program = ["python", "-c"] if first == "-c" else [Path(first).name or "python"]
-    line = shlex.join([*program, *sys.argv[1:]])
-    return line if len(line) <= COMMAND_CHARS else line[: COMMAND_CHARS - 1] + "…"
+    return cut_command([*program, *sys.argv[1:]])
+
+
+def cut_command(arguments: list[str], limit: int = COMMAND_CHARS) -> str:
+    """`arguments` quoted as a shell would take them, at most `limit` characters: cut
+    between whole arguments, " ..." where it is; a first argument longer than that alone
+    is cut between whole characters (a letter and its accents kept together). Each
+    argument is read as UTF-8 from the bytes the OS gave (U+FFFD where they are not)."""
+    shown = [_printable(argument) for argument in arguments]
+    line = shlex.join(shown)
+    if len(line) <= limit:
+        return line
+    kept = ""
+    for argument in shown:
+        quoted = shlex.quote(argument)
+        more = f"{kept} {quoted}" if kept else quoted
+        if len(more) > limit - 4:
+            break
+        kept = more
+    if not kept:  # the first argument alone is too long: its first characters
+        kept = shlex.quote(_characters(shown[0], limit - 6))
+    return f"{kept} ..."
+
+
+def _printable(argument: str) -> str:
+    """An argument as the user typed it: its bytes as the OS gave them, read as UTF-8
+    (U+FFFD where they are not), whatever the locale decoded them as."""
+    return os.fsencode(argument).decode("utf-8", "replace")
+
+
+def _characters(text: str, limit: int) -> str:
+    """The first characters of `text`, at most `limit` of them, not parting a base
+    character from the combining marks after it."""
+    cut = min(limit, len(text))
+    while 0 < cut < len(text) and unicodedata.combining(text[cut]):
+        cut -= 1
+    return text[:cut]
 
 
 def refusal(folder: Path) -> str:
     """The line that refuses a start into `folder`, naming who holds it."""
     holder = _holder(folder / LOCK_FILE)
+    command = str(holder["command"]) if holder else ""
+    if len(command) > COMMAND_CHARS:  # another fedlb's, or written by hand: cut here too
+        command = _characters(command, COMMAND_CHARS - 4) + " ..."
     who = (
-        f"pid {holder['pid']}, `{holder['command']}` started at {holder['started']}"
+        f"pid {holder['pid']}, `{command}` started at {holder['started']}"
         if holder
         else "it has not named itself yet"
     )
@@ -132,8 +175,8 @@ def _holder(path: Path) -> dict[str, object] | None:
     what an earlier holder wrote: a start refused in that instant reads again a moment."""
     deadline = time.monotonic() + HOLDER_WRITTEN_S
     while True:
-        with contextlib.suppress(OSError, ValueError):
-            holder = json.loads(path.read_text())
+        with contextlib.suppress(OSError, ValueError):  # StoredFileError too: read again
+            holder = read_json(path, max_bytes=HOLDER_BYTES)
             if (
                 isinstance(holder, dict)
                 and {"pid", "command", "started"} <= set(holder)

@@ -18,6 +18,7 @@ from fedlb.flower import (
     records_from_json_lines,
     summarise_rounds,
 )
+from fedlb.security import StoredFileError, read_json, read_json_lines
 
 from .scenario import Scenario, ScenarioError
 
@@ -138,10 +139,20 @@ def combine_seeds(scenario: Scenario, summaries: dict[int, dict[str, Any]]) -> d
 def load_results(out: Path, target: float) -> tuple[Scenario, dict[int, dict[str, PolicyResult]]]:
     """A finished experiment in `out`, read back from its rounds.jsonl and summary.json:
     (its scenario with `target` as the target accuracy, every seed's policy results)."""
+    rounds_path = out / RUN_FILES.rounds
     try:
-        saved = json.loads((out / RUN_FILES.summary).read_text())
-        lines = (out / RUN_FILES.rounds).read_text().splitlines()
-    except (OSError, ValueError) as error:
+        saved = read_json(out / RUN_FILES.summary)
+        # bounded: a line at a time, each line and the file within fedlb.security.stored's
+        lines = list(read_json_lines(rounds_path))
+    except StoredFileError as error:  # too large, too deep, not JSON: named, line and all
+        if error.line is not None:
+            where = f"line {error.line}"
+            raise ScenarioError(_damaged(error.path, where, ValueError(error.reason))) from None
+        raise ScenarioError(
+            f"{error.path} is damaged ({error.reason}): restore it from a copy, or run the "
+            "experiment again"
+        ) from None
+    except OSError as error:
         raise ScenarioError(f"{out}: no finished experiment there ({error})") from error
     scenario_values = saved.get("scenario") if isinstance(saved, dict) else None
     if not isinstance(scenario_values, dict):
@@ -151,12 +162,10 @@ def load_results(out: Path, target: float) -> tuple[Scenario, dict[int, dict[str
         )
     values = {k.replace("_", "-"): v for k, v in scenario_values.items()}
     scenario = Scenario.from_mapping({**values, "target-accuracy": target})
-    rounds_path = out / RUN_FILES.rounds
     grouped: dict[tuple[int, str], list[str]] = {}
     clock: dict[tuple[int, str, int], float] = {}  # (seed, policy, round) -> clock time
-    for number, line in enumerate(lines, start=1):
+    for number, line, row in lines:
         try:
-            row = json.loads(line)
             seed, policy = row.get("seed", scenario.seed), row["policy"]
             grouped.setdefault((seed, policy), []).append(line)
             clock[(seed, policy, row["round"])] = float(row["clock_time_s"])

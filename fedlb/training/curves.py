@@ -18,12 +18,12 @@ times longer.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedlb.balance import StepCurve
+from fedlb.security import StoredFileError, read_json_object
 
 CURVES_FILE = Path(__file__).with_name("step-curves-h200-cpu.json")
 # (device, torch threads) of the file's rows -> the hardware part of a curve's name
@@ -39,7 +39,12 @@ CURVE_HARDWARE = {
 def _load(path: Path) -> dict[str, StepCurve]:
     measured: dict[str, list[tuple[int, float]]] = {}
     models: dict[str, str] = {}
-    for row in json.loads(path.read_text())["rows"]:
+    try:
+        rows = read_json_object(path)["rows"]
+    except (StoredFileError, KeyError) as error:  # fedlb's own file: the install is damaged
+        why = error.reason if isinstance(error, StoredFileError) else "no rows"
+        raise StoredFileError(path, f"{why}; it ships with fedlb: reinstall fedlb") from None
+    for row in rows:
         name = f"{_HARDWARE[(row['device'], row['threads'])]}/{row['model']}"
         measured.setdefault(name, []).append((int(row["batch"]), float(row["step_s"])))
         models[name] = row["model"]

@@ -481,8 +481,10 @@ def _original(reply):
     ("changes", "reason"),
     [
         ({COMPUTE_S: math.nan}, "not finite numbers"),
-        ({COMPUTE_S: -1.0}, "compute_s must be > 0"),
-        ({COMPUTE_S: 0.0}, "compute_s must be > 0"),
+        ({COMPUTE_S: -1.0}, f"{COMPUTE_S} must be in 0..1e+06 s, got -1"),
+        ({COMPUTE_S: 0.0}, "which no machine trains"),
+        ({COMPUTE_S: 1e-298}, "faster than 1e+09 samples/s"),  # the probe's: E was 0.048
+        ({OVERHEAD_S: 1.8e305}, f"{OVERHEAD_S} must be in 0..1e+06 s"),
         ({OVERHEAD_S: None}, f"missing metric(s) {OVERHEAD_S}"),
         ({BATCH_SIZE: 999}, "batch size 999 is not the"),
         ({LOCAL_STEPS: 2.5}, f"{LOCAL_STEPS} must be a whole number"),
@@ -569,31 +571,6 @@ def test_a_silo_that_never_sends_a_usable_update_runs_its_b0():
     for record in strategy.reporter.records:
         assert {s.node for s in record.silos} == {100, 101}
         assert any(f.startswith("node-102: update rejected") for f in record.failed)
-
-
-def test_a_silo_whose_dataset_size_changes_has_that_report_dropped(caplog):
-    grid = make_grid()
-    seen = []
-
-    def grow(reply):
-        if not is_train_from(reply, 101):
-            return reply
-        seen.append(1)
-        if len(seen) < 2:
-            return reply
-        return with_metrics(reply, **{"num-examples": reply.content["metrics"]["num-examples"] + 5})
-
-    grid.intercept = grow
-    strategy = LoadBalancedFedAvg(
-        min_available_nodes=3, balancing=Balancing(batch_size=16, local_steps=3)
-    )
-    with caplog.at_level("WARNING"):
-        start(strategy, grid, rounds=3)
-    second, third = strategy.reporter.records[1:]
-    assert any("num-examples changed from" in r for r in second.rejected), second.rejected
-    assert {s.node for s in second.silos} == {100, 101, 102}  # its update still counted
-    assert not third.rejected  # said once: the new size holds from then on
-    assert "num-examples changed from" in caplog.text
 
 
 @pytest.mark.parametrize(

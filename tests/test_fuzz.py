@@ -31,6 +31,7 @@ from fedlb.flower.protocol import (
     LOCAL_STEPS,
     MEM,
     MODEL_CLOCK,
+    MOST_SPEED,
     PARTITION_ID,
     REPORT_KEYS,
     SERVER_ROUND,
@@ -389,7 +390,12 @@ def test_a_random_silo_report_is_read_or_refused(metrics):
     )
 )
 def test_a_report_reads_back_as_it_was_sent(report):
-    assert read_report(MetricRecord(report.metrics())) == report
+    """... where its speed is a machine's; faster than MOST_SPEED it is refused."""
+    if report.batch_size * report.local_steps > MOST_SPEED * report.compute_s:
+        with pytest.raises(ProtocolError, match="which no machine trains"):
+            read_report(MetricRecord(report.metrics()))
+    else:
+        assert read_report(MetricRecord(report.metrics())) == report
 
 
 @FUZZ

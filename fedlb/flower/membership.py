@@ -161,11 +161,14 @@ class Membership:
         do not goes to `failed`."""
         refused = set()
         for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):  # the first holds
-            why = self.claim(msg.metadata.src_node_id, partition_of(only_metrics(msg)))
+            node, partition = msg.metadata.src_node_id, partition_of(only_metrics(msg))
+            why = self.claim(node, partition)
             if why is not None:
                 refused.add(id(msg))
                 failed.append(why)
                 say(logging.WARNING, "round %d: %s", server_round, why)
+            else:  # labelled now: its example count is pinned by its label (claims.py)
+                self.name(node, partition)
         return [m for m in replies if id(m) not in refused]
 
     def bench(

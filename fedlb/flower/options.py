@@ -79,15 +79,26 @@ class Joining:
         still lists it (a killed SuperNode stays listed until its heartbeats lapse,
         Flower: 2 x 30 s). Default 60. X = Σ B0 of the silos present: one that leaves
         takes its B0 out, one that comes back brings it again, with a new speed estimate.
+    examples: each silo's example count (the weighting key's value, `num-examples` by
+        default) by silo label ("silo-0", ...), as the operator knows it: a silo that
+        claims another is refused and weighs this. Default None: each silo's first claim
+        is pinned for the run (fedlb.flower.claims).
+    max_share: the most of the average any one silo's update may weigh (0 < share <= 1);
+        a silo whose claim would weigh more is lowered to it. Default None: no cap (a
+        dominant claim is said in round 1).
     """
 
     expected_silos: int | None = None
     join_timeout: float = 600.0
     rejoin_grace: float = 60.0
+    examples: Mapping[str, int] | None = None
+    max_share: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.rejoin_grace) and self.rejoin_grace >= 0):
             raise ValueError(f"rejoin_grace must be a finite number >= 0, got {self.rejoin_grace}")
+        if self.max_share is not None and not 0 < self.max_share <= 1:
+            raise ValueError(f"max_share must be None or in (0, 1], got {self.max_share!r}")
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,11 @@ START_S = "fedlb.start-s"
 UPDATE_NORM = "fedlb.update-norm"
 REPORT_KEYS = (BATCH_SIZE, LOCAL_STEPS, COMPUTE_S, OVERHEAD_S)  # a report needs these
 LARGEST = 2**24  # the most samples per step, or steps per round, a report may claim
+# Physical bounds on a report's times: a round takes less than ~11 days, and no machine
+# trains a billion samples a second (an H200 runs a small MLP at ~10^7); a report past them
+# is dropped with the reason (1e-298 s once set the round's ideal time and E for everyone)
+MOST_SECONDS = 1e6
+MOST_SPEED = 1e9  # samples/s
 
 # server -> the app's Result, beside the app's aggregated train metrics: the round's
 # balance (key -> RoundRecord field)
@@ -361,6 +366,15 @@ def read_report(metrics: Mapping[str, Any]) -> SiloReport:
             raise ProtocolError(f"{key} must be a whole number, got {values[key]!r}")
         if not 1 <= values[key] <= LARGEST:
             raise ProtocolError(f"{key} must be in 1..{LARGEST}, got {values[key]:g}")
+    for key in (COMPUTE_S, OVERHEAD_S):
+        if not 0 <= values[key] <= MOST_SECONDS:
+            raise ProtocolError(f"{key} must be in 0..{MOST_SECONDS:g} s, got {values[key]:g}")
+    samples = values[BATCH_SIZE] * values[LOCAL_STEPS]
+    if samples > MOST_SPEED * values[COMPUTE_S]:
+        raise ProtocolError(
+            f"{samples:g} samples in {values[COMPUTE_S]:g} s of {COMPUTE_S} is faster than "
+            f"{MOST_SPEED:g} samples/s, which no machine trains: not a measured time"
+        )
     partition = values.get(PARTITION_ID)
     return SiloReport(
         batch_size=int(values[BATCH_SIZE]),

@@ -103,13 +103,11 @@ class UpdateCheck:
 
 
 class ReportCheck:
-    """Reads a reply's SiloReport and checks it against what the silo was told and what it
-    said before: its batch size and steps, and its dataset size (a silo whose data changed
-    has its speed measured on other data)."""
+    """Reads a reply's SiloReport and checks it against what the silo was told: its batch
+    size and steps (its example count is fedlb.flower.claims' business)."""
 
     def __init__(self, weighted_by_key: str) -> None:
         self.weighted_by_key = weighted_by_key
-        self._examples: dict[int, float | None] = {}
 
     def read(
         self, node: int, metrics: MetricRecord, sent: tuple[int | None, int | None]
@@ -119,14 +117,6 @@ class ReportCheck:
             report = read_report(metrics)
         except ProtocolError as error:
             return None, str(error)
-        examples = numbers(metrics).get(self.weighted_by_key)
-        known = self._examples.setdefault(node, examples)
-        if examples != known:
-            self._examples[node] = examples  # said once; the new size holds from now on
-            return None, (
-                f"{self.weighted_by_key} changed from {known:g} to {examples:g}: its dataset "
-                "is not the one its speed was measured on"
-            )
         for what, value, expected in (
             ("batch size", report.batch_size, sent[0]),
             ("local steps", report.local_steps, sent[1]),

@@ -18,6 +18,7 @@ from flwr.serverapp import Grid
 from fedlb.balance import BatchSizeManager, StabilityGuard, Verdict, WorkerReport
 
 from .balancing import StoredProfiles, read_reports, start_manager
+from .claims import Claims
 from .driving import Driving
 from .grid import PollingGrid
 from .he import EncryptedAggregation
@@ -41,6 +42,7 @@ class RoundBalance:
     guard: StabilityGuard | None
     he: EncryptedAggregation | None
     weighted_by_key: str
+    claims: Claims
     members: Membership
     updates: UpdateCheck
     report_check: ReportCheck
@@ -149,6 +151,12 @@ class RoundBalance:
             for m in valid
             if m not in kept
         ]
+        kept, unweighed = self.claims.weigh(
+            server_round, kept, self.members.label, self.members.event
+        )
+        for node, why in unweighed.items():
+            failed.append(f"{self.members.label(node)}: {why}")
+            say(WARNING, "round %d: %s: %s", server_round, self.members.label(node), why)
         read = read_reports(
             server_round, kept, self.report_check, self._sent, self.members, self._load_report
         )
@@ -164,7 +172,8 @@ class RoundBalance:
         diverged, verdict = self._guard_round(
             server_round, read.said, read.app_numbers, triage.blown_up
         )
-        for node, why in {**triage.rejected, **diverged}.items():  # told in its next message
+        # each told in its next message
+        for node, why in {**triage.rejected, **unweighed, **diverged}.items():
             self._notices[node] = (
                 f"its update of round {server_round} was left out of the average: {why}"
             )

@@ -31,6 +31,7 @@ from .aggregation import (
 )
 from .balancing import StoredProfiles, describe_balancing
 from .checkpoint import Checkpoint, restore_strategy_state, save_checkpoint, strategy_state
+from .claims import Claims
 from .composition import (
     LEGACY_HOOKS,
     as_stock,
@@ -168,6 +169,7 @@ class LoadBalanced(RoundBalance, Strategy):
             joining.join_timeout,
             joining.rejoin_grace,
         )
+        self.claims = Claims(self.weighted_by_key, joining.examples, joining.max_share)
         self.updates = UpdateCheck(self.weighted_by_key, he)
         self.report_check = ReportCheck(self.weighted_by_key)
         self.manager: BatchSizeManager | None = None
@@ -530,6 +532,7 @@ class LoadBalanced(RoundBalance, Strategy):
         state = strategy_state(self.manager, self.members, self.rounds)
         if self.guard is not None:
             state["guard"] = self.guard.state_dict()
+        state["examples"] = self.claims.state_dict()
         return state
 
     def restore(self, checkpoint: Checkpoint) -> ArrayRecord:
@@ -545,5 +548,6 @@ class LoadBalanced(RoundBalance, Strategy):
             else:  # a checkpoint from before the guard's state was kept: the floor the
                 # run had reached is in the tuner's state, and the guard goes on there
                 self.guard.resume_at(float(getattr(self.manager.tuner, "min_share", 0.0)))
+        self.claims.load_state_dict(checkpoint.strategy.get("examples") or {})
         self.progress.offset = checkpoint.round
         return checkpoint.arrays

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedlb.data import profile_cache_dir
+from fedlb.security import StoredFileError, read_json_object, set_aside
 
 from .protocol import PARTITION_ID, SERVER_ROUND, SiloReport, numbers
-from .run_files import read_json_object
 
 if TYPE_CHECKING:  # a silo answering a query never needs the server side
     from flwr.serverapp import Grid
@@ -62,11 +62,21 @@ PROFILE_STEPS = "fedlb.profile-steps"  # τ it ran
 PROFILE_AGE = "fedlb.profile-age-s"
 PROFILE_ROUNDS = "fedlb.profile-rounds"
 MOST_ROUNDS = 5  # a profile counts as at most this many rounds' reports
-# What a measurement can be: a figure outside these is a damaged profile, ignored (a
-# speed of 1e300 samples/s would otherwise be "balanced from", then found stale)
-MAX_SPEED = 1e9  # samples/s: no silo trains faster
-MAX_OVERHEAD_S = 1e6
-MAX_SIZE = 2**24  # batch size, local steps
+# What a measurement can be: a profile with a figure outside these is ignored, with the
+# reason (a speed of 1e300 samples/s would otherwise be "balanced from", then found stale;
+# a B0 and τ of 2^24 made round 1's sizes 1.4 M and 14 M, and every silo missed its
+# timeout). The same bounds as a train report's (protocol: 1e9 samples/s, 1e6 s), tighter
+# on sizes: a profile's are the silo's own B0 and τ, which the balancer sums into X.
+MAX_SPEED = 1e9  # samples/s: no silo trains faster (an H200 runs a small MLP at ~10^7)
+MAX_OVERHEAD_S = 1e6  # ~11 days a round
+MAX_BATCH = 2**16  # a silo's own B0: 65,536 samples a step (typical: 16 to 512)
+MAX_STEPS = 2**16  # τ
+MAX_SAMPLES = 2**24  # B0·τ: ~17 M samples a round, 13 passes over ImageNet-1k
+MAX_COMPUTE_S = MAX_OVERHEAD_S  # B0·τ / speed: a round's compute at its measured speed
+# A profile file is a few hundred bytes; the folder's shared files (models seen, the
+# guard's verdicts) an entry per model or app. Larger is damage, refused before reading.
+MAX_PROFILE_BYTES = 2**16
+MAX_KEPT_BYTES = 2**23
 PROFILE_PARTITION = PARTITION_ID  # the same key as a train report's
 
 
@@ -99,12 +109,13 @@ class SiloProfile:
     ) -> SiloProfile:
         """A profile from stored or sent figures; ValueError, saying which figure, where
         one is not a number or not what a measurement can be (not finite, not above
-        zero, beyond MAX_SPEED...): a damaged profile."""
+        zero, beyond MAX_SPEED, MAX_BATCH, MAX_STEPS, B0·τ beyond MAX_SAMPLES or
+        MAX_COMPUTE_S of compute at its speed): a profile to ignore."""
         figures = {  # name: (value, least, most, unit); a speed must be above zero
             "speed": (speed, 0.0, MAX_SPEED, " samples/s"),
             "fixed cost": (overhead_s, 0.0, MAX_OVERHEAD_S, " s"),
-            "batch size": (batch_size, 1, MAX_SIZE, ""),
-            "local steps": (local_steps, 1, MAX_SIZE, ""),
+            "batch size": (batch_size, 1, MAX_BATCH, ""),
+            "local steps": (local_steps, 1, MAX_STEPS, ""),
             "rounds": (rounds, 1, 2**31, ""),
             "run id": (run_id, 0, 2**64 - 1, ""),  # Flower's run ids are unsigned 64-bit
         }
@@ -115,8 +126,22 @@ class SiloProfile:
             if not least <= value <= most or (name == "speed" and value == 0):
                 opening = "(" if name == "speed" else "["
                 raise ValueError(f"{name} {value:.3g}{unit}, not in {opening}{least:g}, {most:g}]")
+            if isinstance(least, int) and not float(value).is_integer():  # a count
+                raise ValueError(f"{name} {value:g}, not a whole number")
         if not is_finite_number(measured_at):
             raise ValueError(f"measured at {measured_at!r:.20}, not a time")
+        # each figure in range, a round of them may still be none a silo ran
+        samples = batch_size * local_steps
+        if samples > MAX_SAMPLES:
+            raise ValueError(
+                f"batch size {batch_size} x {local_steps} local steps: {samples:.3g} samples "
+                f"a round, more than {MAX_SAMPLES:g}"
+            )
+        if samples / speed > MAX_COMPUTE_S:
+            raise ValueError(
+                f"{samples} samples a round at {speed:.3g} samples/s: {samples / speed:.3g} s "
+                f"of compute, more than {MAX_COMPUTE_S:g}"
+            )
         return cls(
             speed=float(speed),
             overhead_s=float(overhead_s),
@@ -224,16 +249,29 @@ def record_round(
 
 def load_profile(label: str, model: str, machine: Mapping[str, Any]) -> SiloProfile | None:
     """The silo's profile for this model on this hardware; None if there is none, it is
-    unreadable or older than MAX_AGE_S."""
+    unreadable, not what a silo can measure (`SiloProfile.checked`, said once) or older
+    than MAX_AGE_S. A damaged file (too large, too deep, not JSON, not a profile's
+    fields) is set aside, said once: the silo goes on as if it had none."""
     folder = profile_cache_dir()
     if folder is None:
         return None
     path = _entry(folder, label, model, machine)
+    then = "this silo's next train round measures it afresh"
     try:
-        stored = read_json_object(path)
-        missing = [key for key in _STORED if key not in stored]
-        if missing:
-            raise ValueError(f"no {', '.join(missing)}")
+        stored = read_json_object(path, max_bytes=MAX_PROFILE_BYTES)
+    except FileNotFoundError:
+        return None
+    except StoredFileError as error:
+        set_aside_damaged(path, error.reason, then)
+        return None
+    except OSError as error:
+        _say_once(path, "ignoring the speed profile %s (%s): %s", path, _reason(error), then)
+        return None
+    fault = _shape_fault(stored)
+    if fault is not None:
+        set_aside_damaged(path, fault, then)
+        return None
+    try:
         profile = SiloProfile.checked(
             stored["speed"],
             stored["overhead_s"],
@@ -243,17 +281,8 @@ def load_profile(label: str, model: str, machine: Mapping[str, Any]) -> SiloProf
             rounds=stored.get("rounds", 1),
             run_id=stored.get("run_id", 0),
         )
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as error:
-        if path not in _SAID_DAMAGED:  # once per process: a silo reads it every round
-            _SAID_DAMAGED.add(path)
-            log.warning(
-                "ignoring the damaged speed profile %s (%s): this silo's next train round "
-                "measures it afresh and replaces it",
-                path,
-                error.strerror if isinstance(error, OSError) and error.strerror else error,
-            )
+    except ValueError as error:  # figures, but none a silo measures: ignored, replaced
+        _say_once(path, "ignoring the speed profile %s (%s): %s and replaces it", path, error, then)
         return None
     return profile if profile.age_s <= MAX_AGE_S else None
 
@@ -262,6 +291,49 @@ _SAID_DAMAGED: set[Path] = set()
 
 
 _STORED = ("speed", "overhead_s", "batch_size", "local_steps", "measured_at")
+
+
+def _shape_fault(stored: Mapping[str, Any]) -> str | None:
+    """What makes a stored object no profile (a field missing, or not a number), or None."""
+    missing = [key for key in _STORED if key not in stored]
+    if missing:
+        return f"no {', '.join(missing)}"
+    for key in (*_STORED, "rounds", "run_id"):
+        if key in stored and not is_finite_number(stored[key]):
+            return f"{key} {stored[key]!r:.20}, not a number"
+    return None
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or str(error)
+
+
+def _say_once(path: Path, message: str, *args: Any) -> None:
+    """A warning about `path`, once per process (a silo reads its profile every round)."""
+    if path not in _SAID_DAMAGED:
+        _SAID_DAMAGED.add(path)
+        log.warning(message, *args)
+
+
+def set_aside_damaged(path: Path, reason: str, then: str) -> None:
+    """A damaged file of the profiles' folder renamed beside itself
+    (security.set_aside), said once with its new name and `then` (what happens
+    instead); one that cannot be renamed is said once and left."""
+    try:
+        moved = set_aside(path)
+    except FileNotFoundError:  # another process (a silo and its server share the folder)
+        return
+    except OSError as error:
+        _say_once(
+            path,
+            "ignoring the damaged %s (%s; it could not be set aside: %s): %s",
+            path,
+            reason,
+            _reason(error),
+            then,
+        )
+        return
+    log.warning("set aside the damaged %s as %s (%s): %s", path, moved.name, reason, then)
 
 
 def profile_reply(msg: Message, profile: SiloProfile | None, partition: int | None) -> Message:
@@ -326,17 +398,16 @@ def seen_before(model: str) -> bool:
     if folder is None:
         return False
     path = folder / SEEN_FILE
+    then = "round 1 runs at every silo's B0, and the file is written anew after it"
     try:
-        return model in read_json_object(path)
+        return model in read_json_object(path, max_bytes=MAX_KEPT_BYTES)
     except FileNotFoundError:
         return False
-    except (OSError, ValueError) as error:
-        log.warning(
-            "ignoring the damaged %s (%s): round 1 runs at every silo's B0, and the file "
-            "is written anew after it",
-            path,
-            error.strerror if isinstance(error, OSError) and error.strerror else error,
-        )
+    except StoredFileError as error:
+        set_aside_damaged(path, error.reason, then)
+        return False
+    except OSError as error:
+        log.warning("could not read %s (%s): %s", path, _reason(error), then)
         return False
 
 
@@ -346,16 +417,22 @@ def remember_model(model: str) -> None:
 
 def store_entry(name: str, key: str, value: Any, what: str) -> None:
     """Set `key` to `value` in the JSON object of the profiles' folder's file `name`
-    (a damaged file, which its reader said, is written anew); a failure is said ("could
+    (a damaged file is set aside, said, and written anew); a failure is said ("could
     not `what` in FOLDER"), never raised: what is kept there only saves time."""
     folder = profile_cache_dir()
     if folder is None:
         return
     path = folder / name
     try:
-        kept = read_json_object(path)
-    except (OSError, ValueError):  # none yet, or damaged
+        kept = read_json_object(path, max_bytes=MAX_KEPT_BYTES)
+    except FileNotFoundError:
         kept = {}
+    except StoredFileError as error:
+        set_aside_damaged(path, error.reason, "written anew")
+        kept = {}
+    except OSError as error:  # unreadable, perhaps not unwritable: never written over
+        log.warning("could not %s in %s: %s", what, folder, _reason(error))
+        return
     kept[key] = value
     try:
         write_json_file(path, kept)

@@ -87,16 +87,18 @@ def test_a_damaged_store_is_ignored_and_said(tmp_path, monkeypatch, caplog):
     path.parent.mkdir()
     path.write_text("{half a file")
     assert recall("k") is None
-    assert f"ignoring the damaged {path}" in caplog.text
+    assert f"set aside the damaged {path} as {VERDICTS_FILE}.damaged-" in caplog.text
+    assert not path.exists()  # so said once: the run goes on as if there were none
     keep("k", Remembered("edge", time.time(), "x"))  # written anew
     assert recall("k").regime == "edge"
     path.write_text(json.dumps({"k": {"regime": "calm", "at": time.time()}}))
     assert recall("k") is None
     path.write_text(json.dumps({"k": {"regime": "stable", "at": float("nan")}}))
-    assert recall("k") is None
+    assert recall("k") is None  # NaN is no JSON number: the file is damaged, set aside
+    assert caplog.text.count("set aside the damaged") == 2
     path.write_text(json.dumps({"k": "stable"}))
     assert recall("k") is None
-    assert caplog.text.count("ignoring a damaged verdict") == 3
+    assert caplog.text.count("ignoring a damaged verdict") == 2
     monkeypatch.setenv("FEDLB_PROFILE_DIR", "off")
     keep("k", Remembered("stable", time.time(), "x"))  # off: nothing kept, no error
     assert recall("k") is None
@@ -229,11 +231,12 @@ def test_the_verdicts_command_lists_forgets_and_says_what_is_wrong(tmp_path, mon
     assert path.stat().st_mode & 0o777 == 0o600
     path.write_text("{half")
     damaged = runner.invoke(cli, ["verdicts"])
-    assert damaged.exit_code == 2
+    assert damaged.exit_code == 1
     assert "--forget-all" in damaged.output
-    assert runner.invoke(cli, ["verdicts", "--forget-all"]).exit_code == 2  # unreadable
+    assert runner.invoke(cli, ["verdicts", "--forget-all"]).exit_code == 0  # set aside
+    assert not path.exists()
     path.write_text(json.dumps({"k3": "stable"}))
-    assert "damaged" in runner.invoke(cli, ["verdicts"]).output
+    assert "damaged verdict k3 (not an object)" in runner.invoke(cli, ["verdicts"]).output
     assert runner.invoke(cli, ["verdicts", "--forget-all"]).exit_code == 0
     assert remembered() == {}
     monkeypatch.setenv("FEDLB_PROFILE_DIR", "off")
@@ -279,3 +282,124 @@ def test_a_process_is_pointed_at_a_profiles_folder_without_touching_its_environm
     use_profile_dir("")  # none: nothing stored or read
     assert profile_cache_dir() is None
     assert recall("k") is None
+
+
+DEEP = "[" * 200_000 + "]" * 200_000  # the probe's: the ServerApp exited 201, the run failed
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (DEEP, "nested deeper than 32 levels"),
+        ('{"k": ' + "[" * 30_000 + "]" * 30_000 + "}", "nested deeper than 32 levels"),
+        ('{"k": {"regime": "stable", "at": 1e999}}', "not a finite number"),
+        ("[]", "not a JSON object"),
+    ],
+    ids=["200k-deep", "30k-deep", "1e999", "array"],
+)
+def test_a_damaged_verdicts_file_is_set_aside_and_the_run_probes(
+    tmp_path, monkeypatch, caplog, text, reason
+):
+    """Issue 51, item 4: the server's round 1 reads the verdicts file; a damaged one is
+    renamed beside itself, said once with its new name, and the guard probes as if there
+    were none; the next verdict is written to a new file."""
+    folder = tmp_path / "profiles"
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(folder))
+    folder.mkdir()
+    path = folder / VERDICTS_FILE
+    path.write_text(text)
+    caplog.set_level("WARNING")
+    assert recall("k") is None
+    assert recall("k") is None
+    (moved,) = folder.glob(f"{VERDICTS_FILE}.damaged-*")
+    assert moved.read_text() == text  # nothing lost
+    (line,) = caplog.messages
+    assert f"set aside the damaged {path} as {moved.name} (" in line
+    assert reason in line
+    assert "the guard probes this run" in line
+    keep("k", Remembered("stable", time.time(), "round 2's probe"))
+    assert recall("k").regime == "stable"
+
+
+def test_a_verdict_found_at_no_time_is_a_damaged_entry(tmp_path, monkeypatch, caplog):
+    """`at` is time.time() when the verdict was reached: 1e308 and -1e18 made `fedlb
+    verdicts` fail (a traceback; "Value too large for defined data type"), and one far
+    ahead would never grow old. Each is a damaged entry: ignored, the others kept."""
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
+    keep("good", Remembered("stable", time.time() - 60, "round 2's probe"))
+    path = tmp_path / "profiles" / VERDICTS_FILE
+    kept = json.loads(path.read_text())
+    for key, at in {"big": 1e308, "negative": -1e18, "ahead": time.time() + 3 * 24 * 3600}.items():
+        kept[key] = {**kept["good"], "at": at}
+    path.write_text(json.dumps(kept))
+    caplog.set_level("WARNING")
+    for key in ("big", "negative", "ahead"):
+        assert recall(key) is None
+    assert caplog.text.count("ignoring a damaged verdict") == 3
+    assert "not a time" in caplog.text
+    assert recall("good").regime == "stable"
+    assert path.exists()  # the file is sound: its damaged entries stay, listed as such
+
+
+def test_fedlb_verdicts_lists_what_it_can_and_says_what_is_damaged(tmp_path, monkeypatch):
+    """`fedlb verdicts` on damaged entries (at 1e308, -1e18, a key and an app holding
+    rich markup): the sound ones listed, each damaged one in one line, no traceback."""
+    monkeypatch.setattr(console, "width", 300)
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
+    markup = "[/x][bold]k"
+    keep(markup, Remembered("stable", time.time() - 7200, "dispersion [/x]", "app [red]"))
+    path = tmp_path / "profiles" / VERDICTS_FILE
+    kept = json.loads(path.read_text())
+    kept["big"] = {**kept[markup], "at": 1e308}
+    kept["negative [/x]"] = {**kept[markup], "at": -1e18}
+    path.write_text(json.dumps(kept))
+    listed = runner.invoke(cli, ["verdicts"])
+    assert listed.exit_code == 0, listed.output
+    assert listed.exception is None
+    assert markup in listed.output  # the key, literally: it can be copied into --forget
+    assert "dispersion [/x]" in listed.output
+    assert "app [red]" in listed.output
+    lines = [line for line in listed.output.splitlines() if "damaged verdict" in line]
+    assert lines == [
+        "damaged verdict big (found at 1e+308, not a time (from 1970 to a day ahead)): "
+        "ignored, the next run of its app probes",
+        "damaged verdict negative [/x] (found at -1e+18, not a time (from 1970 to a day "
+        "ahead)): ignored, the next run of its app probes",
+    ]
+    forgotten = runner.invoke(cli, ["verdicts", "--forget", markup, "--forget", "big"])
+    assert forgotten.exit_code == 0, forgotten.output
+    assert set(json.loads(path.read_text())) == {"negative [/x]"}
+
+
+@pytest.mark.parametrize(
+    "text", [DEEP, "{half", '{"k": {"at": 1e999}}'], ids=["deep", "half", "inf"]
+)
+def test_fedlb_verdicts_on_a_damaged_file_says_so_and_forget_all_sets_it_aside(
+    tmp_path, monkeypatch, text
+):
+    """The probe: `fedlb verdicts` gave a traceback on 200 k `[`; on a damaged file its
+    error advised --forget-all, which refused with the same error. The listing says in one
+    line that the file is damaged; --forget KEY cannot read it, and says to use
+    --forget-all; --forget-all sets it aside and says where."""
+    monkeypatch.setattr(console, "width", 300)
+    folder = tmp_path / "profiles"
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(folder))
+    folder.mkdir()
+    path = folder / VERDICTS_FILE
+    path.write_text(text)
+    for args in (["verdicts"], ["verdicts", "--forget", "k"]):
+        said = runner.invoke(cli, args)
+        assert said.exit_code == 1
+        assert said.exception is None or isinstance(said.exception, SystemExit)
+        (line,) = said.output.strip().splitlines()
+        assert line.startswith(f"{path} is damaged (")
+        assert "`fedlb verdicts --forget-all` sets it aside" in line
+    done = runner.invoke(cli, ["verdicts", "--forget-all"])
+    assert done.exit_code == 0, done.output
+    (moved,) = folder.glob(f"{VERDICTS_FILE}.damaged-*")
+    assert not path.exists()
+    assert moved.read_text() == text
+    said = " ".join(done.output.split())
+    assert f"{path} was damaged (" in said
+    assert f"set aside as {moved.name}; the next run of each app probes again" in said
+    assert "No verdicts kept" in runner.invoke(cli, ["verdicts"]).output

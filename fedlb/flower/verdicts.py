@@ -19,7 +19,10 @@ those that do not change how silos train (fedlb.deploy.run_config.NOT_TRAINING: 
 planned, the seed, where results go); for any other app, as Flower knows it (its FAB's
 hash, so an edited app is judged anew, and the run's --run-config overrides). Kept in the
 profiles' folder (fedlb.flower.profiles: FEDLB_PROFILE_DIR=off turns both off), 0600; a verdict
-older than the profiles' MAX_AGE_S is ignored.
+older than the profiles' MAX_AGE_S is ignored. A damaged file (too large, too deep, not
+JSON) is set aside, said once with its new name, and the run goes on as if there were
+none; a damaged entry (a regime not judged, a time that is none: 1e308, -1e18, a day
+ahead) is ignored, and that app's next run probes.
 """
 
 from __future__ import annotations
@@ -36,11 +39,18 @@ from typing import TYPE_CHECKING, Any
 
 from fedlb.balance import StabilityGuard, Verdict
 from fedlb.data import profile_cache_dir
+from fedlb.security import StoredFileError, read_json_object, set_aside
 
 from .membership import say
-from .profiles import MAX_AGE_S, is_finite_number, store_entry, write_json_file
+from .profiles import (
+    MAX_AGE_S,
+    MAX_KEPT_BYTES,
+    is_finite_number,
+    set_aside_damaged,
+    store_entry,
+    write_json_file,
+)
 from .protocol import SERVER_ROUND
-from .run_files import read_json_object
 
 if TYPE_CHECKING:
     from flwr.serverapp import Grid
@@ -49,6 +59,11 @@ log = logging.getLogger("fedlb.flower")
 
 VERDICTS_FILE = "verdicts.json"  # the server's: key -> the last verdict its guard reached
 JUDGED = ("stable", "edge")  # the regimes worth remembering (not undecided, not fixed)
+# `at` is time.time() when the verdict was reached: from 1970 to this machine's clock,
+# a day's leeway for another machine's sharing the folder (one further ahead would never
+# grow old; 1e308 or -1e18 is no time, and no calendar date shows it)
+AHEAD_S = 24 * 3600.0
+MOST_SILOS = 2**31
 
 
 @dataclass(frozen=True)
@@ -109,45 +124,55 @@ def verdict_key(model: str, train_config: Mapping[str, Any], app: Mapping[str, A
 
 
 def _kept(path: Path) -> dict[str, Any]:
-    """The verdicts file's object ({} where there is none yet); damage raised as
-    OSError or ValueError."""
+    """The verdicts file's object ({} where there is none yet); StoredFileError where it
+    is damaged, other OSErrors as they come."""
     try:
-        return read_json_object(path)
+        return read_json_object(path, max_bytes=MAX_KEPT_BYTES)
     except FileNotFoundError:
         return {}
 
 
-def _read(entry: Any) -> Remembered | None:
-    """One kept entry, None where it is damaged."""
-    fields = entry if isinstance(entry, dict) else {}
-    regime, at, why = fields.get("regime"), fields.get("at"), fields.get("why")
-    if regime not in JUDGED or not isinstance(at, (int, float)) or not is_finite_number(at):
-        return None
-    silos = fields.get("silos")
+def _read(entry: Any) -> Remembered:
+    """One kept entry; ValueError saying what is wrong where it is damaged."""
+    if not isinstance(entry, dict):
+        raise ValueError("not an object")
+    regime, why = entry.get("regime"), entry.get("why")
+    at: Any = entry.get("at")  # a JSON value: checked below
+    silos: Any = entry.get("silos")
+    if regime not in JUDGED:
+        raise ValueError(f"regime {regime!r:.30}, not {' or '.join(JUDGED)}")
+    if not is_finite_number(at) or not 0 <= at <= time.time() + AHEAD_S:
+        raise ValueError(f"found at {at!r:.30}, not a time (from 1970 to a day ahead)")
+    counted = is_finite_number(silos) and float(silos).is_integer() and 0 < silos <= MOST_SILOS
     return Remembered(
         str(regime),
         float(at),
         str(why or ""),
-        str(fields.get("app") or ""),
-        silos if isinstance(silos, int) and not isinstance(silos, bool) else None,
+        str(entry.get("app") or ""),
+        int(silos) if counted else None,
     )
 
 
 def recall(key: str) -> Remembered | None:
-    """The verdict kept under `key`, if one is there, readable and young enough."""
+    """The verdict kept under `key`, if one is there, readable and young enough (a
+    damaged file is set aside, said once: the guard probes)."""
     path = verdicts_file()
     if path is None:
         return None
     try:
         entry = _kept(path).get(key)
-    except (OSError, ValueError) as error:
-        log.warning("ignoring the damaged %s (%s): the guard probes this run", path, error)
+    except StoredFileError as error:
+        set_aside_damaged(path, error.reason, "the guard probes this run")
+        return None
+    except OSError as error:
+        log.warning("could not read %s (%s): the guard probes this run", path, error)
         return None
     if entry is None:
         return None
-    found = _read(entry)
-    if found is None:
-        log.warning("ignoring a damaged verdict in %s: the guard probes this run", path)
+    try:
+        found = _read(entry)
+    except ValueError as error:
+        log.warning("ignoring a damaged verdict in %s (%s): the guard probes this run", path, error)
         return None
     return None if found.expired else found
 
@@ -164,28 +189,57 @@ def verdicts_file() -> Path | None:
     return None if folder is None else folder / VERDICTS_FILE
 
 
-def remembered() -> dict[str, Remembered | None]:
-    """Every kept verdict by key, a damaged entry as None (the next run of its app
-    probes), those past the profiles' MAX_AGE_S included (`Remembered.expired`).
-    Raises OSError or ValueError where the file itself cannot be read."""
+def listed() -> tuple[dict[str, Remembered], dict[str, str]]:
+    """Every kept verdict by key, those past the profiles' MAX_AGE_S included
+    (`Remembered.expired`), and the damaged entries by key with what is wrong (the next
+    run of their app probes). Raises StoredFileError where the file is damaged, other
+    OSErrors where it cannot be read."""
     path = verdicts_file()
-    return {} if path is None else {k: _read(v) for k, v in _kept(path).items()}
+    found: dict[str, Remembered] = {}
+    damaged: dict[str, str] = {}
+    for key, entry in ({} if path is None else _kept(path)).items():
+        try:
+            found[key] = _read(entry)
+        except ValueError as error:
+            damaged[key] = str(error)
+    return found, damaged
 
 
-def forget(keys: Collection[str] | None = None) -> list[str]:
+def remembered() -> dict[str, Remembered | None]:
+    """Every kept verdict by key as `listed`, a damaged entry as None."""
+    found, damaged = listed()
+    return {**dict.fromkeys(damaged), **found}
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What `forget` did: the keys dropped, or where the damaged file went."""
+
+    keys: list[str]
+    moved_to: Path | None = None  # a damaged file, renamed beside itself (forget all)
+    why: str = ""  # what was wrong with it
+
+
+def forget(keys: Collection[str] | None = None) -> Forgotten:
     """Drop the verdicts kept under `keys` (None: every one), so the next run of each app
-    probes anew; the keys dropped. Raises KeyError naming a key that is not kept, and
-    OSError or ValueError where the file cannot be read or written."""
+    probes anew. Forgetting every one of a damaged file sets the file aside. Raises
+    KeyError naming a key that is not kept, StoredFileError where the file is damaged
+    and `keys` are named, and other OSErrors where it cannot be read or written."""
     path = verdicts_file()
     if path is None:
-        return []
-    kept = _kept(path)
+        return Forgotten([])
+    try:
+        kept = _kept(path)
+    except StoredFileError as error:
+        if keys is not None:
+            raise
+        return Forgotten([], set_aside(path), error.reason)
     unknown = sorted(set(keys or ()) - set(kept))
     if unknown:
         raise KeyError(", ".join(unknown))
     dropped = sorted(kept) if keys is None else sorted(set(keys))
     write_json_file(path, {k: v for k, v in kept.items() if k not in dropped})
-    return dropped
+    return Forgotten(dropped)
 
 
 class VerdictMemory:

@@ -39,7 +39,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from fedlb.data import profile_cache_dir
 from fedlb.security import StoredFileError, read_json_object, set_aside
 
-from .protocol import PARTITION_ID, SERVER_ROUND, SiloReport, numbers
+from .protocol import MOST_SECONDS, MOST_SPEED, PARTITION_ID, SERVER_ROUND, SiloReport, numbers
 
 if TYPE_CHECKING:  # a silo answering a query never needs the server side
     from flwr.serverapp import Grid
@@ -65,10 +65,10 @@ MOST_ROUNDS = 5  # a profile counts as at most this many rounds' reports
 # What a measurement can be: a profile with a figure outside these is ignored, with the
 # reason (a speed of 1e300 samples/s would otherwise be "balanced from", then found stale;
 # a B0 and τ of 2^24 made round 1's sizes 1.4 M and 14 M, and every silo missed its
-# timeout). The same bounds as a train report's (protocol: 1e9 samples/s, 1e6 s), tighter
-# on sizes: a profile's are the silo's own B0 and τ, which the balancer sums into X.
-MAX_SPEED = 1e9  # samples/s: no silo trains faster (an H200 runs a small MLP at ~10^7)
-MAX_OVERHEAD_S = 1e6  # ~11 days a round
+# timeout). The same bounds as a train report's (protocol's MOST_SPEED, MOST_SECONDS),
+# tighter on sizes: a profile's are the silo's own B0 and τ, which the balancer sums into X.
+MAX_SPEED = MOST_SPEED  # samples/s: no silo trains faster
+MAX_OVERHEAD_S = MOST_SECONDS  # ~11 days a round
 MAX_BATCH = 2**16  # a silo's own B0: 65,536 samples a step (typical: 16 to 512)
 MAX_STEPS = 2**16  # τ
 MAX_SAMPLES = 2**24  # B0·τ: ~17 M samples a round, 13 passes over ImageNet-1k

@@ -283,21 +283,49 @@ def test_a_blow_up_while_confirming_means_the_edge():
     guard = StabilityGuard()
     verdict = judged(
         guard,
-        [(even, EQUAL), (scaled(even, 1.5), UNEQUAL), ({"a": 1.0, "b": 1.1, "c": 9.0}, UNEQUAL)],
-    )
+        [(even, EQUAL), (scaled(even, 1.5), UNEQUAL), ({"a": 9.0, "b": 1.1, "c": 0.9}, UNEQUAL)],
+    )  # a: the silo whose batch shrank (32 -> 16)
     assert (verdict.look, verdict.regime) == ("diverged", "edge")
     assert verdict.floor == 1.0  # the edge: uniform sizes
 
 
 def test_a_blow_up_before_the_probe_means_the_edge():
     guard = StabilityGuard()
-    verdict = guard.check({"a": 1.0, "b": 1.1, "c": 9.0}, None, EQUAL)
-    assert set(verdict.diverged) == {"c"}
+    verdict = guard.check({"a": 1.0, "b": 1.1, "c": 9.0}, None, {"a": 32, "b": 32, "c": 20})
+    assert set(verdict.diverged) == {"c"}  # c's batch below the mean: not its own fault
     assert (verdict.regime, verdict.floor) == ("edge", 1.0)
     assert guard.check({"a": 1.0, "b": 1.0, "c": 1.0}, None, UNEQUAL).floor == 1.0
     # an edge floor of 0.75, if asked: a blow-up raises the floor a step
     raised = StabilityGuard(edge_floor=0.75)
-    assert raised.check({"a": 1.0, "b": 1.1, "c": 9.0}, None, EQUAL).floor == 0.75
+    two = raised.check({"a": math.inf, "b": 1.1, "c": math.nan}, None, EQUAL)  # two: the app's
+    assert (two.lone, two.floor) == (None, 0.75)
+
+
+def test_a_blow_up_of_one_silo_alone_leaves_it_out_and_moves_nothing():
+    """Its batch no smaller than at equal sizes, its peers calm: that silo's own run (the
+    probe found two NaN rounds from one silo raising everyone's floor to 0.75, E 1.0 ->
+    0.57). At the app's edge the small batches blow up, or every step grows: the floor."""
+    guard = StabilityGuard()
+    for _ in range(2):  # twice at equal sizes, as the probe did it
+        verdict = guard.check({"a": 1.0, "b": 1.1, "c": math.nan}, None, EQUAL)
+        assert (verdict.look, verdict.lone, set(verdict.diverged)) == ("lone", "c", {"c"})
+        assert (verdict.regime, verdict.floor) == ("undecided", 0.5)
+    # at the probe, c (54, more than its 32) blows up alone: not judged; the next round is
+    even = {"a": 1.0, "b": 1.05, "c": 0.95}
+    guard.check(even, None, EQUAL)
+    verdict = guard.check({"a": 1.0, "b": 1.05, "c": 20.0}, None, UNEQUAL)
+    assert (verdict.lone, verdict.probe, verdict.floor) == ("c", None, 0.5)
+    assert guard.check(even, None, UNEQUAL).look == "calm"  # the probe, a round later
+    # a's batch shrank (32 -> 16): the edge, as before
+    shrank = StabilityGuard()
+    shrank.check(even, None, EQUAL)
+    verdict = shrank.check({"a": 20.0, "b": 1.05, "c": 0.95}, None, UNEQUAL)
+    assert (verdict.lone, verdict.regime, verdict.floor) == (None, "edge", 1.0)
+    # the peers' steps grew 4x with it: the app's edge, not one silo's run
+    grown = StabilityGuard()
+    grown.check(even, None, EQUAL)
+    verdict = grown.check({"a": 4.0, "b": 4.2, "c": 80.0}, None, UNEQUAL)
+    assert (verdict.lone, verdict.regime) == (None, "edge")
 
 
 def test_without_a_round_at_equal_sizes_the_probe_reads_the_raw_norms():
@@ -344,7 +372,7 @@ def test_after_the_verdict_only_a_blow_up_moves_the_floor():
     even = {"a": 1.0, "b": 1.05, "c": 0.95}
     guard = StabilityGuard()
     assert judged(guard, [(even, EQUAL), (even, UNEQUAL), (even, UNEQUAL)]).floor == 0.25
-    verdict = guard.check({"a": 1.0, "b": 1.2, "c": 6.0}, None, UNEQUAL)
+    verdict = guard.check({"a": 6.0, "b": 1.2, "c": 1.0}, None, UNEQUAL)
     assert (verdict.look, verdict.floor) == ("diverged", 0.5)  # a blow-up raises it
     assert guard.check({"a": 0.5, "b": 1.0, "c": 1.6}, None, UNEQUAL).floor == 0.5
 
@@ -568,3 +596,32 @@ def test_the_log_says_a_clearly_calm_probe_decided_without_a_confirming_round():
     assert "at least 25% of the mean batch" in text
     calm = judged(StabilityGuard(), [(OWN, EQUAL), (scaled(OWN, 1.5), UNEQUAL)])
     assert "must confirm it" in regime_text(calm, guard)
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_the_strategy_leaves_a_lone_nan_silo_out_and_keeps_everyones_sizes(tmp_path):
+    """The probe's case on the strategy: the fastest silo (the largest batch) sends NaN in
+    rounds 1 and 2; it is left out and said, and the floor does not rise for everyone."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    grid = make_grid()
+
+    def poison(reply):
+        train = reply.metadata.message_type == "train" and reply.has_content()
+        if train and grid.trained in (1, 2) and reply.metadata.src_node_id == 100:
+            name, record = next(iter(reply.content.array_records.items()))
+            reply.content[name] = ArrayRecord(
+                {k: Array(np.full_like(a.numpy(), np.nan)) for k, a in record.items()}
+            )
+        return reply
+
+    grid.intercept = poison
+    strategy = run_three_silos(grid, tmp_path, rounds=3)
+    records = strategy.reporter.records
+    for record in records[:2]:
+        assert any("blew up alone" in e for e in record.events), record.events
+        assert any(f.startswith("node-100") for f in record.failed), record.failed  # no label: NaN
+    assert strategy.guard is not None
+    assert strategy.guard.floor == 0.5  # not raised to 0.75, nor uniform
+    assert len(set(sent_sizes(grid)[2].values())) > 1  # round 3 still balanced

@@ -119,6 +119,9 @@ class Verdict:
     # (a second look), not of a calm one
     second_look: bool = False
     regime: str = "undecided"  # the run's after this round: one of REGIMES
+    # the one silo whose update blew up while its batch had not shrunk and its peers were
+    # calm: its own run's fault, not the learning rate's edge (left out, nothing moves)
+    lone: str | None = None
     floor_before: float = 0.0
     floor: float = 0.0  # the floor from now on
 
@@ -289,7 +292,10 @@ class StabilityGuard:
             self.baseline_sizes.update(
                 {n: sizes[n] for n, v in kept.items() if v > 0 and n in sizes}
             )
-        if verdict.diverged:
+        verdict.lone = self._lone(verdict.diverged, kept, sizes)
+        if verdict.lone is not None:
+            verdict.look = "lone"  # neither a verdict nor a floor: the next round goes on
+        elif verdict.diverged:
             verdict.look = "diverged"
             self.level = min(self.level + 1, len(self.floors) - 1)
             if probing or confirming:  # a blow-up before the verdict: the edge
@@ -327,6 +333,27 @@ class StabilityGuard:
         verdict.regime = self.regime
         verdict.floor = self.floor
         return verdict
+
+    def _lone(
+        self, diverged: Mapping[str, str], kept: Mapping[str, float], sizes: Mapping[str, int]
+    ) -> str | None:
+        """The silo whose blow-up was its own: the only one, its batch no smaller than
+        its own at equal sizes (or, with none yet, than the round's mean), at least one
+        peer, and the peers calm (their steps grown less than `growth` since equal
+        sizes, where measured). At the edge the small batches blow up, or the peers'
+        steps grow with them: that still raises the floor."""
+        if len(diverged) != 1 or not kept:
+            return None
+        name = next(iter(diverged))
+        if name not in sizes:
+            return None
+        own = self.baseline_sizes.get(name, statistics.fmean(sizes.values()))
+        if sizes[name] < own:
+            return None
+        growth = self._growth(kept)
+        if growth is not None and growth >= self.growth:
+            return None
+        return name
 
     def _decide(self, stable: bool) -> None:
         """The run's regime, and its floor from now on: a stable run's, or at the edge

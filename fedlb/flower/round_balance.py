@@ -259,6 +259,7 @@ class RoundBalance:
             blown_up,
             self.members.label,
             self.members.events.append,
+            self._sent,
         )
         trained = len(set(said) | set(blown_up))
         self.verdicts.after(verdict, server_round, trained)  # for the next run of this app

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlb.security.stored import StoredFileError, json_kind, parse_json, read_json
+from fedlb.security import StoredFileError, json_kind, parse_json, read_json
 
 __all__ = ["RUN_FILES", "RunFiles", "json_kind", "parse_json", "read_json_object"]
 

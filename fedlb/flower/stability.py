@@ -11,7 +11,7 @@ from typing import Any
 
 from fedlb.balance import BatchSizeManager, StabilityGuard, Verdict
 
-from .identity import by_node, worker_name
+from .identity import by_node, node_of, worker_name
 from .membership import say
 from .protocol import TRAIN_LOSS_NAMES, SiloReport, first_number
 
@@ -32,11 +32,13 @@ def guard_round(
     blown_up: list[int],
     label: Callable[[int], str],
     note: Callable[[str], None] | None = None,
+    sent: Mapping[int, tuple[int | None, int | None]] | None = None,
 ) -> tuple[dict[int, str], Verdict]:
     """The guard's verdict on the round, and the diverged updates (node -> why) to leave
     out; the manager's floor moved (and the sizes with it) when the verdict says so.
     `note` also gets each verdict said, for the round record's events (the live page
-    shows them)."""
+    shows them). `sent`: the (B, τ) each silo was sent, for the sizes of updates that
+    came back NaN (no report read from them)."""
     tell = note or (lambda text: None)
     # Per local step: a silo with more steps (a bigger dataset, τ = len(its loader))
     # moves the model further without diverging.
@@ -53,10 +55,26 @@ def guard_round(
         if (loss := first_number(app_numbers.get(n, {}), TRAIN_LOSS_NAMES)) is not None
     }
     sizes = {worker_name(n): r.batch_size for n, r in said.items()}
+    # an update that came back NaN left no report: its size is the one it was sent, or,
+    # given none (its own loader's, round 1), the round's mean: not one fedlb shrank
+    mean = round(sum(sizes.values()) / len(sizes)) if sizes else None
+    for node in blown_up:
+        ordered = (sent or {}).get(node, (None, None))[0]
+        if (size := ordered or mean) is not None:
+            sizes[worker_name(node)] = size
     verdict = guard.check(norms, losses, sizes)
     found = {n: why for n, why in by_node(verdict.diverged).items() if n not in blown_up}
     for node, why in found.items():
         text = f"{label(node)}'s update diverged and is left out of the average: {why}"
+        say(WARNING, "round %d: %s", server_round, text)
+        tell(text)
+    if verdict.lone is not None:
+        text = (
+            f"the stability guard: {label(node_of(verdict.lone))}'s update "
+            "blew up alone (its batch no smaller than at equal sizes, its peers calm): its "
+            "own run's fault, not this learning rate's edge; left out of the average, "
+            "the floor and everyone's sizes stay"
+        )
         say(WARNING, "round %d: %s", server_round, text)
         tell(text)
     if verdict.probe is not None:  # the run's regime is judged: say why

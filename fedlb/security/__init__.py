@@ -7,7 +7,7 @@ and the cluster mode alike (it knows nothing of Flower's strategies).
   digests beside stored files.
 - `claim_folder` (`FolderInUseError`, `LOCK_FILE`): one fedlb run per out-dir or work
   dir at a time, an OS lock held while the run's process lives.
-- `read_json`, `read_json_object`, `read_json_lines`, `parse_json`, `set_aside`
+- `read_json`, `read_json_object`, `read_json_lines`, `parse_json`, `json_kind`, `set_aside`
   (`StoredFileError`): JSON files read back bounded in size and depth, finite numbers
   only; a damaged one set aside.
 - `seal_zip`, `check_seal` (`DigestError`): a zip's own digest, sealed at its end (its
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .run_lock import LOCK_FILE, FolderInUseError, claim_folder
     from .stored import (
         StoredFileError,
+        json_kind,
         parse_json,
         read_json,
         read_json_lines,
@@ -54,6 +55,7 @@ __all__ = [
     "digest_path",
     "file_digest",
     "make_certificates",
+    "json_kind",
     "make_silo_key",
     "parse_json",
     "read_json",
@@ -80,6 +82,7 @@ __getattr__ = lazy_face(
         ".run_lock": ["LOCK_FILE", "FolderInUseError", "claim_folder"],
         ".stored": [
             "StoredFileError",
+            "json_kind",
             "parse_json",
             "read_json",
             "read_json_lines",

@@ -9,9 +9,11 @@ and nodes and stop the live run, TLS or not: a silo's CA certificate is all it t
 
 Here the SuperLink's app is served through two doors from one process:
 - the public door (the server's --host/--port, TLS when the federation has it) passes
-  the Fleet API and /health; the Runtime API only to callers on this machine (it is
-  signed or token-bound too; the SuperExec and the warm ServerApp use it); anything else
-  gets 403 with a line saying where the Control API is;
+  the Fleet API and /health, and the Runtime API to loopback callers only (it is signed
+  or token-bound too, but nothing needs it there: the SuperExec and the ServerApps,
+  warm or cold, reach it at the control door, see `superexec_at_control_door`; a
+  caller on one of this machine's other addresses is as far away as any other);
+  anything else gets 403 with a line saying where the Control API is;
 - the control door (127.0.0.1 on a port of its own, plain HTTP: loopback has no wire to
   protect) serves everything, for fedlb's own Control client and the `flwr` CLI on the
   server's machine. Reaching it from elsewhere is an SSH tunnel (`ssh -L`), i.e. the
@@ -30,6 +32,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import importlib
+import inspect
 import ipaddress
 import json
 import sys
@@ -65,22 +70,16 @@ def parse_gated(command: Sequence[str]) -> tuple[int, list[str]] | None:
     return args.control_port, list(command[split + 1 :])
 
 
-def this_machine(host: str) -> bool:
-    """Whether `host` (a peer's IP address) is one of this machine's own addresses."""
+def loopback(host: str) -> bool:
+    """Whether `host` (a peer's IP address) is a loopback address (an IPv4 one mapped
+    into IPv6 too)."""
     try:
-        address = ipaddress.ip_address(host)
+        address = ipaddress.ip_address(host.split("%")[0])
     except ValueError:
         return False
-    if address.is_loopback:
-        return True
-    import psutil
-
-    own = {
-        entry.address.split("%")[0]
-        for entries in psutil.net_if_addrs().values()
-        for entry in entries
-    }
-    return str(address) in own
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
 
 class PublicDoor:
@@ -104,7 +103,7 @@ class PublicDoor:
             return True
         if path.startswith(RUNTIME_PATH):
             client = scope.get("client") or ("",)
-            return this_machine(str(client[0]))
+            return loopback(str(client[0]))
         return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -176,8 +175,40 @@ def run_superlink(control_port: int, superlink: Sequence[str]) -> int:
     Flower's NODE_UNAVAILABLE error (`_flower_internals.answer_messages_to_offline_nodes`:
     what Flower 1.42's SuperLink does itself, and flwr-nightly's no longer did)."""
     flower.answer_messages_to_offline_nodes()
+    superexec_at_control_door(control_port)
     flower.run_superlink_cli(superlink[1:], uvicorn=TwoDoors(control_port))
     return 0
+
+
+def superexec_at_control_door(control_port: int) -> None:
+    """Make the SuperExec that Flower's SuperLink starts itself (cold ServerApps:
+    isolation subprocess) reach the Runtime API at the control door, 127.0.0.1:
+    `control_port`, plain HTTP, as fedlb's warm launcher does.
+
+    Flower 1.42's `flower_superlink._get_superexec_command(runtime_address=...,
+    runtime_certificates=..., runtime_root_certificates_path=..., ...)` points it at
+    the SuperLink's own --host:--port (0.0.0.0 read as 127.0.0.1): from a server on a
+    public address, a caller on that address, which the public door refuses the Runtime
+    API. Its ServerApps take the SuperExec's address and TLS settings."""
+    entry = importlib.import_module(flower.SUPERLINK_ENTRY)
+    original = getattr(entry, "_get_superexec_command", None)
+    if original is None or getattr(original, "at_control_door", None) == control_port:
+        return  # another Flower: its SuperExec as it starts it (loopback hosts still work)
+    original = getattr(original, "__wrapped__", original)
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments.update(
+            runtime_address=f"{CONTROL_HOST}:{control_port}",
+            runtime_certificates=None,  # the control door is plain: loopback has no wire
+            runtime_root_certificates_path=None,
+        )
+        return original(*bound.args, **bound.kwargs)
+
+    command.at_control_door = control_port  # type: ignore[attr-defined]
+    setattr(entry, "_get_superexec_command", command)  # noqa: B010 (a module's global)
 
 
 def _parser() -> argparse.ArgumentParser:

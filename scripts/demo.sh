@@ -8,6 +8,6 @@
 # vanish; the last line says where the results are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh ""  # fedlb and torch only: no test tools, no system packages
 venv="${FEDLB_VENV:-.venv}"
 exec "$venv/bin/fedlb" demo --slowdowns 1,2,4 --num-rounds 8 --learning-rate 0.1 "$@"

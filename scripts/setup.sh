@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Sets fedlb up in a virtual environment: ./scripts/setup.sh [EXTRAS]
 #
-#   EXTRAS            pip extras to install, default "dev,simulation" (tests + experiments);
-#                     "" for a silo or server that only runs deployments.
+#   EXTRAS            pip extras to install, default none: fedlb and torch, what a server,
+#                     a silo and the demo need. "simulation" adds Flower's simulation (Ray)
+#                     for experiments, "tensorboard" the event files; ./scripts/test.sh
+#                     asks for "dev,simulation" (the test tools, and a browser: below).
 #   FEDLB_VENV        where the environment goes, default .venv in the repository.
 #   PYTHON            the interpreter to build it from, default python3 (>= 3.11).
 #   FEDLB_TORCH       the torch requirement used on machines without an NVIDIA GPU,
@@ -17,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv="${FEDLB_VENV:-.venv}"
-extras="${1-dev,simulation}"
+extras="${1-}"
 python="${PYTHON:-python3}"
 
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
@@ -32,17 +34,22 @@ quiet() {  # pip, without this machine's index-location chatter; fails when pip 
   "$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; }
 }
 
-# The live page's browser test (tests/test_page_browser.py) drives Debian's chromium;
-# root with apt installs it (set FEDLB_NO_CHROMIUM=1 not to); elsewhere, or when apt
-# cannot, that test skips saying so, and the set-up goes on.
-if [[ ",$extras," == *",dev,"* ]] && [ -z "${FEDLB_NO_CHROMIUM:-}" ] \
-    && ! command -v chromium >/dev/null 2>&1 \
-    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "setup: installing chromium (apt) for the live page's browser test"
-  if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null 2>&1 \
-           && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; then
-    echo "setup: could not install chromium; the live page's browser test will skip" >&2
+# The live page's browser test (tests/test_page_browser.py) drives Debian's chromium. Only
+# the test set-up (extras with "dev") installs it, as root with apt, and says so first;
+# FEDLB_NO_CHROMIUM=1 skips it (the test then skips, saying why).
+if [[ ",$extras," == *",dev,"* ]] && ! command -v chromium >/dev/null 2>&1; then
+  if [ -n "${FEDLB_NO_CHROMIUM:-}" ]; then
+    echo "setup: FEDLB_NO_CHROMIUM set: no chromium; the live page's browser test will skip"
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing the system package chromium (apt) for the live page's browser test;"
+    echo "setup: FEDLB_NO_CHROMIUM=1 skips it (that test then skips)"
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 \
+             && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; then
+      echo "setup: could not install chromium; the live page's browser test will skip" >&2
+    fi
+  else
+    echo "setup: no chromium (install it to run the live page's browser test; it skips)"
   fi
 fi
 

@@ -12,7 +12,7 @@ if [[ "${1:-}" == "--quick" ]]; then
     shift
     selection=(-m "not slow")
 fi
-./scripts/setup.sh
+./scripts/setup.sh dev,simulation  # the test tools too (and a browser: setup.sh says)
 venv="${FEDLB_VENV:-.venv}"
 echo "== ruff"
 "$venv/bin/ruff" check fedlb tests benchmarks examples

@@ -9,8 +9,8 @@ fedlb.experiments override the hooks these methods call (`_load_report`, `_initi
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from logging import WARNING
+from collections.abc import Callable, Mapping
+from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
@@ -19,6 +19,7 @@ from fedlb.balance import BatchSizeManager, StabilityGuard, Verdict, WorkerRepor
 
 from .balancing import StoredProfiles, read_reports, start_manager
 from .claims import Claims
+from .composition import in_dtypes
 from .driving import Driving
 from .grid import PollingGrid
 from .he import EncryptedAggregation
@@ -30,6 +31,7 @@ from .protocol import SiloReport
 from .records import RoundRecord, round_record
 from .replies import ReportCheck, UpdateCheck, triage_replies
 from .round_close import RunProgress
+from .rounds_file import RoundReporter
 from .stability import guard_round, least_share
 from .verdicts import VerdictMemory
 
@@ -58,6 +60,15 @@ class RoundBalance:
     _started: float
     _user_floor: float
     _polling: PollingGrid | None
+    _sent_model: dict[str, tuple[tuple[int, ...], str]]
+
+    @property
+    def reporter(self) -> RoundReporter:  # LoadBalanced's
+        raise NotImplementedError
+
+    @property
+    def _inner_name(self) -> str:  # LoadBalanced's
+        raise NotImplementedError
 
     def _load_report(self, node: int, report: SiloReport) -> WorkerReport:
         """The balancer's view of a silo's report (its load unit: samples per step)."""
@@ -264,3 +275,34 @@ class RoundBalance:
         trained = len(set(said) | set(blown_up))
         self.verdicts.after(verdict, server_round, trained)  # for the next run of this app
         return diverged, verdict
+
+    def _progress(
+        self, server_round: int, messages: list[Message]
+    ) -> Callable[[dict[str, float]], None]:
+        """What the polling grid tells as replies arrive: the round's progress file (its
+        silos by label; in round 1, before any silo said its partition, node-<id>)."""
+
+        def write(replied: dict[str, float]) -> None:
+            to = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
+            sent = [self.members.label(node) for node in to.values()]
+            by_silo = {self.members.label(to[i]): s for i, s in replied.items() if i in to}
+            self.reporter.progress(server_round, sent, by_silo)
+
+        return write
+
+    def _in_app_dtypes(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The aggregate in the dtypes the model was sent in (said once where cast)."""
+        if not self._sent_model:
+            return arrays
+        arrays, cast = in_dtypes(arrays, self._sent_model)
+        if cast and self.driving.once("dtypes"):
+            say(
+                INFO,
+                "%s returned the model in other dtypes than the app's (%s%s): the silos get "
+                "it in the app's, as its load_state_dict would make it; the strategy's own "
+                "state keeps its precision",
+                self._inner_name,
+                ", ".join(cast[:3]),
+                ", ..." if len(cast) > 3 else "",
+            )
+        return arrays

@@ -38,7 +38,6 @@ from .composition import (
     chain,
     check_wrappable,
     dtypes_of,
-    in_dtypes,
     innermost,
     legacy_refusal,
     refuse_mixing,
@@ -329,20 +328,6 @@ class LoadBalanced(RoundBalance, Strategy):
             and bool(self._reporting)
         )
 
-    def _progress(
-        self, server_round: int, messages: list[Message]
-    ) -> Callable[[dict[str, float]], None]:
-        """What the polling grid tells as replies arrive: the round's progress file (its
-        silos by label; in round 1, before any silo said its partition, node-<id>)."""
-
-        def write(replied: dict[str, float]) -> None:
-            to = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
-            sent = [self.members.label(node) for node in to.values()]
-            by_silo = {self.members.label(to[i]): s for i, s in replied.items() if i in to}
-            self.reporter.progress(server_round, sent, by_silo)
-
-        return write
-
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -390,23 +375,6 @@ class LoadBalanced(RoundBalance, Strategy):
         # under HE the strategy aggregates as FedAvg does (composition.check_wrappable)
         metrics_fn = self.strategy.train_metrics_aggr_fn  # type: ignore[attr-defined]
         return arrays, app_metrics(valid, metrics_fn, self.weighted_by_key)
-
-    def _in_app_dtypes(self, arrays: ArrayRecord) -> ArrayRecord:
-        """The aggregate in the dtypes the model was sent in (said once where cast)."""
-        if not self._sent_model:
-            return arrays
-        arrays, cast = in_dtypes(arrays, self._sent_model)
-        if cast and self.driving.once("dtypes"):
-            say(
-                INFO,
-                "%s returned the model in other dtypes than the app's (%s%s): the silos get "
-                "it in the app's, as its load_state_dict would make it; the strategy's own "
-                "state keeps its precision",
-                self._inner_name,
-                ", ".join(cast[:3]),
-                ", ..." if len(cast) > 3 else "",
-            )
-        return arrays
 
     # ---- evaluation --------------------------------------------------------------------
     def _evaluation_due(self, server_round: int) -> bool:

@@ -39,6 +39,8 @@ RUN_SETTING_HELP = {
     "min-share": "Tuner pooled: no silo below min-share x the mean batch, whatever the "
     "guard does (the guard's own floor is 0.5; with guard 0, min-share alone).",
     "max-batch": "Largest B any silo gets (0: no limit).",
+    "max-share": "The most of the average any one silo's update may weigh, however many "
+    "examples it claims (0: no cap; a dominant claim is said in round 1).",
     "guard": "1: the stability guard (no silo below half the mean batch until its probe finds "
     "the run stable; a blown-up update is left out and the floor raised; "
     "docs/experiments.md); 0: none, full balance (LB-BSP).",
@@ -134,6 +136,8 @@ class RunConfig:
         'static' is plain FedAvg (B stays B0).
     min_batch, max_batch: bounds on any silo's B (max_batch 0: none).
     min_share: with tuner 'pooled', no silo below min_share × X/n (0: no floor).
+    max_share: the most of the average any one silo's update may weigh, whatever example
+        count it claims (0: no cap; fedlb.flower.claims).
     guard: 1 (default): LoadBalancedFedAvg's StabilityGuard (no silo below half the mean
         batch until its probe finds the run stable, blown-up updates left out); 0: none
         (sizes fully balanced from round 2).
@@ -179,6 +183,7 @@ class RunConfig:
     min_batch: int = 1
     max_batch: int = 0
     min_share: float = 0.0
+    max_share: float = 0.0
     guard: int = 1
     guard_probe: float = StabilityGuard.DEFAULT_PROBE
     profiles: int = 1
@@ -233,6 +238,8 @@ class RunConfig:
             problems.append("min-share must be in [0, 1]")
         elif self.min_share > 0 and self.tuner != "pooled":
             problems.append("min-share needs tuner pooled")
+        if not (math.isfinite(self.max_share) and 0 <= self.max_share <= 1):
+            problems.append("max-share must be in [0, 1] (0: no cap)")
         if not (math.isfinite(self.poll_interval) and self.poll_interval >= 0):
             problems.append("poll-interval must be a finite number >= 0")
         if self.guard not in (0, 1):

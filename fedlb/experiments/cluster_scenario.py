@@ -43,7 +43,32 @@ class ClusterScenario:
     max(B, `saturation`)/speed (a rank on a curve: its curve). `load` > 0 gives every rank
     a competing process that starts or stops with that probability every 0.1 s (see
     load.py): the rank slows while it runs, and its reports carry the competitor's real CPU
-    and memory use."""
+    and memory use.
+
+    name: the job's name (a file's: its stem).
+    data_dir: where the dataset's files are ('' : its default place; see datasets/).
+    learning_rate: η, SGD's learning rate on every rank, whatever its batch size.
+    policy: the policy this job runs, a name of fedlb.cluster.CLUSTER_POLICIES with its
+        parameter where it takes one ('ssp:3', 'backup:1', 'orchestra:4'). A scenario
+        file names several as `policies` (default 'bsp,lb'; --policies wins), and
+        `fedlb cluster` runs one job per policy.
+    narx_warmup: lb-narx's reports before NARX predicts (an EMA before).
+    launch, saturation: lb-gpu's GPU-like time per iteration: launch seconds plus
+        max(B, saturation)/speed.
+    seed: seed of the data order, the model and the ranks' speed traces.
+    snapshot_s: seconds between snapshots of the weights, evaluated after the job (the
+        accuracy over wall time in summary.json; the timed run pays no evaluation).
+    eval_samples: test samples each snapshot is evaluated on.
+    batch_sizes: every rank's first batch size, one per rank ('64,96,128': the paper's
+        fixed unequal sizes, kept under bsp); '' : batch_size for each.
+    shards: each rank holds only its own shard of the data, split by a partitioner of
+        fedlb.data ('iid', 'classes:2'); '' : every rank samples the whole dataset.
+    partition_manager: with shards, LB-BSP's data-partition manager moves samples so no
+        shard is traversed much more often than another (DataPartitionManager).
+    partition_threshold: the most- and least-traversed shards' passes may differ by this
+        factor before samples move (the paper's 2).
+    partition_check: iterations between the ranks' exchanges of their passes.
+    """
 
     name: str = "cluster"
     nproc: int = 4

@@ -127,6 +127,8 @@ class ScenarioError(ValueError):
 class Scenario:
     """One federation to compare policies on. Keys in files and flags use '-' for '_'.
 
+    name: the scenario's name (a file's: its stem); results go to out, else
+        runs/experiment-NAME.
     speeds: relative silo speeds ('1,2,3,6': bigger is faster), or a preset ('ec2-5',
         'hetero-K:N'), times base_speed samples/s; an entry 'curve:NAME' makes that silo's
         steps follow a measured step-time curve instead ('curve:h200/cnn': fedlb.training's

@@ -1,4 +1,4 @@
-"""Each private detail of Flower that fedlb relies on (fedlb/_flower_internals.py), checked
+"""Each private detail of Flower that fedlb relies on (fedlb/_flower_internals/), checked
 against the installed Flower by name: a new Flower release fails one named test per broken
 assumption here, in seconds, instead of a timeout deep in a deployed run.
 

@@ -33,8 +33,8 @@ PUBLIC_MODULES = {
     "fedlb.flower.verdicts": "the guard's remembered verdicts, which `fedlb verdicts` lists",
 }
 MAX_FACE = 30
-# fedlb/_flower_internals.py holds every private detail of Flower that fedlb relies on; it
-# imports nothing of fedlb, and these layers may import it.
+# fedlb/_flower_internals/ holds every private detail of Flower that fedlb relies on; its
+# modules import nothing of fedlb but each other, and these layers may import its face.
 INTERNALS = "fedlb._flower_internals"
 INTERNALS_USERS = ("flower", "deploy", "experiments")
 # flwr's modules that are not its public API (flwr.app, flwr.clientapp, flwr.serverapp,
@@ -223,8 +223,9 @@ def test_a_silo_identity_survives_its_names():
 
 def test_flowers_internals_are_reached_through_one_module():
     """No module of fedlb, its benchmarks or examples imports a private module of flwr
-    (FLWR_PRIVATE) but fedlb/_flower_internals.py, which imports nothing of fedlb; only the
-    flower, deploy and experiments layers import it."""
+    (FLWR_PRIVATE) but the modules of fedlb/_flower_internals/, which import nothing of fedlb
+    but each other; only the flower, deploy and experiments layers import it, through its
+    face (one import path: a name patched there is the one used)."""
     wrong = []
     for path in sorted(
         p for folder in ("fedlb", "benchmarks", "examples") for p in (ROOT / folder).rglob("*.py")
@@ -233,16 +234,21 @@ def test_flowers_internals_are_reached_through_one_module():
         name = where.removesuffix(".py").replace("/", ".")
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                named = [node.module]
                 targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
+                named = targets = [alias.name for alias in node.names]
             else:
                 continue
+            inside = name.startswith(f"{INTERNALS}.")
+            for target in named:
+                if target.startswith(f"{INTERNALS}.") and not inside:
+                    wrong.append(f"{where} imports {target}: import it from {INTERNALS}")
             for target in targets:
                 private = any(target == p or target.startswith(f"{p}.") for p in FLWR_PRIVATE)
-                if private and name != INTERNALS:
+                if private and not inside:
                     wrong.append(f"{where} imports {target}: add it to {INTERNALS}")
-                if name == INTERNALS and target.startswith("fedlb"):
+                if inside and target.startswith("fedlb"):
                     wrong.append(f"{where} imports {target}: it depends on flwr only")
                 user = part(name) if name.startswith("fedlb.") else None
                 if target.startswith(INTERNALS) and user and user not in INTERNALS_USERS:

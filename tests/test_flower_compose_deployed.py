@@ -56,33 +56,7 @@ def test_quickstart_with_another_strategy_balanced_on_flowers_simulation(
 ):
     monkeypatch.chdir(tmp_path)  # the ServerApp saves final_model.pt where it runs
     app, _ = adopt("quickstart_pytorch", tmp_path, strategy=strategy)
-    project = app / "pyproject.toml"
-    project.write_text(
-        project.read_text().replace(
-            "[tool.flwr.app.config]\n",
-            "[tool.flwr.app.config]\n"
-            'fedlb-emulated-speeds = ""\n'
-            'fedlb-emulated-clock = "measured"\n',
-        )
-    )
-    link = deploy.start_superlink(tmp_path, extra_args=["--simulation"])
-    home = tmp_path / "home-cli"
-    try:
-        deploy.write_connection(home, f"127.0.0.1:{link.control_port}")
-        output, status = _flwr_run(
-            home,
-            app,
-            [
-                "--federation-config",
-                "num-supernodes=3 client-resources-num-cpus=1",
-                "--run-config",
-                f'num-server-rounds=3 fedlb-emulated-speeds="{SPEEDS}" '
-                'fedlb-emulated-clock="model"',
-            ],
-            timeout=800,
-        )
-    finally:
-        link.stop()
+    output, status = _simulated(app, tmp_path)
     assert status == "finished:completed", output[-3000:]
     check_balanced(output, 3)
     assert {m.group(2) for m in BALANCE.finditer(output)} == {"model"}
@@ -141,3 +115,77 @@ def test_fedavg_fedprox_and_fedadam_deployed_on_real_processes(tmp_path, monkeyp
     assert "Proximal mu: 0.1" in outputs["fedprox"]  # FedProx's own summary
     assert "FedAdam returned the model in other dtypes" in outputs["fedadam"]
     assert "update rejected" not in outputs["fedadam"]
+
+
+HOSTILE_MOD = '''
+
+def _hostile(msg, context, call_next):
+    """Partition 1 claims 10^18 examples in every train reply (issue 51's probe)."""
+    reply = call_next(msg, context)
+    if msg.metadata.message_type == "train" and context.node_config["partition-id"] == 1:
+        reply.content["metrics"]["num-examples"] = 10**18
+    return reply
+'''
+
+
+@pytest.mark.timeout(900)
+def test_a_silo_claiming_ten_to_the_eighteen_examples_is_left_out_on_flowers_simulation(
+    tmp_path, monkeypatch
+):
+    """The probe's first finding, on Flower's own processes: one silo's ClientApp claims
+    num-examples = 10^18 from round 1. Its update is left out of every round with one
+    line, the first round's claims are said, and the run completes balanced on the other
+    two (the average itself: tests/test_flower_claims.py, from the audit files)."""
+    monkeypatch.chdir(tmp_path)
+    app, _ = adopt("quickstart_pytorch", tmp_path)
+    client = next(app.glob("*/client_app.py"))
+    text = client.read_text()
+    client.write_text(
+        text.replace(
+            "app = ClientApp(mods=[balance_mod()])",
+            HOSTILE_MOD.lstrip("\n") + "\napp = ClientApp(mods=[_hostile, balance_mod()])",
+        )
+    )
+    output, status = _simulated(app, tmp_path)
+    assert status == "finished:completed", output[-3000:]
+    left_out = re.findall(
+        r"round (\d): silo-1: left out of the average: num-examples is 1e\+18, not a", output
+    )
+    assert sorted(set(left_out)) == ["1", "2", "3"], output[-3000:]
+    assert "the silos claim num-examples: silo-0 " in output
+    found = balance_lines(output)
+    assert set(found[2]) == {"silo-0", "silo-2"}  # the honest silos' round
+    assert "Traceback" not in output
+
+
+def _simulated(app, tmp_path):
+    """(output, status) of `flwr run` of `app` for 3 rounds on Flower's simulation (3
+    supernodes at SPEEDS, the model clock)."""
+    project = app / "pyproject.toml"
+    project.write_text(
+        project.read_text().replace(
+            "[tool.flwr.app.config]\n",
+            "[tool.flwr.app.config]\n"
+            'fedlb-emulated-speeds = ""\n'
+            'fedlb-emulated-clock = "measured"\n',
+        )
+    )
+    link = deploy.start_superlink(tmp_path, extra_args=["--simulation"])
+    home = tmp_path / "home-cli"
+    try:
+        deploy.write_connection(home, f"127.0.0.1:{link.control_port}")
+        output, status = _flwr_run(
+            home,
+            app,
+            [
+                "--federation-config",
+                "num-supernodes=3 client-resources-num-cpus=1",
+                "--run-config",
+                f'num-server-rounds=3 fedlb-emulated-speeds="{SPEEDS}" '
+                'fedlb-emulated-clock="model"',
+            ],
+            timeout=800,
+        )
+    finally:
+        link.stop()
+    return output, status

@@ -77,8 +77,8 @@ class Claims:
             claimed = metrics.get(self.key) if metrics is not None else None
             if not _is_count(claimed):
                 left_out[node] = (
-                    f"{self.key} is {_shown(claimed)}, not a count of examples in "
-                    f"0..{MOST_EXAMPLES}; its update is left out"
+                    f"{self.key} is {_shown(claimed)}, not a count of examples "
+                    f"(0..{MOST_EXAMPLES:.3g})"
                 )
                 continue
             count = int(claimed)  # type: ignore[arg-type]
@@ -200,6 +200,6 @@ def _is_count(value: Any) -> bool:
 def _shown(value: Any) -> str:
     if value is None:
         return "missing"
-    if isinstance(value, float):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{value:g}"
     return repr(value)[:40]

@@ -166,8 +166,9 @@ class RoundBalance:
             server_round, kept, self.members.label, self.members.event
         )
         for node, why in unweighed.items():
-            failed.append(f"{self.members.label(node)}: {why}")
-            say(WARNING, "round %d: %s: %s", server_round, self.members.label(node), why)
+            line = f"{self.members.label(node)}: left out of the average: {why}"
+            failed.append(line)
+            say(WARNING, "round %d: %s", server_round, line)
         read = read_reports(
             server_round, kept, self.report_check, self._sent, self.members, self._load_report
         )

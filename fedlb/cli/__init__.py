@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # Importing a module registers its commands; `fedlb --help` lists them in this order.
-from . import cluster, experiment, federation, silo, verdicts, security, he, tune  # noqa: F401 # isort: skip
+from . import cluster, experiment, federation, demo, silo, verdicts, security, he, tune  # noqa: F401 # isort: skip
 from fedlb._markup import plain
 
 from .common import app, console, file_error, summaries_on_one_line

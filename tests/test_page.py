@@ -265,9 +265,9 @@ def test_the_guards_verdict_joins_the_round_records_events():
     from fedlb.flower.protocol import SiloReport
     from fedlb.flower.stability import guard_round
 
-    said = {
-        node: SiloReport(16, 1, 0.1, 0.0, update_norm=norm)
-        for node, norm in ((1, 1.0), (2, 1.2), (3, 6.0))  # node 3: 5.5x the others' median
+    said = {  # node 3: 5.5x the others' median, at the smallest batch (not its own fault)
+        node: SiloReport(size, 1, 0.1, 0.0, update_norm=norm)
+        for node, size, norm in ((1, 16, 1.0), (2, 16, 1.2), (3, 8, 6.0))
     }
     notes: list[str] = []
     found, verdict = guard_round(

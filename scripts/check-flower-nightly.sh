@@ -7,7 +7,7 @@
 # only there) and the newest `flwr-nightly` in place of `flwr` (pre-releases admitted for
 # it alone); then runs, one file at a time, what a new Flower must pass:
 #   tests/test_flower_internals.py   one test per Flower private detail fedlb relies on
-#                                    (fedlb/_flower_internals.py), quick
+#                                    (the package fedlb/_flower_internals/), quick
 #   tests/test_flower_deploy.py      deployed runs on real SuperLink/SuperNode processes
 #   tests/test_warm_silo.py          the warm path on real processes
 # and prints a summary: the nightly's version, each test's outcome and time.

@@ -132,3 +132,29 @@ def test_an_address_that_is_not_this_machines_is_said_so():
     assert "Give --host one of its own addresses" in message
     with pytest.raises(DeployError, match=r"no-such-host\.invalid is not an address"):
         check_port_free("no-such-host.invalid", 9092, "the SuperLink")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_the_superlink_and_silos_fedlb_starts_are_recognised_by_their_command_lines(tmp_path, warm):
+    """What `--resume` must still stop: a real SuperLink and a real silo as fedlb starts
+    them, warm (fedlb's launcher) or cold (Flower's console scripts), on their ports."""
+    from fedlb.deploy.processes import launch_supernode, start_superlink
+
+    started: list[FlowerProcess] = []
+    try:
+        link = start_superlink(tmp_path, warm=warm)
+        started.append(link)
+        silo = launch_supernode(
+            tmp_path, "silo-0", f"127.0.0.1:{link.port}", {"partition-id": 0}, warm=warm
+        )
+        started.append(silo)
+        assert leftover(link.identity(), link.port) is None
+        assert leftover(silo.identity()) is None
+        assert "not on port" in str(leftover(link.identity(), link.port + 1))
+        assert "not on port" in str(leftover({**silo.identity(), "port": silo.port + 1}))
+        # a silo named as the SuperLink is no SuperLink
+        assert "runs no flower-superlink" in str(leftover({**silo.identity(), "name": "SuperLink"}))
+    finally:
+        for process in started:
+            process.stop()

@@ -298,7 +298,9 @@ def leftover(identity: Mapping[str, Any], port: int | None = None) -> str | None
     points = [i for i, arg in enumerate(command) if Path(arg).name == entry]
     if not points:
         return f"`{shown}` runs no {entry}"
-    if not isinstance(port, int) or not any(
+    if not isinstance(port, int) or isinstance(port, bool):  # an older file's: no port
+        return f"`{shown}` is a {entry}, but no port is given to check it by"
+    if not any(
         command[i + 1 : i + 2] == [str(port)]
         for i in range(points[0], len(command) - 1)
         if command[i] == "--port"

@@ -391,8 +391,8 @@ def _check_order(read: RoundLines, last: int) -> None:
         if above is not None and round_ < above[1]:
             raise RecordsError(
                 f"{read.path} line {number} is of round {round_}, after line {above[0]} of "
-                f"round {above[1]}: fedlb writes rounds in order, so one of them is damaged; "
-                "restore the file from a copy, or correct that line, and try again"
+                f"round {above[1]}: fedlb writes rounds in order, so one of the two is "
+                "damaged; restore the file from a copy, or correct the wrong one, and try again"
             )
         if round_ > last:
             raise RecordsError(

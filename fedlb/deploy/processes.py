@@ -340,11 +340,21 @@ def stop_leftover(
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and process_start_time(pid) == started:
+    while time.monotonic() < deadline and _running(pid, started):
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
     return True
+
+
+def _running(pid: int, started: Any) -> bool:
+    """Whether `pid` still runs as the process started at `started` (a zombie, ended but
+    not yet reaped by its parent, does not)."""
+    try:
+        process = psutil.Process(pid)
+        return bool(process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
 
 
 def start_superlink(

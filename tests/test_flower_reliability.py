@@ -78,7 +78,8 @@ def test_a_resume_refuses_while_the_old_server_runs_and_stops_what_it_left(tmp_p
         stop_left_behind(tmp_path)
     leftover = FlowerProcess.start(
         "SuperLink",
-        [sys.executable, "-c", "import time; time.sleep(60)"],
+        # what a SuperLink's command line says (fedlb stops only what it recognises)
+        [sys.executable, "-c", "import time; time.sleep(60)", "flower-superlink", "--port", "0"],
         tmp_path / "h",
         tmp_path / "l.log",
         0,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets fedlb up (./scripts/setup.sh) and runs lint, type checks and the test suite.
+# Sets fedlb up (./scripts/setup.sh) and runs lint, type checks, the docs build
+# (./scripts/docs.sh: warnings are errors) and the test suite.
 #   ./scripts/test.sh            everything (what CI runs: ~15 minutes on 2 cores)
 #   ./scripts/test.sh --quick    the quick tier: unit, model-clock and in-process tests,
 #                                without those marked slow (real Flower processes,
@@ -19,5 +20,7 @@ echo "== ruff"
 "$venv/bin/ruff" format --check fedlb tests benchmarks examples
 echo "== mypy"
 "$venv/bin/mypy"
+echo "== docs"
+./scripts/docs.sh
 echo "== pytest${selection:+ (quick tier: not slow)}"
 exec "$venv/bin/pytest" "${selection[@]}" "$@"

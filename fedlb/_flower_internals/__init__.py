@@ -119,6 +119,7 @@ from .superlink import (
     answer_messages_to_offline_nodes,
     linkstate_class,
     run_superlink_cli,
+    superexec_runtime_at,
     superlink_node_id,
 )
 from .supernode import (
@@ -208,6 +209,7 @@ __all__ = [
     "stop_run_request",
     "stream_logs_request",
     "superexec_client",
+    "superexec_runtime_at",
     "superlink_node_id",
     "supernode_object_pulls",
     "task_identity",

@@ -29,6 +29,38 @@ def run_superlink_cli(arguments: Sequence[str], uvicorn: object | None = None) -
     entry.flower_superlink()
 
 
+def superexec_runtime_at(address: str) -> None:
+    """Make the SuperExec the SuperLink starts itself (cold ServerApps, isolation
+    subprocess) reach the Runtime API at `address`, plain HTTP (no certificates).
+
+    Flower 1.42's `flower_superlink._get_superexec_command(runtime_address=...,
+    runtime_certificates=..., runtime_root_certificates_path=..., ...)` builds that
+    command from the SuperLink's own --host:--port (0.0.0.0 read as 127.0.0.1); its
+    ServerApps take the SuperExec's address and TLS settings. Another Flower without the
+    function: nothing changes (its SuperExec as it starts it)."""
+    import inspect
+
+    entry = importlib.import_module(SUPERLINK_ENTRY)
+    original = getattr(entry, "_get_superexec_command", None)
+    if original is None or getattr(original, "runtime_at", None) == address:
+        return
+    original = getattr(original, "__wrapped__", original)
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments.update(
+            runtime_address=address,
+            runtime_certificates=None,  # plain: a loopback door has no wire to protect
+            runtime_root_certificates_path=None,
+        )
+        return original(*bound.args, **bound.kwargs)
+
+    command.runtime_at = address  # type: ignore[attr-defined]
+    setattr(entry, "_get_superexec_command", command)  # noqa: B010 (a module's global)
+
+
 UVICORN_RUN_OPTIONS = ("app", "host", "port", "reload", "workers", "ssl_keyfile", "ssl_certfile")
 """The keyword arguments Flower 1.42's SuperLink passes `uvicorn.run` that the gate reads
 (the rest it passes on to uvicorn as they come)."""

@@ -32,9 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
-import importlib
-import inspect
 import ipaddress
 import json
 import sys
@@ -183,32 +180,10 @@ def run_superlink(control_port: int, superlink: Sequence[str]) -> int:
 def superexec_at_control_door(control_port: int) -> None:
     """Make the SuperExec that Flower's SuperLink starts itself (cold ServerApps:
     isolation subprocess) reach the Runtime API at the control door, 127.0.0.1:
-    `control_port`, plain HTTP, as fedlb's warm launcher does.
-
-    Flower 1.42's `flower_superlink._get_superexec_command(runtime_address=...,
-    runtime_certificates=..., runtime_root_certificates_path=..., ...)` points it at
-    the SuperLink's own --host:--port (0.0.0.0 read as 127.0.0.1): from a server on a
-    public address, a caller on that address, which the public door refuses the Runtime
-    API. Its ServerApps take the SuperExec's address and TLS settings."""
-    entry = importlib.import_module(flower.SUPERLINK_ENTRY)
-    original = getattr(entry, "_get_superexec_command", None)
-    if original is None or getattr(original, "at_control_door", None) == control_port:
-        return  # another Flower: its SuperExec as it starts it (loopback hosts still work)
-    original = getattr(original, "__wrapped__", original)
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def command(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.arguments.update(
-            runtime_address=f"{CONTROL_HOST}:{control_port}",
-            runtime_certificates=None,  # the control door is plain: loopback has no wire
-            runtime_root_certificates_path=None,
-        )
-        return original(*bound.args, **bound.kwargs)
-
-    command.at_control_door = control_port  # type: ignore[attr-defined]
-    setattr(entry, "_get_superexec_command", command)  # noqa: B010 (a module's global)
+    `control_port`, plain HTTP, as fedlb's warm launcher does: from a server on a public
+    address, Flower points it at the SuperLink's own --host:--port, which the public
+    door refuses the Runtime API (`_flower_internals.superexec_runtime_at`)."""
+    flower.superexec_runtime_at(f"{CONTROL_HOST}:{control_port}")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ from typing import Any, TypeGuard
 
 from rich.console import Console
 
-from fedlb.security.stored import MAX_JSON_LINE_BYTES, MAX_JSON_LINES_BYTES
+from fedlb.security import MAX_JSON_LINE_BYTES, MAX_JSON_LINES_BYTES
 
 from .records import RoundRecord, SiloRound, summarise_rounds
 from .run_files import RUN_FILES, json_kind, parse_json

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     )
     from .run_lock import LOCK_FILE, FolderInUseError, claim_folder
     from .stored import (
+        MAX_JSON_LINE_BYTES,
+        MAX_JSON_LINES_BYTES,
         StoredFileError,
         json_kind,
         parse_json,
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOCK_FILE",
+    "MAX_JSON_LINES_BYTES",
+    "MAX_JSON_LINE_BYTES",
     "DigestError",
     "FolderInUseError",
     "StoredFileError",
@@ -81,6 +85,8 @@ __getattr__ = lazy_face(
         ],
         ".run_lock": ["LOCK_FILE", "FolderInUseError", "claim_folder"],
         ".stored": [
+            "MAX_JSON_LINE_BYTES",
+            "MAX_JSON_LINES_BYTES",
             "StoredFileError",
             "json_kind",
             "parse_json",

@@ -30,19 +30,19 @@ class SiloRound:
     """One silo's round, in seconds it spent itself (framework time excluded)."""
 
     silo: str  # label: silo-<partition-id> when it reports one, else node-<id>
-    node: int
-    batch_size: int
-    local_steps: int
-    compute_s: float
+    node: int  # its Flower node id (new each time its SuperNode joins)
+    batch_size: int  # B it ran this round (0: none reported)
+    local_steps: int  # τ it ran this round
+    compute_s: float  # seconds of its local steps: the part that scales with B
     fixed_s: float  # (de)serialisation, encryption: the part that does not scale with B
     round_s: float  # compute + fixed: the silo's busy time this round
     idle_s: float  # how long it waited for the slowest silo
-    train_loss: float
-    num_examples: int
+    train_loss: float  # the app's training loss metric (NaN: none reported)
+    num_examples: int  # its weight in the average: its pinned example count (claims.py)
     emulated_speed: float  # samples/s it was emulating (0: real hardware speed)
-    next_batch_size: int
+    next_batch_size: int  # B the balancer gives it next round
     accuracy: float | None = None  # federated evaluation on its held-out split
-    loss: float | None = None
+    loss: float | None = None  # its evaluation loss
     he_s: float = 0.0  # of fixed_s: CKKS decryption, encryption and serialisation
     update_norm: float | None = None  # ||w_i − w|| as the silo reported it
     start_s: float | None = None  # its ClientApp's start-up before training (its clock)
@@ -54,24 +54,24 @@ class SiloRound:
 class RoundRecord:
     """A round: its silos, how balanced it was, and what the model reached."""
 
-    round: int
+    round: int  # the run's round number (a resumed run goes on counting)
     # "measured", "measured (emulated speeds)", "model"; with step-time curves, which:
     # "model (curves: silo-0 h200/cnn, silo-1 cpu1/cnn)"
     clock: str
-    silos: list[SiloRound]
+    silos: list[SiloRound]  # one per silo whose update and report the round used
     round_s: float | None  # the slowest silo's busy time: what every silo waits for
     ideal_s: float | None  # T*: the best split of X for the speeds measured this round
     efficiency: float | None  # E = T* / round_s (None: no usable report this round)
-    idle_fraction: float | None
+    idle_fraction: float | None  # 1 − Σ busy / (silos × the slowest busy): time spent waiting
     wall_s: float  # wall-clock of the training phase, framework included
     eval_wall_s: float | None = None  # wall-clock of the federated evaluation phase
     rejected: list[str] = field(default_factory=list)  # reports dropped, with reasons
     failed: list[str] = field(default_factory=list)  # silos with no usable reply
     events: list[str] = field(default_factory=list)  # silos that left, joined, should leave
     accuracy: float | None = None  # federated evaluation, weighted by test-set size
-    loss: float | None = None
+    loss: float | None = None  # the same evaluation's loss
     server_accuracy: float | None = None  # centralised evaluation on the server's test set
-    server_loss: float | None = None
+    server_loss: float | None = None  # the same evaluation's loss
     server_s: float | None = None  # the strategy's own seconds (not waiting for silos)
     balancer_s: float | None = None  # of server_s: the balancer's step (estimators, tuner)
     server_rss_mb: float | None = None  # the server process's resident memory at round end

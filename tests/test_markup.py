@@ -13,7 +13,7 @@ from rich.console import Console
 from fedlb._markup import plain
 from fedlb.cli import common
 from fedlb.deploy import RunOutcome
-from fedlb.flower import RoundRecord, compare_runs
+from fedlb.flower import Keeping, RoundRecord, compare_runs
 from fedlb.flower.records import SiloRound
 
 MARKUP = "[/x] [bold]loud[/bold] [red]"
@@ -91,3 +91,30 @@ def test_fedlb_stopped_by_a_folder_with_brackets_says_it_literally(monkeypatch):
     with common.console.capture() as captured, pytest.raises(SystemExit):
         cli.main()
     assert f"no permission to write /runs/{MARKUP}" in captured.get()
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_silo_replying_a_curve_name_of_markup_does_not_stop_the_server(tmp_path):
+    """The probe's case through the strategy: a silo whose replies name a step-time curve
+    `[/x]...` from round 1 on; the server's round tables (a real console) show it as it
+    is, round after round, and the run completes."""
+    import io
+
+    from fedlb.flower import Balancing, LoadBalancedFedAvg, RoundReporter
+    from fedlb.flower.protocol import EMULATED_CURVE
+    from tests.test_flower_strategy import is_train_from, make_grid, start, with_metrics
+
+    grid = make_grid()
+    curve = list(f"{MARKUP}h200/cnn".encode())
+    grid.intercept = lambda r: (
+        with_metrics(r, **{EMULATED_CURVE: curve}) if is_train_from(r, 101) else r
+    )
+    screen = io.StringIO()
+    strategy = LoadBalancedFedAvg(
+        min_available_nodes=3,
+        balancing=Balancing(batch_size=16, local_steps=3),
+        keeping=Keeping(reporter=RoundReporter(tmp_path, Console(file=screen, width=300))),
+    )
+    start(strategy, grid, rounds=3)
+    assert len(strategy.reporter.records) == 3
+    assert screen.getvalue().count(MARKUP) >= 3  # in each round's clock, literally

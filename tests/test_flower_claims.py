@@ -135,3 +135,22 @@ def test_a_cap_holds_where_it_can_and_leaves_the_others_alone(counts, cap):
         for n in by_node:
             if n not in lowered:
                 assert weights[n] == by_node[n]
+
+
+def test_fedlb_servers_run_settings_declare_counts_and_cap_shares():
+    """max-share and silo-examples (fedlb server --max-share / --silo-examples, or the
+    app's run config) reach the strategy's claims."""
+    from fedlb.deploy import RunConfig
+    from fedlb.deploy.run_config import ConfigError
+    from fedlb.deploy.server_app import build_strategy
+    from fedlb.flower import RoundReporter
+
+    config = RunConfig.from_mapping({"max-share": 0.4, "silo-examples": "silo-0=600, silo-2=9"})
+    strategy = build_strategy(config, RoundReporter())
+    assert strategy.claims.max_share == 0.4
+    assert strategy.claims.pinned == {"silo-0": 600, "silo-2": 9}
+    assert build_strategy(RunConfig(), RoundReporter()).claims.max_share is None
+    with pytest.raises(ConfigError, match=r"silo-examples must list label=count pairs.*got 'x'"):
+        RunConfig.from_mapping({"silo-examples": "silo-0=600,x"})
+    with pytest.raises(ConfigError, match=r"max-share must be in \[0, 1\]"):
+        RunConfig.from_mapping({"max-share": 1.5})

@@ -41,6 +41,9 @@ RUN_SETTING_HELP = {
     "max-batch": "Largest B any silo gets (0: no limit).",
     "max-share": "The most of the average any one silo's update may weigh, however many "
     "examples it claims (0: no cap; a dominant claim is said in round 1).",
+    "silo-examples": "Each silo's example count as the operator knows it, "
+    '"silo-0=600,silo-1=1200": a silo claiming another is refused and weighs this '
+    "(''/unset: each silo's first claim is pinned for the run).",
     "guard": "1: the stability guard (no silo below half the mean batch until its probe finds "
     "the run stable; a blown-up update is left out and the floor raised; "
     "docs/experiments.md); 0: none, full balance (LB-BSP).",
@@ -138,6 +141,8 @@ class RunConfig:
     min_share: with tuner 'pooled', no silo below min_share × X/n (0: no floor).
     max_share: the most of the average any one silo's update may weigh, whatever example
         count it claims (0: no cap; fedlb.flower.claims).
+    silo_examples: each silo's example count by label, "silo-0=600,silo-1=1200", as the
+        operator knows it ('' : each silo's first claim is pinned).
     guard: 1 (default): LoadBalancedFedAvg's StabilityGuard (no silo below half the mean
         batch until its probe finds the run stable, blown-up updates left out); 0: none
         (sizes fully balanced from round 2).
@@ -184,6 +189,7 @@ class RunConfig:
     max_batch: int = 0
     min_share: float = 0.0
     max_share: float = 0.0
+    silo_examples: str = ""
     guard: int = 1
     guard_probe: float = StabilityGuard.DEFAULT_PROBE
     profiles: int = 1
@@ -218,6 +224,22 @@ class RunConfig:
         """The settings that decide how the silos train (all but NOT_TRAINING's)."""
         return {k: v for k, v in self.to_mapping().items() if k not in NOT_TRAINING}
 
+    def declared_examples(self) -> dict[str, int] | None:
+        """silo-examples as {silo label: count} (None: none declared); ValueError says
+        what is wrong with it."""
+        if not self.silo_examples.strip():
+            return None
+        declared: dict[str, int] = {}
+        for part in self.silo_examples.split(","):
+            label, _, count = part.partition("=")
+            if not label.strip() or not count.strip().isdigit():
+                raise ValueError(
+                    f'silo-examples must list label=count pairs, "silo-0=600,silo-1=1200"; '
+                    f"got {part.strip()!r}"
+                )
+            declared[label.strip()] = int(count)
+        return declared
+
     def check(self) -> None:
         problems = []
         for name in (
@@ -240,6 +262,10 @@ class RunConfig:
             problems.append("min-share needs tuner pooled")
         if not (math.isfinite(self.max_share) and 0 <= self.max_share <= 1):
             problems.append("max-share must be in [0, 1] (0: no cap)")
+        try:
+            self.declared_examples()
+        except ValueError as error:
+            problems.append(str(error))
         if not (math.isfinite(self.poll_interval) and self.poll_interval >= 0):
             problems.append("poll-interval must be a finite number >= 0")
         if self.guard not in (0, 1):

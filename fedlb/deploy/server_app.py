@@ -72,7 +72,11 @@ def build_strategy(
         min_train_nodes=1,
         min_evaluate_nodes=1,
         balancing=balancing,
-        joining=Joining(expected_silos=config.num_silos, max_share=config.max_share or None),
+        joining=Joining(
+            expected_silos=config.num_silos,
+            max_share=config.max_share or None,
+            examples=config.declared_examples(),
+        ),
         keeping=Keeping(
             reporter=reporter,
             checkpoint_dir=out_dir,

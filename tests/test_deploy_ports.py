@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from fedlb.deploy import processes
+from fedlb.deploy import ports as processes  # where the port helpers live
 from fedlb.deploy.errors import DeployError
 
 

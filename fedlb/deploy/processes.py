@@ -8,12 +8,10 @@ flwr-clientapp) by PID, never by name.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -26,8 +24,6 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from fedlb.flower.protocol import NODE_DEVICE
 from fedlb.security import TlsFiles
 
@@ -35,13 +31,24 @@ from .console_scripts import bin_dir, console_scripts, say_in_process
 from .errors import DeployError
 from .gate import CONTROL_HOST, gated_command
 from .join import SUPERNODE_START, diagnose, supernode_join
+
+# their home before: callers still import them from here (explicit re-exports)
+from .leftovers import ENTRY_POINTS as ENTRY_POINTS
+from .leftovers import GUARD
+from .leftovers import SUPERLINK as SUPERLINK
+from .leftovers import leftover as leftover
+from .leftovers import process_start_time as process_start_time
+from .leftovers import shown_command as shown_command
+from .leftovers import stop_leftover as stop_leftover
+from .ports import check_port_free as check_port_free
+from .ports import free_port as free_port
+from .ports import unused_port as unused_port
 from .resident import wanted as resident_wanted
 from .warm import launcher_command, make_secret
 from .warm import unsupported as warm_unsupported
 from .warm_tasks import SERVERAPP, SIMULATION
 
 log = logging.getLogger("fedlb.flower")
-GUARD = Path(__file__).with_name("guard.py")
 CONNECTION = "fedlb"  # the name of the SuperLink connection in FLWR_HOME/config.toml
 
 
@@ -53,68 +60,6 @@ class JoinError(DeployError):
     def __init__(self, message: str, unregistered: bool = False) -> None:
         super().__init__(message)
         self.unregistered = unregistered
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def check_port_free(host: str, port: int, what: str) -> None:
-    """Refuse (DeployError) a port something already listens on, before starting a
-    process there: a second SuperLink on a live server's port would fail to bind, and
-    the health check and `flwr` commands that follow would reach the live server's (and
-    stop its run)."""
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            raise DeployError(_unbindable(host, port, what, error)) from None
-
-
-def _unbindable(host: str, port: int, what: str, error: OSError) -> str:
-    """Why `what` cannot listen on host:port, in one line with what to do: only a port
-    something holds is "in use" (an address that is not this machine's is another fault)."""
-    nothing = "Nothing was started or stopped"
-    if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
-        why = error.strerror or str(error)
-        return (
-            f"{what} cannot listen on {host}:{port}: {host} is not an address of this "
-            f"machine ({why}). {nothing}. Give --host one of its own addresses (0.0.0.0: "
-            "all of them)"
-        )
-    if error.errno == errno.EACCES:
-        return (
-            f"{what} may not listen on {host}:{port} ({error.strerror}: ports below 1024 "
-            f"need privileges). {nothing}. Give another port (--port)"
-        )
-    return (
-        f"{what}'s port {host}:{port} is in use ({error.strerror}): another fedlb "
-        f"server or silo, or another program, listens there. {nothing}. Give another "
-        "port (--port), or stop what holds it"
-    )
-
-
-def unused_port(host: str, what: str, avoid: Collection[int] = (), tries: int = 10) -> int:
-    """A free port that `check_port_free` accepts and that is not in `avoid` (ports given
-    to processes not bound yet). Between `free_port`'s probe and the check something else
-    can take it (an outgoing connection's ephemeral port, a process started beside this
-    one: a fresh clone's suite once hit this), so a port found taken is replaced by
-    another, up to `tries` times; only a port the user gave is refused at once."""
-    for attempt in range(1, tries + 1):
-        port = free_port(host)
-        if port in avoid:
-            continue
-        try:
-            check_port_free(host, port, what)
-        except DeployError:
-            if attempt == tries:
-                raise
-            continue
-        return port
-    raise DeployError(f"{what}: no free port on {host} outside {sorted(avoid)} in {tries} tries")
 
 
 def app_dir() -> Path:
@@ -262,98 +207,6 @@ def _answers(scheme: str, port: int, context: ssl.SSLContext | None) -> bool:
         with urllib.request.urlopen(url, timeout=1, context=context) as reply:
             return bool(reply.status == 200)
     except (urllib.error.URLError, OSError):
-        return False
-
-
-def process_start_time(pid: int) -> float | None:
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
-
-
-SUPERLINK = "SuperLink"  # the name FlowerProcess gives the SuperLink; a silo's is its own
-ENTRY_POINTS = {SUPERLINK: "flower-superlink"}  # a silo's: flower-supernode
-
-
-def leftover(identity: Mapping[str, Any], port: int | None = None) -> str | None:
-    """Whether the process `FlowerProcess.identity()` described still runs as fedlb
-    started it: None when it does; "" when no process has its PID and start time (gone);
-    else why the process there is not it, in words. A PID and a start time are only
-    what a file says: the process must also be fedlb's guard running the entry point
-    (flower-superlink for the SuperLink, flower-supernode for a silo; fedlb's gate and
-    warm launcher run them) with `--port` its own port (`port`, else the identity's)."""
-    pid, started = identity.get("pid"), identity.get("started")
-    if not isinstance(pid, int) or started is None or process_start_time(pid) != started:
-        return ""
-    port = port if port is not None else identity.get("port")
-    try:
-        command = psutil.Process(pid).cmdline()
-    except psutil.Error as error:  # gone since, or another user's
-        return "" if isinstance(error, psutil.NoSuchProcess) else "its command line is not readable"
-    entry = ENTRY_POINTS.get(str(identity.get("name")), "flower-supernode")
-    shown = shown_command(command)
-    if len(command) < 3 or not _is_guard(command[1]):
-        return f"`{shown}` is no process fedlb started"
-    points = [i for i, arg in enumerate(command) if Path(arg).name == entry]
-    if not points:
-        return f"`{shown}` runs no {entry}"
-    if not isinstance(port, int) or isinstance(port, bool):  # an older file's: no port
-        return f"`{shown}` is a {entry}, but no port is given to check it by"
-    if not any(
-        command[i + 1 : i + 2] == [str(port)]
-        for i in range(points[0], len(command) - 1)
-        if command[i] == "--port"
-    ):
-        return f"`{shown}` is a {entry}, but not on port {port}"
-    return None
-
-
-def _is_guard(path: str) -> bool:
-    try:
-        return Path(path).resolve() == GUARD.resolve()
-    except (OSError, RuntimeError):
-        return False
-
-
-def shown_command(command: Sequence[str], limit: int = 80) -> str:
-    """A command line for a message: whole arguments, "..." where cut."""
-    shown = ""
-    for arg in command:
-        more = f"{shown} {arg}" if shown else arg
-        if len(more) > limit:
-            return f"{shown} ..." if shown else f"{arg[: limit - 4]} ..."
-        shown = more
-    return shown
-
-
-def stop_leftover(
-    identity: Mapping[str, Any], grace: float = 10.0, port: int | None = None
-) -> bool:
-    """Stop the process group `FlowerProcess.identity()` described, if its leader still
-    runs as fedlb started it (`leftover`: same PID and start time, and the command line
-    of its entry point on its port); whether there was one to stop. Any other process
-    is left alone."""
-    if leftover(identity, port) is not None:
-        return False
-    pid, started = int(identity["pid"]), identity.get("started")
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _running(pid, started):
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    return True
-
-
-def _running(pid: int, started: Any) -> bool:
-    """Whether `pid` still runs as the process started at `started` (a zombie, ended but
-    not yet reaped by its parent, does not)."""
-    try:
-        process = psutil.Process(pid)
-        return bool(process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
         return False
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import re
 import struct
-import time
 import zipfile
 from pathlib import Path
 
@@ -116,7 +115,7 @@ def test_decrypt_refuses_every_flipped_byte_without_the_side_file(model, keys, t
     out.unlink()
     offsets = flip_offsets(intact)
     assert len(offsets) > 1_000
-    refused, lines, started = 0, set(), time.perf_counter()
+    refused, lines = 0, set()
     for offset in offsets:
         damaged = flipped(intact, offset)
         model.write_bytes(damaged)
@@ -129,8 +128,7 @@ def test_decrypt_refuses_every_flipped_byte_without_the_side_file(model, keys, t
         refused += 1
         lines.add(message)
     print(f"decrypt: {refused} of {len(offsets)} single-bit flips refused")
-    assert refused == len(offsets)
-    assert time.perf_counter() - started < 60
+    assert refused == len(offsets)  # how long it takes is the suite's timeout's to bound
     assert all("is damaged" in line for line in lines), lines
     # the command itself, on a sample of them: exit 2, one line, no traceback, no model.pt
     ending = range(len(intact) - SEAL_SIZE - 22, len(intact), 3)  # end record and seal

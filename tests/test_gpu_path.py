@@ -141,24 +141,59 @@ def test_batches_of_any_shape_move_with_their_types_kept():
 # ---- timing ---------------------------------------------------------------------------
 
 
-def test_the_cpu_timer_reads_the_host_clock():
+class HostClock:
+    """The host clock as fedlb.training.device reads it (`time.perf_counter`), moved only
+    by the test: what the timers do with it, whatever else the machine runs."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def host_clock(monkeypatch):
+    from fedlb.training import device
+
+    clock = HostClock()
+    monkeypatch.setattr(device, "time", clock)
+    return clock
+
+
+def test_the_cpu_timer_reads_the_host_clock(host_clock):
     timer = ComputeTimer()
     timer.start()
     with pytest.raises(RuntimeError, match="before stop"):
         timer.seconds()
     timer.start()
-    time.sleep(0.05)
+    host_clock.now += 0.05
     assert not timer.stopped
+    assert timer.elapsed_now() == pytest.approx(0.05)
+    host_clock.now += 0.02
     timer.stop()
     assert timer.stopped
-    assert 0.05 <= timer.seconds() < 0.5
+    host_clock.now += 1.0  # read later: the stretch is what it was
+    assert timer.seconds() == pytest.approx(0.07)
+
+
+def test_the_cpu_timer_on_the_real_clock_is_no_shorter_than_a_sleep():
+    """The real clock, bounded only from below (sleep never returns early; a busy machine
+    only adds)."""
+    timer = ComputeTimer()
+    timer.start()
+    time.sleep(0.05)
+    timer.stop()
+    assert timer.seconds() >= 0.05
 
 
 class FakeEvent:
-    """Stands in for torch.cuda.Event: the GPU 'reaches' it `gpu_s` after it is recorded."""
+    """Stands in for torch.cuda.Event: the GPU 'reaches' it `gpu_s` after it is recorded;
+    recorded at the host clock's time (HostClock: the test's)."""
 
     log: ClassVar[list[str]] = []
     gpu_s = 0.25
+    host: ClassVar[HostClock] = HostClock()
 
     def __init__(self, enable_timing: bool = False) -> None:
         assert enable_timing
@@ -166,7 +201,7 @@ class FakeEvent:
 
     def record(self, stream: object = None) -> None:
         FakeEvent.log.append("record")
-        self.at = time.perf_counter()
+        self.at = FakeEvent.host.perf_counter()
 
     def synchronize(self) -> None:
         FakeEvent.log.append("synchronize")
@@ -178,8 +213,9 @@ class FakeEvent:
 
 
 @pytest.fixture
-def fake_cuda_events(monkeypatch):
+def fake_cuda_events(monkeypatch, host_clock):
     FakeEvent.log = []
+    FakeEvent.host = host_clock
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: FakeEvent.log.append("sync"))
@@ -193,18 +229,19 @@ def test_on_cuda_the_timer_reads_events_not_the_host_clock(fake_cuda_events):
     timer.start()
     timer.stop()  # the hook at the last bucket: no stall
     assert fake_cuda_events.log == ["record", "record"]
-    assert timer.seconds() == pytest.approx(0.25, abs=0.01)
+    assert timer.seconds() == pytest.approx(0.25)
     assert fake_cuda_events.log[-1] == "synchronize"
     assert "sync" not in fake_cuda_events.log
 
 
-def test_on_cuda_sleep_padding_synchronises_before_it_reads_the_clock(fake_cuda_events):
+def test_on_cuda_sleep_padding_synchronises_before_it_reads_the_clock(fake_cuda_events, host_clock):
     timer = ComputeTimer(torch.device("cuda", 0))
     timer.start()
-    timer.elapsed_now()
+    host_clock.now += 0.1
+    assert timer.elapsed_now() == pytest.approx(0.1)
     timer.stop(synchronize_now=True)
     assert fake_cuda_events.log.count("sync") == 2
-    assert timer.seconds() < 0.2  # the host clock after the waits, not the events
+    assert timer.seconds() == pytest.approx(0.1)  # the host clock after the waits, not the events
 
 
 def test_accelerator_memory_takes_the_peak_and_is_none_off_the_gpu(monkeypatch):

@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import time
+import types
 
 import psutil
 import pytest
 
 from fedlb import _flower_internals as flower
-from fedlb.deploy import RunConfig
+from fedlb.deploy import RunConfig, prompt
 from fedlb.deploy.federation import Federation
 from fedlb.deploy.join import LOST_TASK, ClientAppFailures
 from fedlb.deploy.prompt import (
@@ -66,10 +67,13 @@ def test_the_supernode_loop_it_shortens_sleeps_where_it_expects():
         prompt_supernode(0.01, 0.02)  # twice: still one partial over Flower's function
         assert loop.pull_objects.keywords == {"initial_backoff": 0.02}
         assert loop.pull_objects.func is pull_objects
-        started = time.perf_counter()
-        loop.time.sleep(idle)
-        loop.time.sleep(reply)
-        assert time.perf_counter() - started < 0.5
+        slept: list[float] = []
+        with pytest.MonkeyPatch.context() as patch:  # what reaches time.sleep, not how long
+            patch.setattr(prompt, "time", types.SimpleNamespace(sleep=slept.append))
+            loop.time.sleep(idle)
+            loop.time.sleep(reply)
+            loop.time.sleep(7.0)  # any other pause: as Flower wrote it
+        assert slept == [0.01, 0.02, 7.0]
         assert loop.time.monotonic() > 0
         assert loop.time.time() > 0
     finally:

@@ -322,7 +322,7 @@ class _Said(logging.Handler):
         self.said.append(record.getMessage())
 
 
-@pytest.mark.parametrize("silos", [3, 10])
+@pytest.mark.parametrize("silos", [3, pytest.param(10, marks=pytest.mark.slow)])  # 10: ~25 s busy
 @pytest.mark.usefixtures("task_identity")
 def test_equal_silos_under_timing_noise_keep_their_sizes(tmp_path, monkeypatch, silos):
     """Noise in, nothing out: the quickstart on equal silos whose timings are noise

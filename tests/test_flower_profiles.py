@@ -126,6 +126,7 @@ def run_quickstart(app, rounds, caplog, profiles=True, overrides=None, guard=Tru
     return balance_lines(caplog.text), caplog.text
 
 
+@pytest.mark.slow  # trains the quickstart 4 times: ~30 s on 2 busy cores
 @pytest.mark.usefixtures("task_identity")
 def test_a_federation_that_ran_before_starts_balanced(tmp_path, monkeypatch, caplog):
     """Flower's quickstart with the drop-in, unguarded (with a guard, round 1 starts from

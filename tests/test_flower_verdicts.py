@@ -129,6 +129,7 @@ def test_the_memory_keeps_decided_verdicts_only(tmp_path, monkeypatch):
     memory.after(Verdict(regime="stable", stage="probe", probe=0.01), 2)
 
 
+@pytest.mark.slow  # trains the quickstart 4 times: ~17 s on 2 busy cores
 @pytest.mark.usefixtures("task_identity")
 def test_a_second_run_of_a_stable_app_balances_fully_from_round_1(tmp_path, monkeypatch, caplog):
     """Flower's quickstart at η = 0.03 (stable there on every seed measured): the first

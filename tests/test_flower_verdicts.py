@@ -36,8 +36,11 @@ def test_a_guard_that_takes_up_a_stable_verdict_balances_fully_and_still_watches
     # no probe: the rounds after are not judged again, however scattered ...
     verdict = guard.check({"a": 1.0, "b": 2.0, "c": 0.5}, None, UNEQUAL)
     assert (verdict.probe, verdict.regime, verdict.floor) == (None, "stable", 0.25)
-    # ... but a blow-up still raises the floor
+    # ... but a blow-up at a small batch still raises the floor (one at a large batch,
+    # its peers calm, is that silo's own: left out, nothing moves)
     verdict = guard.check({"a": 1.0, "b": 1.1, "c": 9.0}, None, UNEQUAL)
+    assert (verdict.look, verdict.floor) == ("lone", 0.25)
+    verdict = guard.check({"a": 9.0, "b": 1.1, "c": 1.0}, None, UNEQUAL)
     assert (verdict.look, verdict.floor) == ("diverged", 0.5)
 
 

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from fedlb.experiments.asynchronous import Arrival, FedBuff, FedCompass, staleness_weight
 from fedlb.flower import Balancing, Joining
 from fedlb.flower.protocol import SiloReport
-from tests.test_flower_strategy import BASE, make_grid, start
+from tests.strategy_helpers import BASE, make_grid, start
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -23,7 +23,7 @@ OVERHEAD = 0.02  # the fixed seconds model_clock gives every silo
 
 def grid_model_keys():
     from fedlb.deploy import RunConfig
-    from tests.test_flower_strategy import initial_arrays, run_config
+    from tests.strategy_helpers import initial_arrays, run_config
 
     return initial_arrays(RunConfig.from_mapping(run_config())).keys()
 

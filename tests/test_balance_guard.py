@@ -10,7 +10,7 @@ import pytest
 from fedlb.balance import BatchSizeManager, PooledProportional, StabilityGuard
 from fedlb.flower import Balancing, Keeping, LoadBalancedFedAvg, RoundReporter
 from fedlb.flower.protocol import NOTICE, PROTOCOL, UPDATE_NORM
-from tests.test_flower_strategy import make_grid, sent_sizes, start, train_messages
+from tests.strategy_helpers import make_grid, sent_sizes, start, train_messages
 
 
 def test_a_fixed_floor_is_half_the_mean_batch_and_rises_only_on_a_blow_up():

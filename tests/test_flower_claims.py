@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fedlb.flower import Balancing, Joining, Keeping, LoadBalancedFedAvg
 from fedlb.flower.claims import MOST_EXAMPLES, capped
-from tests.test_flower_strategy import is_train_from, make_grid, start, with_metrics
+from tests.strategy_helpers import is_train_from, make_grid, start, with_metrics
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 

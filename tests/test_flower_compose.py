@@ -48,7 +48,7 @@ from fedlb.flower.packing import PACKED
 from fedlb.flower.protocol import LOCAL_STEPS, PREFIX, TRAIN_LOSS
 from fedlb.flower.strategy import NoUsableUpdateError
 from tests.flower_fakes import InProcessGrid, fedlb_app
-from tests.test_flower_strategy import make_grid, model_clock, run_config, sent_sizes, start
+from tests.strategy_helpers import make_grid, model_clock, run_config, sent_sizes, start
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -318,7 +318,7 @@ def test_dp_outside_fedlb_still_balances_and_says_to_put_fedlb_outermost(caplog)
 
 def start_arrays() -> ArrayRecord:
     from fedlb.deploy import RunConfig
-    from tests.test_flower_strategy import initial_arrays
+    from tests.strategy_helpers import initial_arrays
 
     return initial_arrays(RunConfig.from_mapping(run_config()))
 

@@ -102,7 +102,7 @@ def test_a_silo_replying_a_curve_name_of_markup_does_not_stop_the_server(tmp_pat
 
     from fedlb.flower import Balancing, LoadBalancedFedAvg, RoundReporter
     from fedlb.flower.protocol import EMULATED_CURVE
-    from tests.test_flower_strategy import is_train_from, make_grid, start, with_metrics
+    from tests.strategy_helpers import is_train_from, make_grid, start, with_metrics
 
     grid = make_grid()
     curve = list(f"{MARKUP}h200/cnn".encode())

@@ -6,7 +6,7 @@
 # dependencies, fedlb itself with --no-deps (its `flwr<1.43` pin is bypassed there, and
 # only there) and the newest `flwr-nightly` in place of `flwr` (pre-releases admitted for
 # it alone); then runs, one file at a time, what a new Flower must pass:
-#   tests/test_flower_internals.py   one test per Flower private detail fedlb relies on
+#   tests/test_flower_internals_*.py one test per Flower private detail fedlb relies on
 #                                    (the package fedlb/_flower_internals/), quick
 #   tests/test_flower_deploy.py      deployed runs on real SuperLink/SuperNode processes
 #   tests/test_warm_silo.py          the warm path on real processes
@@ -30,7 +30,7 @@ python="${PYTHON:-python3}"
 torch_spec="${FEDLB_TORCH:-torch==2.13.0}"
 install_only=0
 [ "${1:-}" = "--install-only" ] && { install_only=1; shift; }
-files=(tests/test_flower_internals.py tests/test_flower_deploy.py tests/test_warm_silo.py)
+files=(tests/test_flower_internals_*.py tests/test_flower_deploy.py tests/test_warm_silo.py)
 
 quiet() {  # pip, without this machine's index-location chatter; fails when pip fails
   "$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; }

@@ -36,7 +36,7 @@ from fedlb.deploy.warm_tasks import TASK_NAME
 
 
 def test_this_flower_runs_silos_warm_and_its_pulls_retry_after_20_ms():
-    """The Flower details the warm path drives are there (tests/test_flower_internals.py
+    """The Flower details the warm path drives are there (tests/test_flower_internals_*.py
     checks each by name); fedlb binds its own first retry (20 ms, not Flower's 1 s) to the
     ClientApp runtime's message pulls and the ServerApp grid's reply pulls."""
     assert unsupported() is None  # this Flower runs silos warm (else they start cold)
@@ -398,7 +398,7 @@ def test_a_failed_clientapp_tasks_message_is_answered_before_its_task_finishes(c
     from flwr.common.constant import ErrorCode
 
     from fedlb.deploy.prompt import failed_clientapps_reply
-    from tests.test_flower_internals import Node
+    from tests.flower_internals_helpers import Node
 
     state_class = flower.node_state_class()
     finish = getattr(state_class.finish_task, "__wrapped__", state_class.finish_task)

@@ -7,7 +7,7 @@ Flower does not promise to keep: the SuperLink's and SuperNode's entry modules, 
 SuperNode's loop and node state, the ClientApp and ServerApp runtimes and their runtime
 API, the Control API client and the `flwr` CLI's helpers, the lines Flower logs. Each such
 detail is here, once: a constant or a small function whose docstring says what Flower 1.42
-does that fedlb relies on, and where in flwr it lives. tests/test_flower_internals.py checks
+does that fedlb relies on, and where in flwr it lives. tests/test_flower_internals_*.py check
 each by name, so a new Flower release fails one named test per broken assumption instead of
 a timeout deep in a deployed run; `scripts/check-flower-nightly.sh` runs those tests and the
 deployed ones against the newest `flwr-nightly` (docs/flower.md, "Flower versions").

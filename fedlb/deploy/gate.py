@@ -22,7 +22,7 @@ Here the SuperLink's app is served through two doors from one process:
 `python -m fedlb.deploy.gate --control-port N -- flower-superlink ARGS` runs Flower's own
 `flower-superlink ARGS` this way (what `processes.start_superlink` starts; the warm
 launcher forks the same call, see `gated_entry`). Flower behaviour relied on
-(fedlb._flower_internals, checked by tests/test_flower_internals.py; the deployed tests
+(fedlb._flower_internals, checked by tests/test_flower_internals_*.py; the deployed tests
 exercise it on real processes): `flwr.superlink.cli.flower_superlink` serves its FastAPI
 app with its module's `uvicorn.run(app=..., host=..., port=..., ...)`, and the URL
 prefixes of its APIs.

@@ -5,7 +5,7 @@ the reason when it gives up (a TLS error, a refused key); a server it cannot rea
 one that speaks TLS to a plain-HTTP SuperNode, it retries for ever with only "Connection
 attempt failed" (the cause is at DEBUG). `fedlb silo` reads the log, and checks the
 address itself, to say which. The lines and codes read are Flower's
-(fedlb._flower_internals, checked by tests/test_flower_internals.py).
+(fedlb._flower_internals, checked by tests/test_flower_internals_*.py).
 """
 
 from __future__ import annotations

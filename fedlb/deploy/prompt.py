@@ -11,7 +11,7 @@ launcher (fedlb.deploy.warm) runs a silo's SuperNode this way.
 
 The Flower details relied on (the loop's pauses and steps, its object pulls, the node
 state, the heartbeat interval) are in fedlb._flower_internals, each checked by
-tests/test_flower_internals.py.
+tests/test_flower_internals_*.py.
 """
 
 from __future__ import annotations

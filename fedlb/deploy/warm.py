@@ -62,7 +62,7 @@ first round's messages). `--task serverapp` serves a SuperLink the same way: its
 `run_simulation_process`; Ray is imported once and each run's fork connects to it).
 
 Flower behaviours relied on (each in fedlb._flower_internals, checked by name in
-tests/test_flower_internals.py; tests/test_warm_silo.py runs them on real processes, so a
+tests/test_flower_internals_*.py; tests/test_warm_silo.py runs them on real processes, so a
 Flower upgrade that changes one fails a test, not a run):
 - `flower-supernode` and `flower-superlink` `--isolation process
   --superexec-auth-secret-file F` serve the runtime API for an external SuperExec and

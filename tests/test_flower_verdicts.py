@@ -23,7 +23,7 @@ from fedlb.flower.verdicts import (
     verdict_key,
 )
 from tests.apps.adopt import adopt
-from tests.test_balance_guard import EQUAL, UNEQUAL
+from tests.balance_guard_helpers import EQUAL, UNEQUAL
 from tests.test_flower_profiles import run_quickstart
 
 runner = CliRunner()

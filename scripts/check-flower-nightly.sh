@@ -8,7 +8,7 @@
 # it alone); then runs, one file at a time, what a new Flower must pass:
 #   tests/test_flower_internals_*.py one test per Flower private detail fedlb relies on
 #                                    (the package fedlb/_flower_internals/), quick
-#   tests/test_flower_deploy.py      deployed runs on real SuperLink/SuperNode processes
+#   tests/test_flower_deploy_*.py    deployed runs on real SuperLink/SuperNode processes
 #   tests/test_warm_silo.py          the warm path on real processes
 # and prints a summary: the nightly's version, each test's outcome and time.
 #
@@ -30,7 +30,7 @@ python="${PYTHON:-python3}"
 torch_spec="${FEDLB_TORCH:-torch==2.13.0}"
 install_only=0
 [ "${1:-}" = "--install-only" ] && { install_only=1; shift; }
-files=(tests/test_flower_internals_*.py tests/test_flower_deploy.py tests/test_warm_silo.py)
+files=(tests/test_flower_internals_*.py tests/test_flower_deploy_*.py tests/test_warm_silo.py)
 
 quiet() {  # pip, without this machine's index-location chatter; fails when pip fails
   "$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; }

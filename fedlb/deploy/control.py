@@ -9,7 +9,7 @@ process that already has flwr imported. The `flwr` CLI still works against the S
 (FLWR_HOME/config.toml names it; see `processes.write_connection`).
 
 Flower pieces relied on, each in fedlb._flower_internals (checked by name in
-tests/test_flower_internals_*.py; tests/test_flower_deploy.py exercises them on real
+tests/test_flower_internals_*.py; tests/test_flower_deploy_*.py exercise them on real
 processes, so a Flower upgrade that changes one fails a test, not a user's run):
 `flwr.supercore.control.ControlHttpClient` (StartRun, ListRuns, StopRun, StreamLogs,
 RegisterNode), `flwr.cli.config_utils.load_and_validate`, `flwr.cli.build.build_fab_from_disk`,

@@ -11,10 +11,7 @@ from fedlb.balance import BatchSizeManager, Static
 from fedlb.deploy import RunConfig
 from fedlb.deploy.task import federation_data, model_for
 from fedlb.experiments.profiles import EmulatedClock, SpeedProfile
-from fedlb.flower.protocol import (
-    BATCH_SIZE,
-    SERVER_ROUND,
-)
+from fedlb.flower.protocol import BATCH_SIZE, SERVER_ROUND
 from tests.flower_fakes import InProcessGrid, fedlb_app, lr_config
 
 BASE = 500.0  # samples/s of a factor-1 silo (well above what real compute needs)

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedlb.experiments import (
-    EmulatedClock,
-    SpeedProfile,
-)
+from fedlb.experiments import EmulatedClock, SpeedProfile
 from fedlb.flower import Balancing
 
 SPEEDS = (400.0, 200.0, 100.0)  # samples/s of silos 0, 1, 2 on the model clock

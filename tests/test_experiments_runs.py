@@ -14,10 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedlb.cli import app
-from fedlb.experiments import (
-    Scenario,
-    ScenarioError,
-)
+from fedlb.experiments import Scenario, ScenarioError
 from fedlb.flower import records_from_json_lines
 
 

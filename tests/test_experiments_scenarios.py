@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedlb.experiments import (
-    EmulatedClock,
-    Scenario,
-    ScenarioError,
-    SpeedProfile,
-    preset,
-)
+from fedlb.experiments import EmulatedClock, Scenario, ScenarioError, SpeedProfile, preset
 
 
 def test_speed_traces():

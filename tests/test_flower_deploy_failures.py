@@ -9,10 +9,7 @@ import json
 import pytest
 
 from fedlb.deploy.federation import Federation
-from tests.flower_deploy_helpers import (
-    run_settings,
-    silo_config,
-)
+from tests.flower_deploy_helpers import run_settings, silo_config
 
 pytestmark = pytest.mark.slow
 

@@ -11,12 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.flower_deploy_helpers import (
-    BASE_SPEED,
-    probe_public_door,
-    record_port,
-    run_settings,
-)
+from tests.flower_deploy_helpers import BASE_SPEED, probe_public_door, record_port, run_settings
 
 pytestmark = pytest.mark.slow
 

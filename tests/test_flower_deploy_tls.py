@@ -10,11 +10,7 @@ import numpy as np
 import pytest
 
 from fedlb.deploy.federation import Federation
-from tests.flower_deploy_helpers import (
-    probe_public_door,
-    run_settings,
-    silo_config,
-)
+from tests.flower_deploy_helpers import probe_public_door, run_settings, silo_config
 
 pytestmark = pytest.mark.slow
 

@@ -11,12 +11,7 @@ import pytest
 from flwr.app import ArrayRecord, Message, RecordDict
 
 from fedlb.flower import Balancing, LoadBalancedFedAvg
-from fedlb.flower.protocol import (
-    BATCH_SIZE,
-    COMPUTE_S,
-    LOCAL_STEPS,
-    OVERHEAD_S,
-)
+from fedlb.flower.protocol import BATCH_SIZE, COMPUTE_S, LOCAL_STEPS, OVERHEAD_S
 from tests.strategy_helpers import (
     _arr,
     _original,

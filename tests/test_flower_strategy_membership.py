@@ -11,13 +11,7 @@ from fedlb.deploy import RunConfig
 from fedlb.experiments.variants import QuorumFedAvg
 from fedlb.flower import Balancing, Joining, LoadBalancedFedAvg
 from tests.flower_fakes import lr_config
-from tests.strategy_helpers import (
-    initial_arrays,
-    make_grid,
-    sent_sizes,
-    start,
-    static,
-)
+from tests.strategy_helpers import initial_arrays, make_grid, sent_sizes, start, static
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 

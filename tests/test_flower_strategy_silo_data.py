@@ -11,11 +11,7 @@ from flwr.clientapp import ClientApp
 from fedlb.balance import BatchSizeManager, Static
 from fedlb.deploy import RunConfig, evaluate_reply, train_reply
 from fedlb.flower import Balancing, LoadBalancedFedAvg, balance_mod
-from fedlb.flower.protocol import (
-    BATCH_SIZE,
-    LOCAL_STEPS,
-    SERVER_ROUND,
-)
+from fedlb.flower.protocol import BATCH_SIZE, LOCAL_STEPS, SERVER_ROUND
 from tests.flower_fakes import InProcessGrid
 from tests.strategy_helpers import (
     BASE,

@@ -2,14 +2,14 @@
 
 Flower's quickstart-pytorch, made load-balanced (tests/apps/adopt.py), on 3 and 10 equal
 silos in one process for 10 rounds (its own ServerApp main and ClientApp, an in-process
-grid: tests/test_flower_dropin.py's `equal_silos_run`), the same run on two clocks side
+grid: tests/dropin_helpers.py's `equal_silos_run`), the same run on two clocks side
 by side:
 
 - `real`: no emulation; every silo reports what its steps took on this machine
   (milliseconds of compute per step: the timings are mostly noise, and on a busy machine
   mostly the other processes' doing);
 - `noisy model`: the model clock, τ·B/v times exp(N(0, 0.2²)) (fixed costs exp(N(0,
-  0.5²))), seeded: what tests/test_flower_dropin.py's
+  0.5²))), seeded: what tests/test_flower_dropin_equal_silos.py's
   test_equal_silos_under_timing_noise_keep_their_sizes asserts (≤ 1.5x every round).
 
 Printed per run: the largest max/min of the sizes over rounds 1-10 and the round it came
@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedlb._flower_internals import task_identity
-from tests.test_flower_dropin import NoisyModelClock, equal_silos_run
+from tests.dropin_helpers import NoisyModelClock, equal_silos_run
 
 
 def spread(sizes: dict[str, tuple[int, int, int]]) -> float:

@@ -115,7 +115,7 @@ def simulated(
 ) -> dict[str, Any]:
     """One `flwr run` on a simulation SuperLink (measured clock, padded steps)."""
     from fedlb.deploy import processes as deploy
-    from tests.test_flower_dropin import _flwr_run
+    from tests.dropin_helpers import _flwr_run
 
     copy, _ = adopt("quickstart_pytorch", where, balanced=balanced, strategy=strategy)
     project = copy / "pyproject.toml"

@@ -136,7 +136,7 @@ def test_equal_clean_silos_stay_uniform_and_tiny_differences_do_not_move_sizes()
 
 def test_one_silos_first_round_fixed_cost_does_not_split_it_from_equal_peers():
     """Round 1 of the quickstart on 10 equal in-process silos, as a fresh clone's suite
-    timed it (test_flower_dropin.py): one silo's handler paid 0.17 s of one-off cost
+    timed it (test_flower_dropin_equal_silos.py): one silo's handler paid 0.17 s of one-off cost
     against ~0.002 s for the rest. One report of a fixed cost is not a silo's fixed cost
     (imports, a first allocation, a data load): the sizes stay equal until a second report
     shows a real difference, and then they split."""

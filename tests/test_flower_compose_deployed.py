@@ -21,7 +21,7 @@ import pytest
 
 from fedlb.deploy import processes as deploy
 from tests.apps.adopt import adopt
-from tests.test_flower_dropin import BALANCE, DEPLOYED_SPEEDS, _flwr_run, balance_lines
+from tests.dropin_helpers import BALANCE, DEPLOYED_SPEEDS, _flwr_run, balance_lines
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ SPEEDS = "240,120,60"  # samples/s by partition-id: 4 : 2 : 1
 # The silos report the model clock's seconds (τ·B/v, no sleeping): their sizes are the
 # speeds' alone, whatever else this machine runs (on two cores shared by three ClientApps
 # and a test suite, a measured round 1 can make the fastest silo look the slowest). The
-# measured clock on these processes: test_flower_dropin.py's deployed and simulated runs.
+# measured clock on these processes: test_flower_dropin_flwr_run.py's deployed and simulated runs.
 GUARD = re.compile(r"the stability guard's probe: (\w[\w ]*?):")
 
 

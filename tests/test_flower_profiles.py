@@ -24,8 +24,8 @@ from fedlb.flower.profiles import (
     seen_before,
 )
 from tests.apps.adopt import adopt, app_config, imported
+from tests.dropin_helpers import balance_lines
 from tests.flower_fakes import InProcessGrid
-from tests.test_flower_dropin import balance_lines
 
 MACHINE = {"cpu": "x", "cores": 2, "threads": 1, "device": "auto", "emulated-speed": 100.0}
 

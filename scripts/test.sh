@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Sets fedlb up (./scripts/setup.sh) and runs lint, type checks, the docs build
 # (./scripts/docs.sh: warnings are errors) and the test suite.
-#   ./scripts/test.sh            everything (what CI runs: ~15 minutes on 2 cores)
+#   ./scripts/test.sh            everything (what CI runs: ~25 minutes on 2 cores)
 #   ./scripts/test.sh --quick    the quick tier: unit, model-clock and in-process tests,
 #                                without those marked slow (real Flower processes,
-#                                torchrun jobs, trained models): ~3 minutes on 2 cores
+#                                torchrun jobs, trained models): ~4 minutes on 2 cores
 # Other arguments go to pytest, e.g. ./scripts/test.sh --quick -k balance
 set -euo pipefail
 cd "$(dirname "$0")/.."

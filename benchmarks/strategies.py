@@ -173,6 +173,14 @@ def sizes_text(sizes: dict[str, int]) -> str:
     return " : ".join(str(sizes[k]) for k in sorted(sizes)) if sizes else "–"
 
 
+def rounds_of(row: dict[str, Any]) -> int:
+    """A run's rounds: as recorded, else from its accuracies (in-process runs record the
+    initial model's too; Flower's simulation log gives the rounds' only)."""
+    if "rounds" in row:
+        return int(row["rounds"])
+    return len(row["accuracy_by_round"]) - (0 if row["via"] == "simulation" else 1)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """Per strategy and way of running: final accuracy, stock against LoadBalanced, paired
     by seed (mean ± its standard error; how many pairs within 0.06), and the median run's
@@ -184,13 +192,11 @@ def table(rows: list[dict[str, Any]]) -> str:
     ]
     for strategy in STRATEGIES:
         for via in ("in-process", "simulation"):
-            for rounds in sorted({len(r["accuracy_by_round"]) - 1 for r in rows}):
+            for rounds in sorted({rounds_of(r) for r in rows}):
                 group = [
                     r
                     for r in rows
-                    if r["strategy"] == strategy
-                    and r["via"] == via
-                    and len(r["accuracy_by_round"]) - 1 == rounds
+                    if r["strategy"] == strategy and r["via"] == via and rounds_of(r) == rounds
                 ]
                 stock = {r["seed"]: r["accuracy_by_round"][-1] for r in group if not r["balanced"]}
                 wrapped = {r["seed"]: r["accuracy_by_round"][-1] for r in group if r["balanced"]}
@@ -260,7 +266,12 @@ def main() -> None:
                     row = in_process(strategy, balanced, seed, args.rounds, speeds)
                     via = "in-process"
                 row.update(
-                    strategy=strategy, balanced=balanced, seed=seed, via=via, speeds=args.speeds
+                    strategy=strategy,
+                    balanced=balanced,
+                    seed=seed,
+                    via=via,
+                    speeds=args.speeds,
+                    rounds=args.rounds,
                 )
                 rows.append(row)
                 final = row["accuracy_by_round"][-1] if row["accuracy_by_round"] else float("nan")

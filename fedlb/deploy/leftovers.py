@@ -8,12 +8,15 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from fedlb.security import cut_command
+
+SHOWN_CHARS = 80  # of a process's command line in a message
 GUARD = Path(__file__).with_name("guard.py")  # every Flower process fedlb starts runs under it
 
 
@@ -44,7 +47,7 @@ def leftover(identity: Mapping[str, Any], port: int | None = None) -> str | None
     except psutil.Error as error:  # gone since, or another user's
         return "" if isinstance(error, psutil.NoSuchProcess) else "its command line is not readable"
     entry = ENTRY_POINTS.get(str(identity.get("name")), "flower-supernode")
-    shown = shown_command(command)
+    shown = cut_command(command, SHOWN_CHARS)
     if len(command) < 3 or not _is_guard(command[1]):
         return f"`{shown}` is no process fedlb started"
     points = [i for i, arg in enumerate(command) if Path(arg).name == entry]
@@ -66,17 +69,6 @@ def _is_guard(path: str) -> bool:
         return Path(path).resolve() == GUARD.resolve()
     except (OSError, RuntimeError):
         return False
-
-
-def shown_command(command: Sequence[str], limit: int = 80) -> str:
-    """A command line for a message: whole arguments, "..." where cut."""
-    shown = ""
-    for arg in command:
-        more = f"{shown} {arg}" if shown else arg
-        if len(more) > limit:
-            return f"{shown} ..." if shown else f"{arg[: limit - 4]} ..."
-        shown = more
-    return shown
 
 
 def stop_leftover(

@@ -36,9 +36,17 @@ from fedlb.flower import (
     load_checkpoint,
     start_run_identity,
 )
-from fedlb.security import FolderInUseError, StoredFileError, claim_folder, digest_path, read_json
+from fedlb.security import (
+    FolderInUseError,
+    StoredFileError,
+    claim_folder,
+    cut_command,
+    digest_path,
+    read_json,
+)
 
 from .federation import Federation, RunOutcome
+from .leftovers import SHOWN_CHARS
 from .processes import (
     SUPERLINK,
     FlowerProcess,
@@ -46,7 +54,6 @@ from .processes import (
     check_port_free,
     leftover,
     process_start_time,
-    shown_command,
     start_supernode,
     stop_leftover,
     wait_joined,
@@ -308,7 +315,7 @@ def stop_left_behind(out_dir: Path) -> None:
 def command_of(pid: int) -> str:
     """A process's command line, short, for a message ("?" where it cannot be read)."""
     try:
-        return shown_command(psutil.Process(pid).cmdline()) or "?"
+        return cut_command(psutil.Process(pid).cmdline(), SHOWN_CHARS) or "?"
     except psutil.Error:
         return "?"
 

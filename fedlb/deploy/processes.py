@@ -38,7 +38,6 @@ from .leftovers import GUARD
 from .leftovers import SUPERLINK as SUPERLINK
 from .leftovers import leftover as leftover
 from .leftovers import process_start_time as process_start_time
-from .leftovers import shown_command as shown_command
 from .leftovers import stop_leftover as stop_leftover
 from .ports import check_port_free as check_port_free
 from .ports import free_port as free_port

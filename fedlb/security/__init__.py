@@ -6,7 +6,8 @@ and the cluster mode alike (it knows nothing of Flower's strategies).
 - `file_digest`, `write_digest`, `check_digest`, `digest_path` (`DigestError`): SHA-256
   digests beside stored files.
 - `claim_folder` (`FolderInUseError`, `LOCK_FILE`): one fedlb run per out-dir or work
-  dir at a time, an OS lock held while the run's process lives.
+  dir at a time, an OS lock held while the run's process lives; `cut_command`: a command
+  line for a message, cut on whole arguments.
 - `read_json`, `read_json_object`, `read_json_lines`, `parse_json`, `json_kind`, `set_aside`
   (`StoredFileError`): JSON files read back bounded in size and depth, finite numbers
   only; a damaged one set aside.
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
         seal_zip,
         write_digest,
     )
-    from .run_lock import LOCK_FILE, FolderInUseError, claim_folder
+    from .run_lock import LOCK_FILE, FolderInUseError, claim_folder, cut_command
     from .stored import (
         MAX_JSON_LINE_BYTES,
         MAX_JSON_LINES_BYTES,
@@ -56,6 +57,7 @@ __all__ = [
     "check_digest",
     "check_seal",
     "claim_folder",
+    "cut_command",
     "digest_path",
     "file_digest",
     "json_kind",
@@ -83,7 +85,7 @@ __getattr__ = lazy_face(
             "seal_zip",
             "write_digest",
         ],
-        ".run_lock": ["LOCK_FILE", "FolderInUseError", "claim_folder"],
+        ".run_lock": ["LOCK_FILE", "FolderInUseError", "claim_folder", "cut_command"],
         ".stored": [
             "MAX_JSON_LINE_BYTES",
             "MAX_JSON_LINES_BYTES",

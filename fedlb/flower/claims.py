@@ -25,7 +25,9 @@ import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flwr.app import Message, MetricRecord
+from flwr.app import Message
+
+from .replies import only_metrics
 
 MOST_EXAMPLES = 2**40  # ~10^12 examples: more than any silo holds; 10^18 is a forgery
 DOMINANT_SHARE = 0.5  # without a cap: a silo over half the weight ...
@@ -63,7 +65,8 @@ class Claims:
         label: Callable[[int], str],
         event: Callable[[str], None],
     ) -> tuple[list[Message], dict[int, str]]:
-        """(the replies to aggregate, node -> why an update is left out). Each kept
+        """(the replies to aggregate, node -> why an update is left out), of replies
+        UpdateCheck has passed (one MetricRecord, a weight > 0). Each kept
         reply's weighting key is set to its silo's pinned count, lowered where a cap
         says so (in place: the wrapped strategy and the round record read it there)."""
         kept: list[Message] = []
@@ -73,8 +76,7 @@ class Claims:
         for msg in replies:
             node = msg.metadata.src_node_id
             who = label(node)
-            metrics = _train_metrics(msg)
-            claimed = metrics.get(self.key) if metrics is not None else None
+            claimed = only_metrics(msg).get(self.key)
             if not _is_count(claimed):
                 left_out[node] = (
                     f"{self.key} is {_shown(claimed)}, not a count of examples "
@@ -98,9 +100,9 @@ class Claims:
         weights = capped(counts, self.max_share)
         for msg in kept:
             node = msg.metadata.src_node_id
-            metrics = _train_metrics(msg)
-            assert metrics is not None
-            metrics[self.key] = counts[node] if weights[node] == counts[node] else weights[node]
+            only_metrics(msg)[self.key] = (
+                counts[node] if weights[node] == counts[node] else weights[node]
+            )
         if counts and not self._shown:
             self._shown = True
             event(self._first_claims(counts, weights, label))
@@ -178,13 +180,6 @@ def capped(counts: Mapping[int, int], max_share: float | None) -> dict[int, floa
     for n in capped_nodes:
         weights[n] = min(weights[n], ceiling)
     return weights
-
-
-def _train_metrics(msg: Message) -> MetricRecord | None:
-    if not msg.has_content():
-        return None
-    records = msg.content.metric_records
-    return next(iter(records.values())) if records else None
 
 
 def _is_count(value: Any) -> bool:

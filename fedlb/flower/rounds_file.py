@@ -19,7 +19,7 @@ from typing import Any, TypeGuard
 
 from rich.console import Console
 
-from fedlb.security import MAX_JSON_LINE_BYTES, MAX_JSON_LINES_BYTES
+from fedlb.security import StoredFileError, read_lines
 
 from .records import RoundRecord, SiloRound, summarise_rounds
 from .run_files import RUN_FILES, json_kind, parse_json
@@ -212,32 +212,24 @@ def read_round_lines(path: Path) -> RoundLines:
     writing it: no newline after it, and it begins as fedlb's lines do) is reported, not
     returned; any other line that is no record is a RecordsError naming it."""
     read = RoundLines(path, [])
+    unread: tuple[int, bytes, str] | None = None  # no record: damage unless the last
     try:
-        handle = path.open("rb")
-    except FileNotFoundError:
-        return read
-    with handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size > MAX_JSON_LINES_BYTES:
-            why = f"{size} bytes, more than the {MAX_JSON_LINES_BYTES} such a file holds"
-            raise RecordsError(
-                f"{path} is not a run's rounds.jsonl ({why}): restore it from a copy, and try again"
-            )
-        unread: tuple[int, bytes, str] | None = None  # no record: damage unless the last
-        number = 0
-        while raw := handle.readline(MAX_JSON_LINE_BYTES + 1):
-            number += 1
-            if not raw.strip():
-                continue
+        for number, raw in read_lines(path):
             if unread is not None:
                 raise RecordsError(_damaged(path, unread[0], unread[2]))
-            if len(raw) > MAX_JSON_LINE_BYTES and not raw.endswith(b"\n"):
-                why = f"longer than the {MAX_JSON_LINE_BYTES} bytes of any round's line"
-                raise RecordsError(_damaged(path, number, why))
             try:
                 read.rows.append((number, parse_round_line(raw), raw.decode().strip()))
             except ValueError as error:
                 unread = (number, raw, str(error))
+    except FileNotFoundError:
+        return read
+    except StoredFileError as error:  # too large, or a line too long
+        if error.line is not None:
+            raise RecordsError(_damaged(path, error.line, error.reason)) from None
+        raise RecordsError(
+            f"{path} is not a run's rounds.jsonl ({error.reason}): restore it from a copy, "
+            "and try again"
+        ) from None
     if unread is not None:
         number, raw, why = unread
         if not _cut_short(raw):

@@ -8,7 +8,8 @@ and the cluster mode alike (it knows nothing of Flower's strategies).
 - `claim_folder` (`FolderInUseError`, `LOCK_FILE`): one fedlb run per out-dir or work
   dir at a time, an OS lock held while the run's process lives; `cut_command`: a command
   line for a message, cut on whole arguments.
-- `read_json`, `read_json_object`, `read_json_lines`, `parse_json`, `json_kind`, `set_aside`
+- `read_json`, `read_json_object`, `read_json_lines`, `read_lines`, `parse_json`,
+  `json_kind`, `set_aside`
   (`StoredFileError`): JSON files read back bounded in size and depth, finite numbers
   only; a damaged one set aside.
 - `seal_zip`, `check_seal` (`DigestError`): a zip's own digest, sealed at its end (its
@@ -33,22 +34,19 @@ if TYPE_CHECKING:
     )
     from .run_lock import LOCK_FILE, FolderInUseError, claim_folder, cut_command
     from .stored import (
-        MAX_JSON_LINE_BYTES,
-        MAX_JSON_LINES_BYTES,
         StoredFileError,
         json_kind,
         parse_json,
         read_json,
         read_json_lines,
         read_json_object,
+        read_lines,
         set_aside,
     )
     from .tls import TlsError, TlsFiles, make_certificates, make_silo_key
 
 __all__ = [
     "LOCK_FILE",
-    "MAX_JSON_LINES_BYTES",
-    "MAX_JSON_LINE_BYTES",
     "DigestError",
     "FolderInUseError",
     "StoredFileError",
@@ -67,6 +65,7 @@ __all__ = [
     "read_json",
     "read_json_lines",
     "read_json_object",
+    "read_lines",
     "seal_zip",
     "set_aside",
     "write_digest",
@@ -87,14 +86,13 @@ __getattr__ = lazy_face(
         ],
         ".run_lock": ["LOCK_FILE", "FolderInUseError", "claim_folder", "cut_command"],
         ".stored": [
-            "MAX_JSON_LINE_BYTES",
-            "MAX_JSON_LINES_BYTES",
             "StoredFileError",
             "json_kind",
             "parse_json",
             "read_json",
             "read_json_lines",
             "read_json_object",
+            "read_lines",
             "set_aside",
         ],
     },

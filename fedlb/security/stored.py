@@ -87,34 +87,45 @@ def read_json_object(path: Path, *, max_bytes: int = MAX_JSON_BYTES) -> dict[str
     return value
 
 
+def read_lines(
+    path: Path,
+    *,
+    max_line_bytes: int = MAX_JSON_LINE_BYTES,
+    max_bytes: int = MAX_JSON_LINES_BYTES,
+) -> Iterator[tuple[int, bytes]]:
+    """(line number, the line's bytes, newline kept) for each non-blank line of `path`,
+    read a line at a time; StoredFileError where the file is larger than `max_bytes` or
+    a line longer than `max_line_bytes` (naming it). FileNotFoundError where there is
+    no file."""
+    with path.open("rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size > max_bytes:
+            raise StoredFileError(
+                path, f"{size} bytes, more than the {max_bytes} such a file holds"
+            )
+        number = 0
+        while raw := file.readline(max_line_bytes + 1):
+            number += 1
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                raise StoredFileError(path, f"longer than {max_line_bytes} bytes", number)
+            if raw.strip():
+                yield number, raw
+
+
 def read_json_lines(
     path: Path,
     *,
     max_line_bytes: int = MAX_JSON_LINE_BYTES,
     max_bytes: int = MAX_JSON_LINES_BYTES,
 ) -> Iterator[tuple[int, str, Any]]:
-    """(line number, the line's text, its JSON value) for each non-blank line of `path`,
-    read a line at a time; StoredFileError naming the line where one is too long or not
-    JSON, or the file larger than `max_bytes`."""
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise StoredFileError(path, f"{size} bytes, more than the {max_bytes} such a file holds")
-    with path.open("rb") as file:
-        number = 0
-        while True:
-            raw = file.readline(max_line_bytes + 1)
-            if not raw:
-                return
-            number += 1
-            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                raise StoredFileError(path, f"longer than {max_line_bytes} bytes", number)
-            if not raw.strip():
-                continue
-            try:
-                text = raw.decode().rstrip("\n")
-                yield number, text, parse_json(text)
-            except (UnicodeDecodeError, ValueError) as error:
-                raise StoredFileError(path, str(error), number) from None
+    """(line number, the line's text, its JSON value) for each non-blank line of `path`
+    (`read_lines`' bounds); StoredFileError naming the line where one is not JSON."""
+    for number, raw in read_lines(path, max_line_bytes=max_line_bytes, max_bytes=max_bytes):
+        try:
+            text = raw.decode().rstrip("\n")
+            yield number, text, parse_json(text)
+        except (UnicodeDecodeError, ValueError) as error:
+            raise StoredFileError(path, str(error), number) from None
 
 
 def set_aside(path: Path) -> Path:

@@ -261,7 +261,7 @@ def test_a_profile_beyond_what_a_silo_runs_is_ignored_with_its_reason(
     """Issue 51, item 2: a stored or replied profile of B0 = τ = 2^24 was taken, round 1
     sent sizes of 1.4 M and 14 M and every silo missed its timeout. A profile's figures
     are bounded (MAX_BATCH, MAX_STEPS, B0·τ ≤ MAX_SAMPLES, its compute at its speed ≤
-    MAX_COMPUTE_S): beyond them it is ignored, with one line saying why."""
+    MOST_SECONDS of compute): beyond them it is ignored, with one line saying why."""
     from flwr.app import Message, MessageType, MetricRecord
 
     from fedlb.flower import profiles

@@ -67,12 +67,9 @@ MOST_ROUNDS = 5  # a profile counts as at most this many rounds' reports
 # a B0 and τ of 2^24 made round 1's sizes 1.4 M and 14 M, and every silo missed its
 # timeout). The same bounds as a train report's (protocol's MOST_SPEED, MOST_SECONDS),
 # tighter on sizes: a profile's are the silo's own B0 and τ, which the balancer sums into X.
-MAX_SPEED = MOST_SPEED  # samples/s: no silo trains faster
-MAX_OVERHEAD_S = MOST_SECONDS  # ~11 days a round
 MAX_BATCH = 2**16  # a silo's own B0: 65,536 samples a step (typical: 16 to 512)
 MAX_STEPS = 2**16  # τ
 MAX_SAMPLES = 2**24  # B0·τ: ~17 M samples a round, 13 passes over ImageNet-1k
-MAX_COMPUTE_S = MAX_OVERHEAD_S  # B0·τ / speed: a round's compute at its measured speed
 # A profile file is a few hundred bytes; the folder's shared files (models seen, the
 # guard's verdicts) an entry per model or app. Larger is damage, refused before reading.
 MAX_PROFILE_BYTES = 2**16
@@ -109,11 +106,11 @@ class SiloProfile:
     ) -> SiloProfile:
         """A profile from stored or sent figures; ValueError, saying which figure, where
         one is not a number or not what a measurement can be (not finite, not above
-        zero, beyond MAX_SPEED, MAX_BATCH, MAX_STEPS, B0·τ beyond MAX_SAMPLES or
-        MAX_COMPUTE_S of compute at its speed): a profile to ignore."""
+        zero, beyond MOST_SPEED, MAX_BATCH, MAX_STEPS, B0·τ beyond MAX_SAMPLES or
+        MOST_SECONDS of compute at its speed): a profile to ignore."""
         figures = {  # name: (value, least, most, unit); a speed must be above zero
-            "speed": (speed, 0.0, MAX_SPEED, " samples/s"),
-            "fixed cost": (overhead_s, 0.0, MAX_OVERHEAD_S, " s"),
+            "speed": (speed, 0.0, MOST_SPEED, " samples/s"),
+            "fixed cost": (overhead_s, 0.0, MOST_SECONDS, " s"),
             "batch size": (batch_size, 1, MAX_BATCH, ""),
             "local steps": (local_steps, 1, MAX_STEPS, ""),
             "rounds": (rounds, 1, 2**31, ""),
@@ -137,10 +134,10 @@ class SiloProfile:
                 f"batch size {batch_size} x {local_steps} local steps: {samples:.3g} samples "
                 f"a round, more than {MAX_SAMPLES:g}"
             )
-        if samples / speed > MAX_COMPUTE_S:
+        if samples / speed > MOST_SECONDS:
             raise ValueError(
                 f"{samples} samples a round at {speed:.3g} samples/s: {samples / speed:.3g} s "
-                f"of compute, more than {MAX_COMPUTE_S:g}"
+                f"of compute, more than {MOST_SECONDS:g}"
             )
         return cls(
             speed=float(speed),

@@ -205,12 +205,6 @@ def listed() -> tuple[dict[str, Remembered], dict[str, str]]:
     return found, damaged
 
 
-def remembered() -> dict[str, Remembered | None]:
-    """Every kept verdict by key as `listed`, a damaged entry as None."""
-    found, damaged = listed()
-    return {**dict.fromkeys(damaged), **found}
-
-
 @dataclass(frozen=True)
 class Forgotten:
     """What `forget` did: the keys dropped, or where the damaged file went."""

@@ -113,3 +113,23 @@ class InProcessGrid(Grid):
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+
+def record_lines(round_: int, silos: int = 2) -> list[str]:
+    """rounds.jsonl's lines of a plain round `round_` of `silos` silos, as fedlb writes them."""
+    from fedlb.flower import RoundRecord
+    from fedlb.flower.records import SiloRound
+
+    return RoundRecord(
+        round_,
+        "model",
+        [
+            SiloRound(f"silo-{i}", i, 16, 3, 1.0, 0.1, 1.1, 0.0, 0.5, 10, 0.0, 16)
+            for i in range(silos)
+        ],
+        1.1,
+        1.0,
+        0.9,
+        0.1,
+        2.0,
+    ).json_lines()

@@ -27,7 +27,7 @@ from fedlb.flower import (
     save_checkpoint,
 )
 from fedlb.flower.protocol import BATCH_SIZE, SERVER_ROUND
-from tests.flower_fakes import InProcessGrid, fedlb_app, lr_config
+from tests.flower_fakes import InProcessGrid, fedlb_app, lr_config, record_lines
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -342,25 +342,6 @@ def test_what_resume_says_of_a_half_written_line_is_what_it_does(tmp_path, caplo
     assert sorted({row["round"] for row in rows}) == [1, 2, 3, 4, 5, 6]
 
 
-def _record_lines(round_, silos=2):
-    from fedlb.flower import RoundRecord
-    from fedlb.flower.records import SiloRound
-
-    return RoundRecord(
-        round_,
-        "model",
-        [
-            SiloRound(f"silo-{i}", i, 16, 3, 1.0, 0.1, 1.1, 0.0, 0.5, 10, 0.0, 16)
-            for i in range(silos)
-        ],
-        1.1,
-        1.0,
-        0.9,
-        0.1,
-        2.0,
-    ).json_lines()
-
-
 def _second_line(text):
     def damage(folder):
         path = folder / "rounds.jsonl"
@@ -437,7 +418,7 @@ def test_a_damaged_run_file_stops_a_resume_with_one_line_and_changes_nothing(
     settings = {**RunConfig().to_mapping(), "num-rounds": 5}
     start_run_identity(tmp_path, settings)
     save_checkpoint(tmp_path, Checkpoint(3, 5, ArrayRecord(), {"pending": None}, settings))
-    lines = [line for r in (1, 2, 3) for line in _record_lines(r)]
+    lines = [line for r in (1, 2, 3) for line in record_lines(r)]
     (tmp_path / "rounds.jsonl").write_text("".join(line + "\n" for line in lines))
     listed = {"host": "127.0.0.1", "port": 9, "server": {"pid": 2**22 + 7, "started": 1.0}}
     (tmp_path / "server.json").write_text(json.dumps({**listed, "processes": []}))

@@ -22,32 +22,15 @@ from fedlb.deploy.operations import resume_settings
 from fedlb.flower import (
     Checkpoint,
     CheckpointError,
-    RoundRecord,
     RoundReporter,
     load_checkpoint,
     save_checkpoint,
     start_run_identity,
 )
-from fedlb.flower.records import SiloRound
 from fedlb.flower.rounds_file import RecordsError, resume_round_lines
+from tests.flower_fakes import record_lines
 
 DEEP = b"[" * 200_000  # RecursionError inside json, before fedlb.security.stored
-
-
-def lines_of(round_: int, silos: int = 2) -> list[str]:
-    return RoundRecord(
-        round_,
-        "model",
-        [
-            SiloRound(f"silo-{i}", i, 16, 3, 1.0, 0.1, 1.1, 0.0, 0.5, 10, 0.0, 16)
-            for i in range(silos)
-        ],
-        1.1,
-        1.0,
-        0.9,
-        0.1,
-        2.0,
-    ).json_lines()
 
 
 def stopped_run(folder: Path, rounds_on_file: int = 3) -> Path:
@@ -56,7 +39,7 @@ def stopped_run(folder: Path, rounds_on_file: int = 3) -> Path:
     settings = {**RunConfig().to_mapping(), "num-rounds": 5}
     start_run_identity(folder, settings)
     save_checkpoint(folder, Checkpoint(3, 5, ArrayRecord(), {"pending": None}, settings))
-    write_lines(folder, [line for r in range(1, rounds_on_file + 1) for line in lines_of(r)])
+    write_lines(folder, [line for r in range(1, rounds_on_file + 1) for line in record_lines(r)])
     listed = {"host": "127.0.0.1", "port": 9, "server": {"pid": 2**22 + 7, "started": 1.0}}
     (folder / "server.json").write_text(json.dumps({**listed, "processes": []}))
     return folder
@@ -157,7 +140,7 @@ def relabelled(line: int, round_: int):
 def inserted(after: int, round_: int):
     def damage(folder: Path) -> None:
         lines = (folder / "rounds.jsonl").read_text().splitlines()
-        write_lines(folder, [*lines[:after], lines_of(round_)[0], *lines[after:]])
+        write_lines(folder, [*lines[:after], record_lines(round_)[0], *lines[after:]])
 
     return damage
 
@@ -243,10 +226,10 @@ def test_a_half_written_last_line_is_one_that_was_cut_short(tmp_path):
     as a record does) is half-written; a whole line that is no record is damage."""
     folder = stopped_run(tmp_path)
     whole = (folder / "rounds.jsonl").read_text()
-    for cut in (lines_of(4)[0][:40], "{", '{"rou'):
+    for cut in (record_lines(4)[0][:40], "{", '{"rou'):
         (folder / "rounds.jsonl").write_text(whole + cut)
         assert resume_round_lines(folder / "rounds.jsonl", 4, 3).lines == whole.splitlines()
-    for damaged in ("not json", lines_of(4)[0][:40] + "\n", '["round": 4'):
+    for damaged in ("not json", record_lines(4)[0][:40] + "\n", '["round": 4'):
         (folder / "rounds.jsonl").write_text(whole + damaged)
         with pytest.raises(RecordsError, match="line 7 is not a round record"):
             resume_round_lines(folder / "rounds.jsonl", 4, 3)

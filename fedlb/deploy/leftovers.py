@@ -43,7 +43,7 @@ def leftover(identity: Mapping[str, Any], port: int | None = None) -> str | None
         return ""
     port = port if port is not None else identity.get("port")
     try:
-        command = psutil.Process(pid).cmdline()
+        command = _command_line(psutil.Process(pid))
     except psutil.Error as error:  # gone since, or another user's
         return "" if isinstance(error, psutil.NoSuchProcess) else "its command line is not readable"
     entry = ENTRY_POINTS.get(str(identity.get("name")), "flower-supernode")
@@ -62,6 +62,17 @@ def leftover(identity: Mapping[str, Any], port: int | None = None) -> str | None
     ):
         return f"`{shown}` is a {entry}, but not on port {port}"
     return None
+
+
+def _command_line(process: psutil.Process, wait_s: float = 2.0) -> list[str]:
+    """The process's command line; a process caught inside exec() (just started: Linux
+    shows an empty /proc/PID/cmdline for that instant) is read again until it has one."""
+    deadline = time.monotonic() + wait_s
+    command = process.cmdline()
+    while not command and time.monotonic() < deadline and process.is_running():
+        time.sleep(0.05)
+        command = process.cmdline()
+    return list(command)
 
 
 def _is_guard(path: str) -> bool:

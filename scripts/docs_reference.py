@@ -75,6 +75,17 @@ def cli_commands() -> dict[str, Any]:
     return found
 
 
+def shown_help(text: str | None) -> str:
+    """A help text as `--help` shows it: typer reads help as rich markup, so a bracket
+    meant to be seen is escaped in the source (`\\[server]`) and shown bare here."""
+    from rich.text import Text
+
+    return Text.from_markup(text or "").plain
+
+
+DEFAULT_IN_HELP = re.compile(r"\s*\[default: ([^\]]*)\]\s*$")
+
+
 def _cell(text: str) -> str:
     """Text fit for one cell of a Markdown table."""
     text = " ".join(str(text).split())
@@ -127,7 +138,7 @@ def cli_page() -> str:
         if arguments:
             out += ["| argument | type | what |", "| --- | --- | --- |"]
             for p in arguments:
-                help_text = getattr(p, "help", None) or ""
+                help_text = shown_help(getattr(p, "help", None))
                 out.append(
                     f"| `{p.human_readable_name}` | {_cell(p.type.name)} | {_cell(help_text)} |"
                 )
@@ -150,18 +161,23 @@ def _options_table(command: Any) -> list[str]:
     for p in options:
         names = " / ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
         kind = "flag" if p.is_flag else _cell(p.type.name)
-        help_text = p.help or ""
+        help_text = shown_help(p.help)
+        said = DEFAULT_IN_HELP.search(help_text)  # a default the help says: its column
+        if said:
+            help_text = help_text[: said.start()]
         if p.envvar:
             envvars = [p.envvar] if isinstance(p.envvar, str) else list(p.envvar)
             help_text += " (env: " + ", ".join(envvars) + ")"
         default = "" if p is help_option else _option_default(p)
+        if said and not default:
+            default = f"`{said.group(1)}`"
         out.append(f"| {names} | {kind} | {_cell(default)} | {_cell(help_text)} |")
     out.append("")
     return out
 
 
 def _help_text(command: Any) -> str:
-    text = inspect.cleandoc(command.help or "")
+    text = shown_help(inspect.cleandoc(command.help or ""))
     text = text.split("\f")[0]  # click's cut: what follows \f is not help
     return _escape_html(text)
 
@@ -171,6 +187,54 @@ def _escape_html(text: str) -> str:
     parts = re.split(r"(`[^`]*`)", text)
     return "".join(
         p if p.startswith("`") else p.replace("<", "&lt;").replace(">", "&gt;") for p in parts
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# the demo
+
+
+def demo_script_args() -> list[str]:
+    """The arguments ./scripts/demo.sh gives `fedlb demo` (its exec line's, "$@" aside)."""
+    import shlex
+
+    text = (ROOT / "scripts" / "demo.sh").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("exec ") and " demo" in x)
+    words = shlex.split(line)
+    return [w for w in words[words.index("demo") + 1 :] if w != "$@"]
+
+
+def demo_run() -> dict[str, Any]:
+    """The run settings ./scripts/demo.sh's demo runs with: its flags over `fedlb demo`'s
+    own defaults (`fedlb.cli.demo.DEMO_RUN`) over RunConfig's."""
+    from fedlb.cli.demo import DEMO_RUN
+    from fedlb.deploy import RunConfig
+
+    settings: dict[str, Any] = {**RunConfig().to_mapping(), **DEMO_RUN}
+    args = demo_script_args()
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        settings[flag.removeprefix("--")] = value
+    settings["num-silos"] = len(str(settings.get("slowdowns", "1,2,4")).split(","))
+    return settings
+
+
+def demo_page() -> str:
+    """What ./scripts/demo.sh runs, said from the script and the demo's own defaults."""
+    from fedlb.cli.demo import DEMO_RUN
+    from fedlb.deploy import RunConfig
+
+    run = demo_run()
+    own = ", ".join(f"`--{k} {v}`" for k, v in DEMO_RUN.items())
+    return (
+        f"`./scripts/demo.sh` runs `fedlb demo {' '.join(demo_script_args())}`: "
+        f"{run['num-silos']} silos, {run['num-rounds']} rounds of τ = {run['local-steps']} "
+        f"local steps, every silo starting at B0 = {run['batch-size']} (X = "
+        f"{run['num-silos'] * int(run['batch-size'])} samples a step, shared), learning rate "
+        f"η = {run['learning-rate']}, on the `{run['dataset']}` dataset with the "
+        f"`{run['model']}` model. `fedlb demo` alone runs the same but at η = "
+        f"{RunConfig().learning_rate}: its own defaults ({own}) make a short run; "
+        "every other setting is `fedlb server`'s "
+        "([Settings](../reference/settings.md#run-settings))."
     )
 
 
@@ -236,10 +300,12 @@ def settings_table(
     cls: type,
     help_lines: dict[str, str] | None = None,
     options_of: str | None = None,
+    demo: dict[str, Any] | None = None,
 ) -> str:
     """A settings dataclass's keys (`-` for `_`): type, default and meaning, from its
     docstring, else `help_lines`, else the help of the `fedlb` command's option of that
-    name (`options_of`: 'fedlb experiment')."""
+    name (`options_of`: 'fedlb experiment'); `demo`: the keys `fedlb demo` runs with
+    otherwise, said beside the default."""
     entries, grouped = docstring_entries(cls), shared_entries(cls)
     option_help: dict[str, str] = {}
     if options_of:
@@ -247,7 +313,7 @@ def settings_table(
         for p in command.params:
             for opt in getattr(p, "opts", []):
                 if opt.startswith("--"):
-                    option_help.setdefault(opt[2:], p.help or "")
+                    option_help.setdefault(opt[2:], shown_help(p.help))
     out = ["| key | type | default | what |", "| --- | --- | --- | --- |"]
     for field in dataclasses.fields(cls):
         key = field.name.replace("_", "-")
@@ -258,14 +324,18 @@ def settings_table(
         meaning = (own if field.name in grouped else docstring or own) or docstring or ""
         if not meaning:
             log.warning("settings reference: %s.%s has no description", cls.__name__, key)
+        default = _default(field)
+        if demo and key in demo:
+            default += f" (`fedlb demo`: `{demo[key]}`)"
         out.append(
-            f"| `{key}` | {_cell(_type_name(field.type))} | {_cell(_default(field))} "
+            f"| `{key}` | {_cell(_type_name(field.type))} | {_cell(default)} "
             f"| {_cell(meaning)} |"
         )
     return "\n".join(out)
 
 
 def config_page() -> str:
+    from fedlb.cli.demo import DEMO_RUN
     from fedlb.deploy import RunConfig, ServerSettings, SiloSettings
     from fedlb.deploy.run_config import RUN_SETTING_HELP
     from fedlb.experiments.cluster_scenario import ClusterScenario
@@ -284,8 +354,10 @@ def config_page() -> str:
             "The run: `[run]`",
             "server.toml's `[run]` table, `fedlb server`'s and `fedlb demo`'s flags of the "
             "same names, and the run config of fedlb's own Flower app "
-            "(`fedlb.deploy.RunConfig`; `RUN_SETTING_HELP` is the flags' help).",
-            settings_table(RunConfig, RUN_SETTING_HELP),
+            "(`fedlb.deploy.RunConfig`; `RUN_SETTING_HELP` is the flags' help). "
+            "`fedlb demo` runs a short federation: where its defaults differ "
+            "(`fedlb.cli.demo.DEMO_RUN`), the default column says so.",
+            settings_table(RunConfig, RUN_SETTING_HELP, demo=DEMO_RUN),
         ),
         (
             "silo-settings",
@@ -475,6 +547,7 @@ def _server_summary_keys() -> list[str]:
 GENERATORS: dict[str, Callable[[], str]] = {
     **{f"api:{face}": (lambda face=face: api_page(face)) for face in FACES},  # type: ignore[misc]
     "cli": cli_page,
+    "demo": demo_page,
     "config": config_page,
     "run-files": run_files_page,
 }

@@ -230,8 +230,8 @@ def manager(
         Path | None, typer.Option(help="TLS: the folder of `fedlb certs` (server.crt, server.key).")
     ] = None,
 ) -> None:
-    """Serve the BatchSizeManager over gRPC for workers of any framework (see
-    docs/cluster.md): each worker reports its iteration and gets its next batch size."""
+    """Serve the BatchSizeManager over gRPC for workers of any framework (the docs:
+    Explanation, Cluster mode): each worker reports its iteration and gets its next batch size."""
     import math
     import signal
     import threading

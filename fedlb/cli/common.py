@@ -14,9 +14,14 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
+# Where the help's "the docs: PAGE" points: the documentation site, which a wheel install
+# has no copy of; a clone builds and serves it (docs/ is its source).
+DOCS = "fedlb's documentation site (from a clone: ./scripts/docs.sh serve)"
+
 app = typer.Typer(
     name="fedlb",
     help="Load-balanced cross-silo federated learning: every silo finishes its round together.",
+    epilog=f"Every command: fedlb COMMAND --help. Guides and reference: {DOCS}.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -75,9 +80,30 @@ def holding(folder: Path, what: str) -> Iterator[Path]:
         yield held
 
 
+def _version(shown: bool) -> None:
+    """--version: the installed package's version (its metadata), then exit."""
+    if shown:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            console.print(f"fedlb {version('fedlb')}", highlight=False)
+        except PackageNotFoundError:  # a source tree that was never installed
+            console.print("fedlb (not installed: no version)", highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_version,
+            is_eager=True,
+            help="Print fedlb's version and exit.",
+        ),
+    ] = False,
 ) -> None:
     level = logging.INFO if verbose else logging.WARNING
     handler = RichHandler(console=Console(stderr=True), show_path=False)

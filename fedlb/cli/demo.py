@@ -4,10 +4,12 @@ FedAvg first and both side by side."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from fedlb.deploy import (
     ConfigError,
@@ -26,14 +28,21 @@ from .federation import serve
 from .live import PageHost, PageOn, PagePort, PageToken, live_page
 from .run_options import with_run_options
 
+# The run settings the demo runs with where RunConfig's (`fedlb server`'s) differ: a short
+# run that ends in about a minute on a laptop. Its options' help, the CLI and settings
+# reference and "Getting started" show these (tests/test_docs_site.py holds them to it).
+DEMO_RUN: dict[str, Any] = as_settings(num_rounds=8, local_steps=10, batch_size=16)
+
 
 @app.command()
-@with_run_options
+@partial(with_run_options, defaults=DEMO_RUN)
 def demo(
     slowdowns: Annotated[
         str | None,
         typer.Option(
-            help="One emulated silo per value: how many times slower it is. [default: 1,2,4]"
+            help=escape(
+                "One emulated silo per value: how many times slower it is. [default: 1,2,4]"
+            )
         ),
     ] = None,
     curves: Annotated[
@@ -167,7 +176,7 @@ def _demo_in(
         run_flags = {**run_flags, "he-context": str(keys.public)}
         silo_context = keys.secret
     count = len(curves or factors)
-    defaults = as_settings(num_silos=count, num_rounds=8, local_steps=10, batch_size=16)
+    defaults = {**as_settings(num_silos=count), **DEMO_RUN}
     try:
         silos = local_silos(factors, base_speed, silo_context, warm=warm, curves=curves)
         _, run = server_settings(None, run={**defaults, **run_flags})

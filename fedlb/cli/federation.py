@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from fedlb._markup import plain
 from fedlb.deploy import (
@@ -196,7 +197,7 @@ def finish(outcome: RunOutcome) -> None:
 @with_run_options
 def server(
     config: Annotated[
-        Path | None, typer.Option("--config", help="TOML file ([server] and [run] tables).")
+        Path | None, typer.Option("--config", help=escape("TOML file ([server] and [run] tables)."))
     ] = None,
     host: Annotated[str | None, typer.Option(help="Address the SuperLink listens on.")] = None,
     port: Annotated[
@@ -248,8 +249,8 @@ def server(
             "--app",
             help="Run your own Flower app (the folder of its pyproject.toml) instead of "
             "fedlb's: its strategy wrapped in LoadBalanced, its ClientApp with balance_mod; "
-            "of the run settings only --num-silos applies (docs/flower.md, 'Deploying "
-            "your own app').",
+            "of the run settings only --num-silos applies (the docs: How-to, "
+            "'Make your Flower app balanced').",
         ),
     ] = None,
     run_config: Annotated[
@@ -266,9 +267,10 @@ def server(
     """Start a SuperLink, wait for the silos, run load-balanced FedAvg (or your own
     Flower app: --app), write the results.
 
-    Every setting can come from --config (see server/server.toml) or a flag; flags win.
-    After every round the run's out-dir gets a checkpoint: if the server stops, `fedlb
-    server --resume OUT_DIR` goes on from there. Exits non-zero when the run fails.
+    Every setting can come from --config (server.toml; the docs: Reference, Settings) or
+    a flag; flags win. After every round the run's out-dir gets a checkpoint: if the
+    server stops, `fedlb server --resume OUT_DIR` goes on from there. Exits non-zero when
+    the run fails.
     """
     flags = given(
         {

@@ -27,7 +27,8 @@ def keygen(
 ) -> None:
     """Make CKKS keys: silo.context (secret key: give it to every silo, never to the
     server), server.context (public: the server's), and fingerprint.txt. Defaults give
-    128-bit security and the one multiplication the weighted average needs (docs/he.md)."""
+    128-bit security and the one multiplication the weighted average needs (the docs:
+    Explanation, Encrypted updates)."""
     from fedlb.he import HeKeyError, HeParams, context_info, load_context, write_keys
 
     try:

@@ -1,15 +1,17 @@
 """One option per run setting (RunConfig's fields) for the commands that start a run:
-`fedlb server` and `fedlb demo`."""
+`fedlb server` and `fedlb demo`, each option's default said as that command's own (the
+demo changes a few: `fedlb.cli.demo.DEMO_RUN`)."""
 
 from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from fedlb.deploy import RunConfig
 
@@ -17,14 +19,17 @@ RUN_TYPES = {"int": int, "float": float, "str": str}
 CLI_OWNED = {"out_dir", "resume"}  # run settings the commands set themselves
 
 
-def _run_options() -> list[inspect.Parameter]:
-    """One --flag per run setting (default None: the config file's or RunConfig's)."""
+def _run_options(defaults: Mapping[str, Any]) -> list[inspect.Parameter]:
+    """One --flag per run setting (default None: the config file's, else the command's
+    `defaults`, else RunConfig's), its help showing the default the command runs with."""
     params = []
     for f in fields(RunConfig):
         if f.name in CLI_OWNED:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        key = f.name.replace("_", "-")
+        flag = "--" + key
         kind = RUN_TYPES[str(f.type)]
+        shown = defaults.get(key, f.default)
         params.append(
             inspect.Parameter(
                 f.name,
@@ -34,7 +39,8 @@ def _run_options() -> list[inspect.Parameter]:
                     kind | None,
                     typer.Option(
                         flag,
-                        help=f"{RunConfig.HELP[flag[2:]]} [default: {f.default}]",
+                        # [default: ...] escaped: --help reads help texts as rich markup
+                        help=escape(f"{RunConfig.HELP[key]} [default: {shown}]"),
                         rich_help_panel="Run settings",
                     ),
                 ],
@@ -44,9 +50,11 @@ def _run_options() -> list[inspect.Parameter]:
 
 
 def with_run_options(
-    function: Callable[..., None],
+    function: Callable[..., None], defaults: Mapping[str, Any] | None = None
 ) -> Callable[..., None]:
-    """Give a command one option per RunConfig field, collected into `run_flags`."""
+    """Give a command one option per RunConfig field, collected into `run_flags` (only
+    those given); `defaults` ({"num-rounds": 8}) are the settings the command itself
+    runs with where RunConfig's differ, shown as the options' defaults."""
     hints = typing.get_type_hints(function, include_extras=True)  # annotations are strings
     own = [
         p.replace(annotation=hints[p.name])
@@ -59,7 +67,7 @@ def with_run_options(
         flags = {n.replace("_", "-"): kwargs.pop(n) for n in run_names}
         function(run_flags={k: v for k, v in flags.items() if v is not None}, **kwargs)
 
-    command.__signature__ = inspect.Signature(own + _run_options())  # type: ignore[attr-defined]
+    command.__signature__ = inspect.Signature(own + _run_options(defaults or {}))  # type: ignore[attr-defined]
     command.__doc__ = function.__doc__
     command.__name__ = function.__name__
     return command

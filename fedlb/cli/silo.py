@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from fedlb._markup import plain
 from fedlb.deploy import (
@@ -89,7 +90,7 @@ def _rejoin_or_exit(node: FlowerProcess, name: str, address: str, quick_exits: i
 @app.command()
 def silo(
     config: Annotated[
-        Path | None, typer.Option("--config", help="TOML file ([silo] table).")
+        Path | None, typer.Option("--config", help=escape("TOML file ([silo] table)."))
     ] = None,
     server: Annotated[str | None, typer.Option(help="The server's address, host:port.")] = None,
     partition_id: Annotated[int | None, typer.Option(help="This silo's partition.")] = None,

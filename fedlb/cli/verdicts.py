@@ -29,7 +29,7 @@ def verdicts(
 
     A verdict you doubt (a false alarm keeps an app unbalanced for 30 days) is forgotten
     with --forget KEY: that app's next run probes again. The folder is the speed profiles'
-    ($FEDLB_PROFILE_DIR; docs/flower.md, "The guard's verdict, remembered").
+    ($FEDLB_PROFILE_DIR; the docs: Explanation, The stability guard).
 
     A damaged entry is listed apart, one line each, and ignored by the server; a damaged
     file is said in one line (exit 1), and --forget-all sets it aside.

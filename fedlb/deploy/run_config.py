@@ -46,7 +46,7 @@ RUN_SETTING_HELP = {
     "(''/unset: each silo's first claim is pinned for the run).",
     "guard": "1: the stability guard (no silo below half the mean batch until its probe finds "
     "the run stable; a blown-up update is left out and the floor raised; "
-    "docs/experiments.md); 0: none, full balance (LB-BSP).",
+    "the docs: Explanation, The stability guard); 0: none, full balance (LB-BSP).",
     "guard-probe": "The guard's probe threshold: the first unequal round's dispersion of the "
     "silos' updates below it (confirmed by the next round unless clearly calm) lowers the "
     "floor to a quarter of the mean batch (0: never, a fixed floor).",

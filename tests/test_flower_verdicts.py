@@ -236,7 +236,7 @@ def test_the_verdicts_command_lists_forgets_and_says_what_is_wrong(tmp_path, mon
     assert path.stat().st_mode & 0o777 == 0o600
     path.write_text("{half")
     damaged = runner.invoke(cli, ["verdicts"])
-    assert damaged.exit_code == 1
+    assert damaged.exit_code == 2  # as every damaged file (issue 56, item 5)
     assert "--forget-all" in damaged.output
     assert runner.invoke(cli, ["verdicts", "--forget-all"]).exit_code == 0  # set aside
     assert not path.exists()
@@ -394,7 +394,7 @@ def test_fedlb_verdicts_on_a_damaged_file_says_so_and_forget_all_sets_it_aside(
     path.write_text(text)
     for args in (["verdicts"], ["verdicts", "--forget", "k"]):
         said = runner.invoke(cli, args)
-        assert said.exit_code == 1
+        assert said.exit_code == 2  # a damaged file (issue 56, item 5)
         assert said.exception is None or isinstance(said.exception, SystemExit)
         (line,) = said.output.strip().splitlines()
         assert line.startswith(f"{path} is damaged (")

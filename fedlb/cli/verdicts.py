@@ -32,7 +32,8 @@ def verdicts(
     ($FEDLB_PROFILE_DIR; the docs: Explanation, The stability guard).
 
     A damaged entry is listed apart, one line each, and ignored by the server; a damaged
-    file is said in one line (exit 1), and --forget-all sets it aside.
+    file (or a FIFO, a device in its place) is said in one line (exit 2, as for every
+    damaged file), and --forget-all sets it aside.
     """
     path = verdicts_file()
     if path is None:
@@ -66,7 +67,7 @@ def verdicts(
             f"[red]{shown} is damaged[/] ({plain(error.reason)}): no verdict is read from it; "
             "`fedlb verdicts --forget-all` sets it aside (the server does at its next run)"
         )
-        raise typer.Exit(1) from None
+        raise typer.Exit(2) from None  # a damaged file: exit 2, as every command's
     except OSError as error:
         console.print(f"[red]could not read {shown}:[/] {plain(error.strerror or error)}")
         raise typer.Exit(1) from None

@@ -411,6 +411,14 @@ def resume_settings(
         check_resume(checkpoint, run.to_mapping(), run.num_rounds, run_dir)
     except CheckpointError as error:
         raise ConfigError(str(error)) from error
+    if run.num_rounds <= checkpoint.round:  # else "rounds 6-5 to go", and a SuperLink
+        raise ConfigError(
+            f"{run_dir}: its checkpoint is of round {checkpoint.round}, the last of the "
+            f"{run.num_rounds} rounds "
+            + ("asked for" if num_rounds is not None else "the run was started with")
+            + f": nothing is left to run; give --num-rounds above {checkpoint.round} to "
+            "train it further"
+        )
     listened = read_server_file(run_dir)
     settings = ServerSettings.from_mapping(
         {

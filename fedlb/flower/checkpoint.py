@@ -35,7 +35,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from fedlb.balance import BatchSizeManager
-from fedlb.security import DigestError, check_seal, seal_zip
+from fedlb.security import DigestError, StoredFileError, check_seal, open_stored, seal_zip
 
 from .membership import Membership
 from .records import record_from_dict, record_to_dict
@@ -146,7 +146,7 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         )
     try:
         check_seal(path)  # True, or False for one written before fedlb sealed its files
-        with np.load(path, allow_pickle=False) as data:
+        with open_stored(path) as handle, np.load(handle, allow_pickle=False) as data:
             stored = {name: np.array(data[name]) for name in data.files}
             digest = stored.pop("digest", None)
             intact = digest is not None and bytes(digest).decode() == _content_digest(stored)
@@ -180,6 +180,8 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
             run_id = meta.get("run-id")
     except CheckpointError:
         raise
+    except StoredFileError as error:  # a FIFO or a device in its place: never read
+        raise CheckpointError(f"{error}; give the out-dir of a run fedlb wrote") from None
     except DigestError as error:
         raise CheckpointError(f"{error}; resume from a copy, or start a new run") from error
     except Exception as error:  # zip, JSON, key and type errors alike: a damaged file

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
-from fedlb.security import DigestError, check_digest, check_seal, seal_zip
+from fedlb.security import (
+    DigestError,
+    StoredFileError,
+    check_digest,
+    check_seal,
+    open_stored,
+    seal_zip,
+)
 
 from .protocol import NODE_HE_CONTEXT, add_he_seconds
 
@@ -131,9 +138,9 @@ def load_encrypted(path: Path, unchecked: bool = False) -> ArrayRecord:
             sealed = check_seal(path)
         except DigestError as error:
             raise DigestError(f"{error}. Use an intact copy") from error
-        with np.load(path, allow_pickle=False) as data:
+        with open_stored(path) as handle, np.load(handle, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except DigestError as error:
+    except (DigestError, StoredFileError) as error:  # StoredFileError: a FIFO, a device
         raise CiphertextError(str(error)) from error
     except Exception as error:  # zip, header and pickle errors alike: a damaged file
         raise CiphertextError(

@@ -9,9 +9,9 @@ and the cluster mode alike (it knows nothing of Flower's strategies).
   dir at a time, an OS lock held while the run's process lives; `cut_command`: a command
   line for a message, cut on whole arguments.
 - `read_json`, `read_json_object`, `read_json_lines`, `read_lines`, `parse_json`,
-  `json_kind`, `set_aside`
+  `json_kind`, `set_aside`, `open_stored`
   (`StoredFileError`): JSON files read back bounded in size and depth, finite numbers
-  only; a damaged one set aside.
+  only, regular files only (a FIFO or a device refused at once); a damaged one set aside.
 - `seal_zip`, `check_seal` (`DigestError`): a zip's own digest, sealed at its end (its
   archive comment), over every byte of it: checked with or without a side file.
 """
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .stored import (
         StoredFileError,
         json_kind,
+        open_stored,
         parse_json,
         read_json,
         read_json_lines,
@@ -61,6 +62,7 @@ __all__ = [
     "json_kind",
     "make_certificates",
     "make_silo_key",
+    "open_stored",
     "parse_json",
     "read_json",
     "read_json_lines",
@@ -88,6 +90,7 @@ __getattr__ = lazy_face(
         ".stored": [
             "StoredFileError",
             "json_kind",
+            "open_stored",
             "parse_json",
             "read_json",
             "read_json_lines",

@@ -22,6 +22,8 @@ import re
 from pathlib import Path
 from typing import BinaryIO
 
+from .stored import StoredFileError, open_stored
+
 SUFFIX = ".sha256"
 
 SEAL_PREFIX = b"fedlb-sha256:"
@@ -51,7 +53,7 @@ def _hash(handle: BinaryIO, size: int) -> str:
 
 def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    with open_stored(path) as handle:
         for block in iter(lambda: handle.read(_BLOCK), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -75,10 +77,11 @@ def check_digest(path: Path) -> bool:
     is none (written by something else than fedlb); DigestError when it does not match."""
     target = digest_path(path)
     try:
-        expected = target.read_text().split()[0]
+        with open_stored(target) as handle:  # a FIFO in its place must not hang the check
+            expected = handle.read(4096).decode(errors="replace").split()[0]
     except FileNotFoundError:
         return False
-    except (OSError, IndexError) as error:
+    except (OSError, IndexError, StoredFileError) as error:
         raise DigestError(f"{target} is unreadable ({error}); cannot check {path}") from error
     if file_digest(path) != expected:
         raise DigestError(
@@ -110,8 +113,9 @@ def check_seal(path: Path) -> bool:
     """Check the zip at `path` against the digest sealed in it (`seal_zip`), before anything
     in it is read: True when it matches; False for a zip that ends without any comment
     (written before fedlb sealed its files); DigestError, naming the file, for anything
-    else: one changed byte anywhere, a file cut short or with bytes added at its end."""
-    with path.open("rb") as handle:
+    else: one changed byte anywhere, a file cut short or with bytes added at its end.
+    StoredFileError where `path` is not a regular file (a FIFO, a device)."""
+    with open_stored(path) as handle:
         size = handle.seek(0, os.SEEK_END)
         handle.seek(max(0, size - SEAL_SIZE))
         tail = handle.read()

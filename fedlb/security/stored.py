@@ -9,6 +9,10 @@ Infinity, 1e999 and 10^5000 are refused: nothing fedlb writes holds them). What 
 comes as `StoredFileError`, one line naming the file (and line, for JSON lines) and the
 fault; whoever reads says what to do, or sets the file aside (`set_aside`) and goes on as
 if it were absent.
+
+Only a regular file is read (`open_stored`, also for the digests and zips fedlb reads
+back): a FIFO in its place blocked the open, and every read after it, for ever; a link to
+/dev/urandom never ends. Either is refused in one line, before a byte is read.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 MAX_JSON_BYTES = 64 * 2**20  # every JSON file fedlb writes is far smaller
 MAX_JSON_LINE_BYTES = 2**20  # one line of rounds.jsonl: one silo's round
@@ -61,14 +66,46 @@ def parse_json(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     return value
 
 
+# what a path that is not a regular file is, by its stat.S_IS* test
+NOT_FILES = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def open_stored(path: Path) -> BinaryIO:
+    """`path` open for reading in binary, where it is a regular file (a link to one is
+    followed); StoredFileError saying what it is otherwise, FileNotFoundError where
+    there is nothing, other OSErrors (a link loop, no permission) as they come. Opened
+    without blocking, so a FIFO is refused at once instead of waiting for a writer."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            what = next((name for test, name in NOT_FILES if test(mode)), "not a file")
+            raise StoredFileError(
+                path, f"{what}, not a regular file: fedlb reads back only files it wrote"
+            )
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
 def read_json(path: Path, *, max_bytes: int = MAX_JSON_BYTES) -> Any:
     """The JSON value in `path`: FileNotFoundError where there is none, StoredFileError
-    where it is larger than `max_bytes` or `parse_json` refuses it; other OSErrors as
-    they come."""
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise StoredFileError(path, f"{size} bytes, more than the {max_bytes} such a file holds")
-    with path.open("rb") as file:
+    where it is not a regular file (`open_stored`), larger than `max_bytes` or
+    `parse_json` refuses it; other OSErrors as they come."""
+    with open_stored(path) as file:
+        size = os.fstat(file.fileno()).st_size
+        if size > max_bytes:
+            raise StoredFileError(
+                path, f"{size} bytes, more than the {max_bytes} such a file holds"
+            )
         data = file.read(max_bytes + 1)  # the file may have grown since
     if len(data) > max_bytes:
         raise StoredFileError(path, f"more than the {max_bytes} bytes such a file holds")
@@ -95,9 +132,9 @@ def read_lines(
 ) -> Iterator[tuple[int, bytes]]:
     """(line number, the line's bytes, newline kept) for each non-blank line of `path`,
     read a line at a time; StoredFileError where the file is larger than `max_bytes` or
-    a line longer than `max_line_bytes` (naming it). FileNotFoundError where there is
-    no file."""
-    with path.open("rb") as file:
+    a line longer than `max_line_bytes` (naming it), or where it is not a regular file
+    (`open_stored`). FileNotFoundError where there is no file."""
+    with open_stored(path) as file:
         size = os.fstat(file.fileno()).st_size
         if size > max_bytes:
             raise StoredFileError(

@@ -53,7 +53,7 @@ def test_a_silo_that_vanishes_is_left_out_and_rejoins_with_its_b0(caplog):
     assert sizes[0] == {100: 16, 101: 16, 102: 16}
     assert sizes[1][100] > sizes[1][101] > sizes[1][102]  # balanced after round 1
     assert set(sizes[2]) == {100, 101, 102}  # round 3: sent, no reply
-    assert any("node-102: no reply" in f for f in records[2].failed)
+    assert any("silo-2: no reply" in f for f in records[2].failed)  # its label (issue 56)
     assert any("missed round 3" in e for e in records[2].events)
     assert any("left" in e for e in records[2].events)
     assert set(sizes[3]) == {100, 101}

@@ -11,8 +11,14 @@ silo's claim in round 1 and can bound it:
   label, `Joining(examples=...)`): a later, different claim is refused (said once, the
   pinned count weighs its update);
 - `Joining(max_share=...)` caps any one silo's share of the average (its weight lowered
-  until its share is the cap), and without a cap a silo holding more than half of the
-  weight, and 10x the median, is said in round 1.
+  until its share is the cap); without a cap, a silo whose weight outweighs all the
+  others' together is named every round (log, round table, live page) until the operator
+  caps shares or declares its count: in round 1 alone, a claim of 2^40-1 weighed 100% of
+  every later round's model, and one 9.97x the median weighed 83% without being named.
+
+Before any of that, the round's replies are made to agree (fedlb.flower.agreement): a
+metric its peers do not send is dropped from a reply, and a reply without theirs left
+out, so one silo's odd reply cannot make the wrapped strategy's aggregation raise.
 
 Claims are pinned by silo label (silo-<partition-id>), so a silo that rejoins under a new
 node id keeps its count; a checkpoint keeps them (`state_dict`).
@@ -27,11 +33,9 @@ from typing import Any
 
 from flwr.app import Message
 
-from .replies import only_metrics
+from .agreement import Peers, only_metrics
 
 MOST_EXAMPLES = 2**40  # ~10^12 examples: more than any silo holds; 10^18 is a forgery
-DOMINANT_SHARE = 0.5  # without a cap: a silo over half the weight ...
-DOMINANT_RATIO = 10.0  # ... and 10x the median claim is said
 
 
 class Claims:
@@ -57,6 +61,7 @@ class Claims:
         self.pinned: dict[str, int] = dict(self.declared)
         self._said: set[str] = set()  # labels whose changed claim was said
         self._shown = False  # the first claims went to the log
+        self.peers = Peers()  # what the round's train replies agree on
 
     def weigh(
         self,
@@ -66,11 +71,14 @@ class Claims:
         event: Callable[[str], None],
     ) -> tuple[list[Message], dict[int, str]]:
         """(the replies to aggregate, node -> why an update is left out), of replies
-        UpdateCheck has passed (one MetricRecord, a weight > 0). Each kept
-        reply's weighting key is set to its silo's pinned count, lowered where a cap
-        says so (in place: the wrapped strategy and the round record read it there)."""
+        UpdateCheck has passed (one MetricRecord, a weight > 0), once they agree
+        (fedlb.flower.agreement: a key its peers do not send dropped, said as an event).
+        Each kept reply's weighting key is set to its silo's pinned count, lowered where a
+        cap says so (in place: the wrapped strategy and the round record read it there)."""
+        replies, left_out, dropped = self.peers.agree(replies, label)
+        for line in dropped.values():
+            event(line)
         kept: list[Message] = []
-        left_out: dict[int, str] = {}
         counts: dict[int, int] = {}
         fresh: list[int] = []  # silos whose first claim this is
         for msg in replies:
@@ -113,7 +121,35 @@ class Claims:
                     f"{label(node)} joined claiming {self.key} = {counts[node]:g} "
                     f"({weights[node] / total:.0%} of this round's average); pinned"
                 )
+        if (dominant := self._dominant(server_round, counts, weights, label)) is not None:
+            event(dominant)
         return kept, left_out
+
+    def _dominant(
+        self,
+        server_round: int,
+        counts: Mapping[int, int],
+        weights: Mapping[int, float],
+        label: Callable[[int], str],
+    ) -> str | None:
+        """The line naming a silo whose weight outweighs all the others' together, every
+        round, until the operator caps shares or declares that silo's count (None: no
+        such silo, or the operator's word is given)."""
+        if self.max_share is not None or len(weights) < 2:
+            return None
+        top = max(weights, key=lambda n: weights[n])
+        total = sum(weights.values())
+        if weights[top] <= total - weights[top] or label(top) in self.declared:
+            return None
+        median = max(statistics.median(counts.values()), 1)
+        return (
+            f"{label(top)} outweighs all other silos together: {weights[top] / total:.0%} of "
+            f"round {server_round}'s average ({self.key} {counts[top]:g}, "
+            f"{counts[top] / median:.3g}x the median claim). If that is not its data, cap a "
+            "silo's share (fedlb server --max-share 0.5, Joining(max_share=0.5)) or declare "
+            'the counts (fedlb server --silo-examples "silo-0=600,silo-1=1200", '
+            "Joining(examples=...)); said every round until then"
+        )
 
     def _first_claims(
         self, counts: Mapping[int, int], weights: Mapping[int, float], label: Callable[[int], str]
@@ -126,22 +162,7 @@ class Claims:
             + ")"
             for n in sorted(counts, key=label)
         )
-        text = f"the silos claim {self.key}: {listed}; pinned for the run"
-        median = statistics.median(counts.values())
-        top = max(counts, key=lambda n: shares[n])
-        if (
-            self.max_share is None
-            and len(counts) > 1
-            and shares[top] > DOMINANT_SHARE
-            and counts[top] > DOMINANT_RATIO * max(median, 1)
-        ):
-            text += (
-                f". {label(top)} alone holds {shares[top]:.0%} of the average, "
-                f"{counts[top] / max(median, 1):.0f}x the median claim: if that is not "
-                "its data, cap a silo's share (Joining(max_share=...), fedlb server "
-                "--max-share) or declare each silo's count (Joining(examples=...))"
-            )
-        return text
+        return f"the silos claim {self.key}: {listed}; pinned for the run"
 
     def state_dict(self) -> dict[str, int]:
         return dict(self.pinned)

@@ -7,7 +7,9 @@ take part.
 Flower 1.41's deployment Grid pulls replies, then sleeps a fixed 3 s before pulling again
 (`send_and_receive`), so a round whose replies are ready after 0.5 s still costs 3 s. This
 wrapper does the same through the public `push_messages` / `pull_messages` API at a short
-interval. Everything else is delegated to the wrapped grid.
+interval. Everything else is delegated to the wrapped grid. An error reply's reason (a
+silo's own text) comes out of it with its control characters written out, before any
+strategy logs it (fedlb.flower.replies.shown_error).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from flwr.serverapp.strategy import Strategy
 
 from .composition import at_most, silos_needed
 from .membership import Membership, say
+from .replies import shown_error
 
 
 class PollingGrid(Grid):
@@ -59,7 +62,11 @@ class PollingGrid(Grid):
         return self.inner.push_messages(messages)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self.inner.pull_messages(message_ids)
+        replies = list(self.inner.pull_messages(message_ids))
+        for msg in replies:
+            if msg.has_error():
+                shown_error(msg)
+        return replies
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None

@@ -11,6 +11,7 @@ from flwr.app import Message
 from flwr.common import log as flwr_log
 from flwr.serverapp import Grid
 
+from fedlb._markup import visible
 from fedlb.balance import BatchSizeManager, WorkerReport
 
 from .identity import by_node, node_label, node_of, silo_label, worker_name
@@ -20,8 +21,11 @@ from .replies import only_metrics
 
 def say(level: int, text: str, *args: object) -> None:
     """Log through Flower's logger, beside its own round log: what a ServerApp shows and
-    `flwr run --stream` streams, in any app (fedlb's own loggers have no handler there)."""
-    flwr_log(level, "fedlb: " + text, *args)
+    `flwr run --stream` streams, in any app (fedlb's own loggers have no handler there).
+    Text arguments carry what silos sent (failures, metric names, curves): their control
+    characters are written out (fedlb._markup.visible), never sent to a terminal."""
+    shown = [visible(a) if isinstance(a, str) else a for a in args]
+    flwr_log(level, "fedlb: " + text, *shown)
 
 
 class Membership:
@@ -189,13 +193,14 @@ class Membership:
         manager: BatchSizeManager | None,
     ) -> list[str]:
         """Bench the silos the SuperLink could not reach and those `sent` the round that
-        did not answer in time; "node-N: why" for each of the latter, for the record."""
+        did not answer in time; "silo-N: why" for each of the latter (node-N before it said
+        its partition), for the record."""
         for node in unreachable:
             self.bench(node, server_round, "unreachable", manager)
         failed = []
         for node in sent:
             if node not in answered:
-                failed.append(f"{node_label(node)}: no reply within the round timeout")
+                failed.append(f"{self.label(node)}: no reply within the round timeout")
                 self.bench(node, server_round, "no reply within the round timeout", manager)
         return failed
 

@@ -1,16 +1,22 @@
 """Checks on what silos send back: an update the global model can take, and a report the
-balancer can trust. A reply that fails is left out with the reason, never crashes a round."""
+balancer can trust. A reply that fails is left out with the reason, never crashes a round.
+A silo's own words (an error's reason) are kept with their control characters written
+out (fedlb._markup.visible): Flower's strategies log them, and so does fedlb."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Error, Message, MetricRecord
 
+from fedlb._markup import visible
 from fedlb.he import CiphertextError
 
+from .agreement import Peers
+from .agreement import only_metrics as only_metrics  # where the others read replies
 from .he import EncryptedAggregation
 from .identity import node_label
 from .protocol import ProtocolError, SiloReport, numbers, read_report
@@ -18,17 +24,22 @@ from .protocol import ProtocolError, SiloReport, numbers, read_report
 NON_FINITE = "holds NaN or infinite values"  # an update that blew up
 
 
-def only_metrics(msg: Message) -> MetricRecord:
-    return next(iter(msg.content.metric_records.values()))
-
-
 class UpdateCheck:
     """Checks train replies against the round's global model (keys, shapes, numbers,
-    finite values; under HE the run's key and layout) and keeps the checked ciphertexts."""
+    finite values; under HE the run's key and layout) and keeps the checked ciphertexts.
+    `label` names a silo in what is said of its reply (the membership's: silo-N once it
+    said its partition; node-N without one)."""
 
-    def __init__(self, weighted_by_key: str, he: EncryptedAggregation | None) -> None:
+    def __init__(
+        self,
+        weighted_by_key: str,
+        he: EncryptedAggregation | None,
+        label: Callable[[int], str] = node_label,
+    ) -> None:
         self.weighted_by_key = weighted_by_key
         self.he = he
+        self.label = label
+        self.evaluated = Peers(arrays=False)  # what evaluation replies agree on
         self.global_arrays: ArrayRecord | None = None
         self._template: dict[str, tuple[tuple[int, ...], str]] = {}
         self.ciphertexts: dict[int, list[Any]] = {}  # by id(reply)
@@ -61,15 +72,19 @@ class UpdateCheck:
         return self._arrays_problem(msg) if train else None
 
     def evaluations(self, replies: list[Message]) -> tuple[list[Message], list[str]]:
-        """(the usable evaluation replies, "node-N unusable: why" for the others)."""
+        """(the usable evaluation replies, "silo-N unusable: why" for the others and
+        "silo-N: metric ... dropped" for those whose keys their peers do not send:
+        fedlb.flower.agreement)."""
         usable, unusable = [], []
         for msg in replies:
             problem = self.problem(msg, train=False)
             if problem is None:
                 usable.append(msg)
             else:
-                unusable.append(f"{node_label(msg.metadata.src_node_id)} unusable: {problem}")
-        return usable, unusable
+                unusable.append(f"{self.label(msg.metadata.src_node_id)} unusable: {problem}")
+        usable, left_out, dropped = self.evaluated.agree(usable, self.label)
+        unusable += [f"{self.label(node)} unusable: {why}" for node, why in left_out.items()]
+        return usable, unusable + list(dropped.values())
 
     def _arrays_problem(self, msg: Message) -> str | None:
         arrays = next(iter(msg.content.array_records.values()))
@@ -115,8 +130,8 @@ class ReportCheck:
         """(the report, "") or (None, why it cannot be used)."""
         try:
             report = read_report(metrics)
-        except ProtocolError as error:
-            return None, str(error)
+        except ProtocolError as error:  # it may quote a key the silo named
+            return None, visible(error)
         for what, value, expected in (
             ("batch size", report.batch_size, sent[0]),
             ("local steps", report.local_steps, sent[1]),
@@ -132,7 +147,7 @@ class Triage:
 
     valid: list[Message] = field(default_factory=list)
     blown_up: list[int] = field(default_factory=list)  # updates holding NaN or infinity
-    failed: list[str] = field(default_factory=list)  # "node-N: why", for the record
+    failed: list[str] = field(default_factory=list)  # "silo-N: why", for the record
     rejected: dict[int, str] = field(default_factory=dict)  # node -> why its update is out
     answered: set[int] = field(default_factory=set)
     unreachable: list[int] = field(default_factory=list)  # the SuperLink answered for them
@@ -141,19 +156,21 @@ class Triage:
 def triage_replies(replies: list[Message], sent_to: dict[str, int], updates: UpdateCheck) -> Triage:
     """Sort train replies by what can be used. `sent_to` maps the round's message ids to
     their nodes: an error reply the SuperLink makes for a vanished node comes from the
-    SuperLink itself, so the node is named by the message it answers."""
+    SuperLink itself, so the node is named by the message it answers. An error's reason
+    is written out (`shown_error`) before the wrapped strategy logs it."""
     triage = Triage()
+    label = updates.label
     for msg in replies:
         node = sent_to.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
         triage.answered.add(node)
         if msg.has_error():
-            triage.failed.append(f"{node_label(node)}: {msg.error.reason}")
+            triage.failed.append(f"{label(node)}: {shown_error(msg)}")
             if msg.metadata.src_node_id != node:
                 triage.unreachable.append(node)
             continue
         problem = updates.problem(msg)
         if problem is not None:
-            triage.failed.append(f"{node_label(node)}: update rejected: {problem}")
+            triage.failed.append(f"{label(node)}: update rejected: {problem}")
             triage.rejected[node] = problem
             if NON_FINITE in problem:
                 triage.blown_up.append(node)
@@ -163,3 +180,13 @@ def triage_replies(replies: list[Message], sent_to: dict[str, int], updates: Upd
     # bit for bit (a resumed run ends exactly as an uninterrupted one).
     triage.valid.sort(key=lambda m: m.metadata.src_node_id)
     return triage
+
+
+def shown_error(msg: Message) -> str:
+    """An error reply's reason with its control characters written out, put back in the
+    reply (Flower's FedAvg logs every error's reason as it is: a silo's ClientApp that
+    raised with ESC sequences in its message recoloured the operator's terminal)."""
+    reason = msg.error.reason or ""
+    if not reason.isprintable():
+        msg.error = Error(msg.error.code, visible(reason))
+    return msg.error.reason or ""

@@ -309,8 +309,42 @@ def test_a_loopback_page_answers_loopbacks_host_names_with_their_ports():
     client = TestClient(make_app(PageState()))
     for host in ("127.0.0.1:8050", "localhost:8050", "[::1]:8050", "LOCALHOST"):
         assert client.get("/api/state", headers={"host": host}).status_code == 200, host
-    for host in ("evil.example:8050", "127.0.0.1.evil.example", "[::2]:8050"):
+    for host in (
+        "evil.example:8050",
+        "127.0.0.1.evil.example",
+        "[::2]:8050",
+        "127.0.0.1:8050@evil.example",  # issue 56: was read as 127.0.0.1
+        "127.0.0.1:80:80",
+        "[::1]evil",
+        "",
+    ):
         assert client.get("/api/state", headers={"host": host}).status_code == 400, host
+
+
+def test_a_token_with_a_nul_or_more_appended_is_not_the_token():
+    """Issue 56: `?token=T%00` was let in (HMAC pads its key with zero bytes)."""
+    app = make_app(PageState(), token=TOKEN, loopback=False)
+    for given in (TOKEN + "\0", TOKEN + "\0\0", TOKEN[:-1], "\0" + TOKEN):
+        assert TestClient(app).get("/", params={"token": given}).status_code == 401, given
+        bearer = {"authorization": f"Bearer {given}"}
+        assert TestClient(app).get("/api/state", headers=bearer).status_code == 401
+    raw = TestClient(app).get(f"/?token={TOKEN}%00")
+    assert raw.status_code == 401
+    assert TestClient(app).get("/", params={"token": TOKEN}).status_code == 200
+
+
+def test_a_silos_text_reaches_the_page_with_its_control_characters_written_out():
+    """Issue 56, item 2: a failure and an event holding ESC and OSC 8 sequences."""
+    state = PageState()
+    shown = record(1)
+    shown.failed = ["silo-1: ValueError: \x1b[31mred\x1b]8;;http://evil.example\x07"]
+    shown.events = ["silo-1: metric '\x9bname' dropped"]
+    state.add_round(shown)
+    text = json.dumps(TestClient(make_app(state)).get("/api/state").json())
+    assert "\\x1b[31mred" in text
+    assert "\\x9bname" in text
+    assert "\\u001b" not in text  # no raw ESC, which JSON would carry as \u001b
+    assert "\\u009b" not in text
 
 
 def test_who_has_replied_within_the_round_comes_from_the_progress_file(tmp_path):

@@ -18,6 +18,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -71,11 +72,23 @@ def check_binding(host: str, token: str | None) -> None:
         raise PageError(f"--page-token must have at least {MIN_TOKEN} characters")
 
 
+# A Host header: a name or an address ([IPv6] bracketed), then at most a port of digits
+HOST_HEADER = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::[0-9]{1,5})?")
+
+
 def host_name(header: str) -> str:
-    """A Host header's name without its port: "[::1]:8050" -> "[::1]"."""
-    if header.startswith("["):
-        return header.split("]", 1)[0] + "]"
-    return header.split(":", 1)[0].lower()
+    """A Host header's name without its port: "[::1]:8050" -> "[::1]"; '' for a header
+    that is not a host and port ("127.0.0.1:8050@evil.example" was read as 127.0.0.1)."""
+    found = HOST_HEADER.fullmatch(header)
+    return found.group(1).lower() if found else ""
+
+
+def same_token(given: str, token: str) -> bool:
+    """Whether `given` is the token, in constant time. Their SHA-256 digests are compared,
+    not HMACs keyed by them: HMAC pads a key with zero bytes, so "T" and "T\0" made the
+    same cookie value and `?token=T%00` was let in."""
+    digests = [hashlib.sha256(t.encode("utf-8", "surrogatepass")).digest() for t in (given, token)]
+    return hmac.compare_digest(*digests)
 
 
 def _static(name: str) -> bytes:
@@ -122,12 +135,10 @@ def make_app(
         if not token:
             return None, False
         given = request.query_params.get("token")
-        if given is not None and hmac.compare_digest(cookie_value(given), expected):
+        if given is not None and same_token(given, token):
             return None, True
         header = request.headers.get("authorization", "")
-        if header[:7].lower() == "bearer " and hmac.compare_digest(
-            cookie_value(header[7:].strip()), expected
-        ):
+        if header[:7].lower() == "bearer " and same_token(header[7:].strip(), token):
             return None, False
         kept = request.cookies.get(cookie_name(request.scope), "")
         if hmac.compare_digest(kept.encode(), expected.encode()):

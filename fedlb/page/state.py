@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from fedlb._markup import visible
 from fedlb.flower import RUN_FILES, RoundRecord, accuracy_of
 from fedlb.flower.identity import node_label
 from fedlb.security import read_json
@@ -26,9 +27,13 @@ PROGRESS_BYTES = 2**20  # one round's silos and their reply times
 
 
 def _clean(value: Any) -> Any:
-    """NaN and infinities (a silo that did not report) become null: JSON has neither."""
+    """NaN and infinities (a silo that did not report) become null: JSON has neither.
+    Text (a silo's failure, an event naming its metric) with its control characters
+    written out, as on the console (fedlb._markup.visible)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, str):
+        return visible(value)
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -196,7 +196,7 @@ def silo(
             "warm": warm,
             "resident": None if resident is None else ("on" if resident else "off"),
             "emulated-clock": emulated_clock,
-            "app": user_app.resolve() if user_app is not None else None,
+            "app": user_app.absolute() if user_app is not None else None,  # UserApp.read: a loop
         }
     )
     if not connect_timeout >= 0:  # NaN too

@@ -18,12 +18,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedlb import _flower_internals as flower
+from fedlb._markup import visible
 from fedlb.security import StoredFileError, read_json
 
 from .run_config import ConfigError, read_toml
@@ -33,6 +36,7 @@ from .run_config import ConfigError, read_toml
 RUN_DIR_ENV = "FEDLB_RUN_DIR"
 RESUME_ENV = "FEDLB_RESUME"
 APP_FILE = "app.json"  # in the out-dir: the app a run was started with
+IMPORT_TIMEOUT_S = 60.0  # an app's import, tried to say why Flower cannot find its app
 # fedlb's run settings that still mean something for a user's app: the silos the server
 # waits for before it submits the app, and where the results go.
 APP_RUN_SETTINGS = frozenset({"num-silos", "out-dir"})
@@ -71,7 +75,13 @@ class UserApp:
         """The app in `folder` with `run_config` (Flower's "k=v k2=v2" text) or already
         parsed `overrides`; a ConfigError, naming the file or key and what to do, for a
         folder that holds no Flower app or an override the app has no key for."""
-        where = Path(folder).expanduser().resolve()
+        try:
+            where = Path(folder).expanduser().resolve()
+        except (OSError, RuntimeError) as error:  # pathlib: RuntimeError for a link loop
+            raise ConfigError(
+                f"app {folder}: cannot be followed ({error}); give the folder of your Flower "
+                "app (the one holding its pyproject.toml)"
+            ) from None
         if not where.is_dir():
             raise ConfigError(
                 f"app {folder}: no such folder; give the folder of your Flower app (the one "
@@ -133,7 +143,41 @@ class UserApp:
         try:
             return hashlib.sha256(flower.build_fab(self.folder)).hexdigest()
         except (ValueError, OSError) as error:
+            raised = self.import_error() if "Unable to find attribute" in str(error) else ""
+            if raised:  # what the operator must fix, before Flower's static finding
+                raise ConfigError(
+                    f"the Flower app in {self.folder} cannot be built: {raised} (Flower's "
+                    f"check, which reads the module without running it: {_first(error)})"
+                ) from None
             raise ConfigError(f"the Flower app in {self.folder} cannot be built: {error}") from None
+        except Exception as error:  # Flower's check imports the app's package: its error
+            raise ConfigError(
+                f"the Flower app in {self.folder} cannot be built: importing its package "
+                f"raised {type(error).__name__}: {visible(error)}; fix the app (python -c 'import "
+                f"{self.serverapp.split(':')[0]}' in its folder shows the traceback)"
+            ) from None
+
+    def import_error(self) -> str:
+        """What importing the app's serverapp and clientapp modules raises, in a process
+        of its own ('' : nothing). Flower's check reads a module without running it, so
+        a module that raises before it defines `app` (or never does) is said to lack
+        the attribute; the error it raises is what the operator needs."""
+        for module in dict.fromkeys(ref.split(":")[0] for ref in (self.serverapp, self.clientapp)):
+            try:
+                tried = subprocess.run(
+                    [sys.executable, "-c", f"import {module}"],
+                    cwd=self.folder,
+                    capture_output=True,
+                    text=True,
+                    timeout=IMPORT_TIMEOUT_S,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                return f"nothing within {IMPORT_TIMEOUT_S:.0f} s: importing {module} hangs"
+            lines = [line for line in tried.stderr.splitlines() if line.strip()]
+            if tried.returncode != 0 and lines:
+                return f"importing {module} raises {visible(lines[-1].strip())}"
+        return ""
 
     def env(self, out_dir: Path, resume: Path | None) -> dict[str, str]:
         """What a SuperLink running this app needs in its environment (its ServerApps
@@ -233,3 +277,9 @@ def same_app(given: str, run_config: str, kept: UserApp) -> bool:
     except OSError:
         return False
     return same_folder and parse_run_config(run_config) == kept.overrides
+
+
+def _first(error: Exception) -> str:
+    """Flower's finding in one line: its list's first item."""
+    found = [line.strip("- ").strip() for line in str(error).splitlines() if line.startswith("- ")]
+    return found[0] if found else str(error).splitlines()[0]

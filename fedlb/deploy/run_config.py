@@ -40,7 +40,7 @@ RUN_SETTING_HELP = {
     "guard does (the guard's own floor is 0.5; with guard 0, min-share alone).",
     "max-batch": "Largest B any silo gets (0: no limit).",
     "max-share": "The most of the average any one silo's update may weigh, however many "
-    "examples it claims (0: no cap; a dominant claim is said in round 1).",
+    "examples it claims (0: no cap; a silo outweighing all others together is named every round).",
     "silo-examples": "Each silo's example count as the operator knows it, "
     '"silo-0=600,silo-1=1200": a silo claiming another is refused and weighs this '
     "(''/unset: each silo's first claim is pinned for the run).",

@@ -30,6 +30,8 @@ DOCS = ROOT / "docs"
 MARKER = re.compile(r"^<!-- fedlb-reference: ([a-z0-9.-]+) -->$", re.MULTILINE)
 
 log = logging.getLogger("mkdocs.hooks.fedlb")  # under "mkdocs": --strict counts its warnings
+SITE_LIMIT = 10 * 2**20  # the built site's size, at most
+PAGE_LIMIT = 40_000  # a Markdown page's size, at most (tests/test_docs_site.py)
 
 # the generators, beside this file (mkdocs loads hooks by path, not as a package)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,6 +84,64 @@ def repository_links(markdown: str, page_path: str, repo_url: str, branch: str =
     return LINK.sub(one, markdown)
 
 
+# ---------------------------------------------------------------------------------------
+# pages split into a folder of pages: docs/benchmarks.md keeps its introduction and a list,
+# docs/benchmarks/*.md one study each. A link written to the old place of a section
+# (`benchmarks.md#soak-...`, or `#soak-...` on the old page) is pointed at its page.
+
+SPLIT = ("benchmarks", "experiments", "flower")
+HEADING = re.compile(r"^(#{1,6}) (.+?)\s*(?:\{\s*#([\w.-]+)[^}]*\})?\s*$")
+
+
+def _slug(text: str) -> str:
+    from markdown.extensions.toc import slugify
+
+    return str(slugify(re.sub(r"[`*]", "", text), "-"))
+
+
+def moved_anchors() -> dict[tuple[str, str], str]:
+    """{(old page, anchor): 'folder/page.md' or 'folder/page.md#anchor'} for every heading
+    of every page of a split page's folder."""
+    moved: dict[tuple[str, str], str] = {}
+    for name in SPLIT:
+        for page in sorted((DOCS / name).glob("*.md")):
+            fence = False
+            for line in page.read_text().splitlines():
+                if line.lstrip().startswith("```"):
+                    fence = not fence
+                match = None if fence else HEADING.match(line)
+                if not match:
+                    continue
+                anchor = match.group(3) or _slug(match.group(2))
+                where = f"{name}/{page.name}"
+                moved.setdefault(
+                    (f"{name}.md", anchor), where if match.group(1) == "#" else f"{where}#{anchor}"
+                )
+    return moved
+
+
+def split_links(markdown: str, page_path: str, moved: dict[tuple[str, str], str]) -> str:
+    """Links to a section's old place pointed at the page it is on now."""
+    here = posixpath.dirname(page_path)
+
+    def one(match: re.Match[str]) -> str:
+        text, target = match.group(1), match.group(2)
+        path, hash_, anchor = target.partition("#")
+        if not hash_:
+            return match.group(0)
+        joined = posixpath.normpath(posixpath.join(here, path)) if path else page_path
+        new = moved.get((joined, anchor))
+        if new is None:
+            return match.group(0)
+        file, _, new_anchor = new.partition("#")
+        if file == page_path:
+            return f"[{text}](#{new_anchor or anchor})"
+        relative = posixpath.relpath(file, here or ".")
+        return f"[{text}]({relative}" + (f"#{new_anchor}" if new_anchor else "") + ")"
+
+    return LINK.sub(one, markdown)
+
+
 def _code_spans_kept(markdown: str, change: Callable[[str], str]) -> str:
     """`change` applied outside fenced code blocks."""
     parts = re.split(r"(^```.*?^```[ \t]*$)", markdown, flags=re.MULTILINE | re.DOTALL)
@@ -95,6 +155,8 @@ def _code_spans_kept(markdown: str, change: Callable[[str], str]) -> str:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     path = page.file.src_uri
     markdown = expand(markdown)
+    moved = moved_anchors()
+    markdown = _code_spans_kept(markdown, lambda text: split_links(text, path, moved))
     return _code_spans_kept(
         markdown, lambda text: repository_links(text, path, config["repo_url"] or "")
     )
@@ -103,3 +165,19 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 def iter_markers(text: str) -> Iterator[str]:
     """The reference markers in a page's text."""
     return (m.group(1) for m in MARKER.finditer(text))
+
+
+def on_post_build(config: Any) -> None:
+    """The theme's source maps (1.3 MB, for debugging its minified scripts) left out: the
+    site stays under 10 MB (tests/test_docs_site.py)."""
+    site = Path(config["site_dir"])
+    for path in site.rglob("*.map"):
+        path.unlink()
+    size = sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
+    if size > SITE_LIMIT:
+        log.warning(
+            "the site is %.1f MB, over %d MB: results belong in docs/results, "
+            "named by path, not copied into the site",
+            size / 2**20,
+            SITE_LIMIT // 2**20,
+        )

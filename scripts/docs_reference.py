@@ -25,7 +25,18 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # this checkout's fedlb, whichever environment builds it
     sys.path.insert(0, str(ROOT))
 log = logging.getLogger("mkdocs.hooks.fedlb")  # under "mkdocs": --strict counts its warnings
-FACES = ("fedlb.flower", "fedlb.balance", "fedlb.deploy", "fedlb.cluster", "fedlb.he")
+FACES = (
+    "fedlb.flower",
+    "fedlb.balance",
+    "fedlb.deploy",
+    "fedlb.cluster",
+    "fedlb.he",
+    "fedlb.training",
+    "fedlb.data",
+    "fedlb.models",
+    "fedlb.page",
+    "fedlb.security",
+)
 
 # `import typer` itself: typer 0.20 re-exports click.utils names click 8.5 deprecates (as
 # pyproject's pytest filter says); not fedlb's, and not the docs'
@@ -41,13 +52,242 @@ def public_names(face: str) -> list[str]:
     return list(importlib.import_module(face).__all__)
 
 
+def inner_modules(face: str) -> dict[str, str]:
+    """Where each public name of `face` is defined: {name: inner module ('strategy')}, from
+    the face's own `from .module import name` lines (names it defines itself: '')."""
+    path = ROOT / Path(*face.split(".")) / "__init__.py"
+    found: dict[str, str] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            for alias in node.names:
+                found.setdefault(alias.asname or alias.name, node.module or "")
+    return found
+
+
+def groups(face: str) -> list[tuple[str, str, list[str]]]:
+    """The face's names grouped by the task of the inner module that defines them:
+    [(title, what, names)], the title and what from that module's docstring's first
+    sentence, the groups in the order their first name comes in MAIN_FIRST, then in the
+    face's own import order."""
+    where = inner_modules(face)
+    grouped: dict[str, list[str]] = {}
+    for name in sorted(where, key=list(where).index):
+        if name in public_names(face):
+            grouped.setdefault(where[name], []).append(name)
+    for name in public_names(face):  # defined in the face itself
+        if name not in where:
+            grouped.setdefault("", []).append(name)
+    first = MAIN_FIRST.get(face, [])
+    order = sorted(grouped, key=lambda m: first.index(m) if m in first else len(first))
+    out = []
+    for module in order:
+        doc = ""
+        if module:
+            doc = inspect.getdoc(importlib.import_module(f"{face}.{module}")) or ""
+        title, what = _group_title(face, module, doc.split("\n\n")[0])
+        out.append((title, what, grouped[module]))
+    return out
+
+
+# Each group's heading: the task of the inner module its names come from (a face's new
+# module needs one: tests/test_docs_site.py); the module docstring's first paragraph goes
+# under it.
+GROUP_TITLES = {
+    "fedlb.flower": {
+        "strategy": "Balance any strategy",
+        "fedavg": "Balanced FedAvg",
+        "options": "LoadBalancedFedAvg's options",
+        "dropin": "The ClientApp side",
+        "he": "Encrypted updates",
+        "run_files": "A run's files",
+        "records": "Round records",
+        "checkpoint": "Checkpoints and resuming",
+        "grid": "Waiting for replies",
+        "rounds_file": "Reading rounds.jsonl",
+    },
+    "fedlb.balance": {
+        "manager": "The manager",
+        "names": "Tuners and estimators by name",
+        "pooled": "The pooled tuner",
+        "tuners": "Other tuners",
+        "leader": "LB-BSP Algorithm 2",
+        "estimators": "Speed estimators",
+        "narx": "NARX prediction",
+        "guard": "The stability guard",
+        "": "Defaults",
+        "curves": "Step-time curves",
+        "ideal": "T*, E and idle time",
+        "reports": "Reports",
+        "steps": "Local steps per worker",
+        "traces": "Speed traces for tests",
+    },
+    "fedlb.deploy": {
+        "operations": "Run a server, start a silo",
+        "settings": "Server and silo settings",
+        "run_config": "Run settings",
+        "federation": "A federation on this machine",
+        "errors": "Errors",
+        "join": "Joining the SuperLink",
+        "processes": "Flower's processes",
+        "ray_nodes": "Ray nodes for simulation",
+        "server_app": "fedlb's ServerApp",
+        "silo_app": "fedlb's ClientApp",
+        "task": "What is trained",
+    },
+    "fedlb.cluster": {
+        "balancer": "Balance a DDP job",
+        "policies": "Policies by name",
+        "coordinator": "The coordinator",
+        "service": "The manager as a gRPC service",
+        "service_auth": "Who may call the service",
+        "service_requests": "The service's requests",
+        "hook": "The weighted allreduce hook",
+        "local": "Local SGD",
+        "orchestra": "Orchestra",
+        "partition": "Data-partition manager",
+        "ps": "Parameter-server schemes",
+        "eager": "eager-SGD",
+    },
+    "fedlb.he": {"keys": "Keys and contexts", "packing": "Encrypt, decrypt, average"},
+    "fedlb.training": {
+        "local": "Local training",
+        "sampler": "A resizable batch sampler",
+        "device": "Devices and timing",
+        "curves": "Step-time curves",
+        "pairing": "Models and datasets",
+        "resources": "Resource probes",
+    },
+    "fedlb.data": {
+        "registry": "Datasets by name",
+        "partition": "Partitions",
+        "cache": "Caches on disk",
+        "digits": "The embedded digits",
+        "files": "Your own files",
+        "images": "Image datasets",
+        "tabular": "Heart Disease",
+        "text": "Shakespeare",
+        "types": "The data type",
+    },
+    "fedlb.models": {
+        "": "Models by name",
+        "mlp": "MLP",
+        "small": "Small CNN and LSTM",
+        "lenet": "LeNet-5",
+        "logistic": "Logistic regression",
+    },
+    "fedlb.page": {"app": "The page's server", "state": "What the page shows"},
+    "fedlb.security": {
+        "run_lock": "One run per folder",
+        "digests": "Digests and seals",
+        "stored": "Reading stored files",
+        "tls": "TLS and silo keys",
+    },
+}
+
+
+# The groups each face's page starts with: what a user needs first.
+MAIN_FIRST = {
+    "fedlb.flower": ["strategy", "fedavg", "options", "dropin", "he", "run_files", "records"],
+    "fedlb.balance": ["manager", "names", "pooled", "tuners", "estimators", "guard"],
+    "fedlb.deploy": ["operations", "settings", "run_config", "federation"],
+    "fedlb.cluster": ["balancer", "policies", "coordinator", "service"],
+    "fedlb.he": ["keys", "packing"],
+    "fedlb.training": ["local", "sampler", "device"],
+    "fedlb.data": ["registry", "partition", "cache"],
+    "fedlb.security": ["run_lock", "digests", "stored", "tls"],
+}
+
+
+def _group_title(face: str, module: str, paragraph: str) -> tuple[str, str]:
+    """A group's heading (GROUP_TITLES) and its line (the module docstring's first
+    paragraph)."""
+    title = GROUP_TITLES.get(face, {}).get(module)
+    if title is None:
+        log.warning("API reference: %s.%s has no group title (GROUP_TITLES)", face, module)
+        title = module or face
+    return title, " ".join(paragraph.split())
+
+
+def constant_block(face: str, name: str) -> list[str]:
+    """A public constant as a reader wants it: its value (a table for a mapping or a
+    dataclass), and the comment its definition carries."""
+    value = getattr(importlib.import_module(face), name)
+    module = inner_modules(face).get(name, "")
+    comment = _definition_comment(f"{face}.{module}" if module else face, name)
+    out = [f"### `{face}.{name}` {{ #{face}.{name} }}", ""]
+    kind = type(value).__name__
+    out += [f"*constant* · `{kind}`" + (f" · defined in `{face}.{module}`" if module else ""), ""]
+    if comment:
+        out += [_escape_html(comment), ""]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out += ["| attribute | value |", "| --- | --- |"]
+        for field in dataclasses.fields(value):
+            out.append(f"| `{field.name}` | `{_cell(repr(getattr(value, field.name)))}` |")
+    elif isinstance(value, dict):
+        out += ["| name | what |", "| --- | --- |"]
+        for key, item in value.items():
+            out.append(f"| `{key}` | {_cell(_item_text(item))} |")
+    else:
+        out += [f"`{name} = {value!r}`"]
+    return [*out, ""]
+
+
+def _item_text(item: Any) -> str:
+    if isinstance(item, str):
+        return item
+    description = getattr(item, "description", None)
+    if isinstance(description, str):
+        return description
+    points = getattr(item, "points", None)
+    if points:
+        sizes = [p[0] for p in points]
+        return f"a measured step-time curve, {len(points)} points, B = {sizes[0]}..{sizes[-1]}"
+    return repr(item)
+
+
+def _definition_comment(module_name: str, name: str) -> str:
+    """The comment lines right above `name = ...` in its module, and its trailing comment."""
+    try:
+        source = inspect.getsource(importlib.import_module(module_name))
+    except (OSError, TypeError):
+        return ""
+    lines = source.splitlines()
+    for i, line in enumerate(lines):
+        if re.match(rf"^{re.escape(name)}\s*(:[^=]*)?=", line):
+            block: list[str] = []
+            above = i - 1
+            while above >= 0 and lines[above].startswith("#"):
+                block.insert(0, lines[above].lstrip("#").strip())
+                above -= 1
+            trailing = _trailing_comment(line)
+            return " ".join([*block, trailing]).strip()
+    return ""
+
+
+def is_constant(value: Any) -> bool:
+    return not (callable(value) or isinstance(value, type) or inspect.ismodule(value))
+
+
 def api_page(face: str) -> str:
-    """One section per public name of `face`, each rendered by mkdocstrings."""
+    """The face's public names grouped by task (`groups`), a table of contents first;
+    classes and functions rendered by mkdocstrings from their docstrings (parameter
+    tables from `Args:`), constants by `constant_block`."""
     module = importlib.import_module(face)
-    names = ", ".join(f"[`{name}`](#{face}.{name})" for name in module.__all__)
-    lines = [f"`import {face}`: {len(module.__all__)} public names: {names}.", ""]
-    for name in module.__all__:
-        lines += [f"::: {face}.{name}", ""]
+    names = public_names(face)
+    lines = [f"`import {face}`: {len(names)} public names, by task.", ""]
+    for title, _, members in groups(face):
+        links = ", ".join(f"[`{n}`](#{face}.{n})" for n in members)
+        lines.append(f"- **{title}**: {links}")
+    lines.append("")
+    for title, what, members in groups(face):
+        lines += [f"## {title}", ""]
+        if what:
+            lines += [_escape_html(what), ""]
+        for name in members:
+            if is_constant(getattr(module, name)):
+                lines += constant_block(face, name)
+            else:
+                lines += [f"::: {face}.{name}", "    options:", "      heading_level: 3", ""]
     return "\n".join(lines)
 
 
@@ -191,6 +431,126 @@ def _escape_html(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------
+# environment variables and the state kept outside a run's folder
+
+# Every FEDLB_* variable fedlb's code names, what it does and who sets it: the page lists
+# these, and a name found in fedlb/ but missing here fails the build (--strict).
+ENVIRONMENT = {
+    "FEDLB_PROFILE_DIR": (
+        "you",
+        "Where silos keep their speed profiles and the server its guard verdicts and the "
+        "models it has balanced before. Default `$XDG_CACHE_HOME/fedlb/profiles`, else "
+        "`~/.cache/fedlb/profiles`; `off`: none kept (every run starts as a first run: "
+        "round 1 at B0, then the guard's probe).",
+    ),
+    "FEDLB_CACHE_DIR": (
+        "you",
+        "Where silos keep their (train, test) partitions, so the next ClientApp process "
+        "reads its part instead of rebuilding it. Default `$XDG_CACHE_HOME/fedlb/partitions`, "
+        "else `~/.cache/fedlb/partitions`; empty: the default; `off`: no cache.",
+    ),
+    "FEDLB_CACHE_MAX_MB": (
+        "you",
+        "The partition cache's size limit in MiB (default {max_mb}): the oldest entries "
+        "are deleted after each write to keep under it.",
+    ),
+    "FEDLB_PAGE_TOKEN": (
+        "you",
+        "The live page's token (as `--page-token`), needed when the page listens on an "
+        "address other than this machine's loopback.",
+    ),
+    "FEDLB_MANAGER_TOKEN": (
+        "you",
+        "The token every call to `fedlb manager`'s gRPC service must carry (when no "
+        "`--token-file` is given); its clients send it too.",
+    ),
+    "FEDLB_RUN_DIR": (
+        "fedlb server",
+        "Set by `fedlb server --app` for your ServerApp: the run's out-dir, where a "
+        "`LoadBalanced` strategy with no reporter of its own writes rounds.jsonl, the "
+        "checkpoint and summary.json. Not set in any other run.",
+    ),
+    "FEDLB_RESUME": (
+        "fedlb server",
+        "Set by `fedlb server --app ... --resume`: the same folder, whose checkpoint the "
+        "strategy goes on from.",
+    ),
+    "FEDLB_TASK_STARTED": (
+        "a warm silo",
+        "Set by a warm silo in the ClientApp process it forks: when the fork happened, "
+        "which the balancing mod reports as the ClientApp's start-up. Internal.",
+    ),
+}
+OTHER_ENVIRONMENT = {
+    "XDG_CACHE_HOME": "Where the caches above go when their own variable is not set "
+    "(`$XDG_CACHE_HOME/fedlb/...`; unset: `~/.cache`).",
+}
+
+
+def environment_names() -> set[str]:
+    """Every FEDLB_* name in fedlb's code."""
+    found: set[str] = set()
+    for path in (ROOT / "fedlb").rglob("*.py"):
+        found |= set(re.findall(r"\bFEDLB_[A-Z_]*[A-Z]\b", path.read_text()))
+    return found
+
+
+def environment_page() -> str:
+    from fedlb.data.cache import DEFAULT_MAX_MB
+
+    for name in sorted(environment_names() - set(ENVIRONMENT)):
+        log.warning("environment reference: %s is read by fedlb but not documented", name)
+    out = ["| variable | set by | what |", "| --- | --- | --- |"]
+    for name, (who, what) in ENVIRONMENT.items():
+        out.append(f"| `{name}` | {who} | {_cell(what.format(max_mb=DEFAULT_MAX_MB))} |")
+    for name, what in OTHER_ENVIRONMENT.items():
+        out.append(f"| `{name}` | you | {_cell(what)} |")
+    return "\n".join(out)
+
+
+def state_page() -> str:
+    """The folders and files fedlb keeps outside a run's out-dir, from the code's names."""
+    from fedlb.data.cache import DEFAULT_MAX_MB
+    from fedlb.flower.profiles import MAX_AGE_S, SEEN_FILE, STALE
+    from fedlb.flower.verdicts import VERDICTS_FILE
+
+    days = MAX_AGE_S / 86400
+    rows = [
+        (
+            "`profiles/profile-<key>.json`",
+            "each silo",
+            "its measured speed (samples/s, fixed seconds, its B0 and τ), keyed by the model's "
+            "layout, the silo's label and its hardware; written after every train round",
+            f"round 1 starts balanced from it; ignored after {days:g} days, and called stale "
+            f"when round 1 measures a speed off by more than {STALE:.0%}",
+        ),
+        (
+            f"`profiles/{SEEN_FILE}`",
+            "the server",
+            "the models it has balanced before",
+            "only a model seen before asks the silos for their profiles before round 1",
+        ),
+        (
+            f"`profiles/{VERDICTS_FILE}`",
+            "the server (fedlb's own ServerApp with profiles on)",
+            "the stability guard's last verdict per app (stable or edge) with its evidence",
+            "a stable app's next run starts fully balanced, an edge app's runs at its own "
+            f"B0 with no probe; ignored after {days:g} days; `fedlb verdicts` lists and "
+            "forgets them",
+        ),
+        (
+            "`partitions/partition-<sha256>.npz`",
+            "each silo",
+            "its (train, test) part of the dataset",
+            f"read instead of rebuilt; kept under {DEFAULT_MAX_MB} MiB, oldest deleted first",
+        ),
+    ]
+    out = ["| file | written by | what | changes the next run |", "| --- | --- | --- | --- |"]
+    out += [f"| {a} | {b} | {_cell(c)} | {_cell(d)} |" for a, b, c, d in rows]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------
 # the demo
 
 
@@ -328,8 +688,7 @@ def settings_table(
         if demo and key in demo:
             default += f" (`fedlb demo`: `{demo[key]}`)"
         out.append(
-            f"| `{key}` | {_cell(_type_name(field.type))} | {_cell(default)} "
-            f"| {_cell(meaning)} |"
+            f"| `{key}` | {_cell(_type_name(field.type))} | {_cell(default)} | {_cell(meaning)} |"
         )
     return "\n".join(out)
 
@@ -504,14 +863,19 @@ def run_files_page() -> str:
     ]
     out += ["## summary.json {: #summary-json }", ""]
     out += [
-        "What the rounds add up to (`fedlb.flower.summarise_rounds`), in every summary: "
-        + ", ".join(f"`{k}`" for k in returned_keys(summarise_rounds))
-        + ". `fedlb server` adds the run's own: "
-        + ", ".join(f"`{k}`" for k in _server_summary_keys())
-        + ". An experiment's summary.json is per policy: [Compare policies]"
-        "(../how-to/compare-policies.md#what-it-writes).",
+        "What the rounds add up to (`fedlb.flower.summarise_rounds`), in every summary, "
+        "then what `fedlb server` adds of the run's own. An experiment's summary.json is "
+        "per policy: [Compare policies](../how-to/compare-policies.md#what-it-writes).",
         "",
+        "| key | from | what |",
+        "| --- | --- | --- |",
     ]
+    for key in returned_keys(summarise_rounds):
+        out.append(f"| `{key}` | every summary | {_cell(_summary_meaning(key))} |")
+    for key in _server_summary_keys():
+        out.append(f"| `{key}` | `fedlb server` | {_cell(_summary_meaning(key))} |")
+    out.append("")
+    out += _other_files()
     out += ["## checkpoint.npz {: #checkpoint-npz }", ""]
     out += [
         "Replaced atomically after every round and sealed with a digest of all its bytes; "
@@ -522,6 +886,90 @@ def run_files_page() -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def _summary_meaning(key: str) -> str:
+    from fedlb.flower.records import STEADY_FROM_ROUND
+
+    meanings = {
+        "clock": "what the seconds are: `measured` (the wall; `(emulated speeds)` where "
+        "silos pad their steps) or `model` (a speed model's virtual time)",
+        "rounds": "rounds on record",
+        "mean_balance_efficiency": "E = T*/T_round, averaged over every round",
+        "steady_balance_efficiency": f"E averaged from round {STEADY_FROM_ROUND} on, once "
+        "the sizes have settled",
+        "idle_fraction": "the share of silo-seconds spent waiting, averaged over the rounds",
+        "final_accuracy": "the last round's accuracy (the server's test set where it has "
+        "one, else the silos')",
+        "best_accuracy": "the best round's accuracy, as final_accuracy",
+        "final_federated_accuracy": "the last federated evaluation's (the silos' test "
+        "sets, weighted by their sizes)",
+        "final_mean_silo_accuracy": "the last round's silo accuracies, each silo counted "
+        "once (FLamby's average over centres)",
+        "stability": "the stability guard's verdict: `regime` (stable, edge, fixed), "
+        "`decided_in_round`, the probe's `probe_dispersion`, `probe_growth` and "
+        "`probe_noise_exponent`, `final_floor`, and `remembered` (a kept verdict it "
+        "started from); null without the guard",
+        "uniform_balance_efficiency": f"the E uniform sizes (FedAvg's) would have had at "
+        f"the speeds each round measured, from round {STEADY_FROM_ROUND} on: the baseline",
+        "wall_s": "the rounds' wall over the whole run, a resumed run's earlier rounds included",
+        "process_wall_s": "this server process's share of it",
+        "resumed_after": "the checkpoint's round a resumed run went on from (null: not resumed)",
+        "final_sizes": "each silo's batch size at the end, by label",
+        "settings": "the run's settings ([Settings](settings.md#run-settings))",
+    }
+    if key not in meanings:
+        log.warning("run files reference: summary.json's key %r is not described", key)
+    return meanings.get(key, "")
+
+
+def _other_files() -> list[str]:
+    """The files in a run's folder besides RUN_FILES', each from the constant naming it."""
+    from fedlb.deploy.operations import SERVER_FILE
+    from fedlb.deploy.user_app import APP_FILE
+    from fedlb.flower import RUN_FILES
+    from fedlb.security import LOCK_FILE
+    from fedlb.security.digests import SUFFIX
+
+    rows = [
+        (
+            f"`{RUN_FILES.model}{SUFFIX}`, `{RUN_FILES.encrypted_model}{SUFFIX}`",
+            "the model file's SHA-256 beside it (`fedlb.security.write_digest`), so a "
+            "copy can be checked (`sha256sum -c`); `fedlb decrypt` checks the encrypted "
+            "model's",
+        ),
+        (
+            f"`{SERVER_FILE}`",
+            "`fedlb server`'s: where it listened (`host`, `port`, the loopback `control` "
+            "address) and every process it started (`processes`: name, pid, start time, "
+            "port), so `--resume` can stop what a killed server left running",
+        ),
+        (
+            f"`{APP_FILE}`",
+            "`fedlb server --app`'s: the app the run was started with, which `--resume` "
+            "compares with the app it is given (a changed app is said, not refused)",
+        ),
+        (
+            "`processes/`",
+            "the logs of the processes the server started (`superlink.log`, "
+            "`serverapp-RUN.log`, `silo-N.log` for local silos) and their Flower homes "
+            "(`home-*`; `home-cli` is what `FLWR_HOME=... flwr ls` reads)",
+        ),
+        (
+            f"`{LOCK_FILE}`",
+            "held while a fedlb run uses the folder (`fedlb.security.claim_folder`): "
+            "a second run there is refused, naming the first",
+        ),
+        (
+            "`updates/`",
+            "with `--keep-updates 1`: every round's updates and aggregate",
+        ),
+        ("`keys/`", "`fedlb demo --he`'s fresh CKKS keys"),
+    ]
+    out = ["## Also in the folder {: #other-files }", ""]
+    out += ["| file | what |", "| --- | --- |"]
+    out += [f"| {name} | {_cell(what)} |" for name, what in rows]
+    return [*out, ""]
 
 
 def _server_summary_keys() -> list[str]:
@@ -548,6 +996,8 @@ GENERATORS: dict[str, Callable[[], str]] = {
     **{f"api:{face}": (lambda face=face: api_page(face)) for face in FACES},  # type: ignore[misc]
     "cli": cli_page,
     "demo": demo_page,
+    "environment": environment_page,
+    "state": state_page,
     "config": config_page,
     "run-files": run_files_page,
 }

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 import re
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -53,7 +55,70 @@ def test_the_api_reference_renders_every_public_name_of_each_face(face):
     module = importlib.import_module(face)
     assert module.__all__, face
     for name in module.__all__:
-        assert f"::: {face}.{name}\n" in rendered, f"{face}.{name} is not in {page}"
+        shown = f"::: {face}.{name}\n" in rendered or f"{{ #{face}.{name} }}" in rendered
+        assert shown, f"{face}.{name} is not in {page}"
+
+
+def test_every_public_package_has_a_reference_page():
+    packages = {
+        f"fedlb.{p.parent.name}"
+        for p in (ROOT / "fedlb").glob("*/__init__.py")
+        if not p.parent.name.startswith("_") and p.parent.name not in {"cli", "experiments"}
+    }
+    assert packages <= set(hooks.FACES)
+
+
+@pytest.mark.parametrize("face", hooks.FACES)
+def test_every_group_of_a_face_has_a_title(face):
+    from docs_reference import GROUP_TITLES, groups
+
+    titles = [title for title, _, _ in groups(face)]
+    assert set(titles) <= set(GROUP_TITLES[face].values())
+    assert len(set(titles)) == len(titles)
+
+
+def test_every_docstring_section_parses():
+    """The reference reads docstrings as Google style: an `Args:` block that does not
+    parse (an entry naming two parameters, `a, b: ...`) renders as one run-on paragraph."""
+    griffe = pytest.importorskip("griffe")
+    warned: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warned.append(record.getMessage())
+
+    handler = Collect()
+    logging.getLogger("griffe").addHandler(handler)
+    try:
+        package = griffe.load("fedlb", search_paths=[str(ROOT)], docstring_parser="google")
+        unparsed: list[str] = []
+
+        def walk(obj: Any) -> None:
+            for member in obj.members.values():
+                if member.is_alias:
+                    continue
+                if member.docstring is not None:
+                    for section in member.docstring.parsed:
+                        text = section.value if section.kind.value == "text" else ""
+                        if re.search(r"^\s*(Args|Returns|Raises|Yields|Example):\s*$", text, re.M):
+                            unparsed.append(member.path)
+                if member.is_module or member.is_class:
+                    walk(member)
+
+        walk(package)
+    finally:
+        logging.getLogger("griffe").removeHandler(handler)
+    assert unparsed == []
+    assert [w for w in warned if "does not appear in the function signature" in w] == []
+
+
+def test_the_environment_page_names_every_variable():
+    from docs_reference import ENVIRONMENT, environment_names
+
+    assert environment_names() <= set(ENVIRONMENT)
+    rendered = hooks.expand(page_with_marker("environment").read_text())
+    for name in environment_names():
+        assert f"`{name}`" in rendered
 
 
 def test_the_cli_reference_has_every_command_and_option():
@@ -135,3 +200,50 @@ def test_every_docs_path_the_repository_names_exists():
     assert named, "no docs/ path found: the pattern is wrong"
     missing = sorted(p for p in named if not (ROOT / p).exists())
     assert missing == []
+
+
+def test_no_page_is_over_40_kb():
+    """A page is one topic: results one page per study, history in the release notes."""
+    big = {
+        str(p.relative_to(DOCS)): p.stat().st_size
+        for p in DOCS.rglob("*.md")
+        if p.stat().st_size > hooks.PAGE_LIMIT
+    }
+    assert big == {}
+
+
+def test_a_link_to_a_moved_section_finds_its_page():
+    moved = hooks.moved_anchors()
+    assert moved, "no split pages found"
+    for (old, anchor), new in moved.items():
+        file = new.partition("#")[0]
+        assert (DOCS / file).exists(), (old, anchor, new)
+    link = "[x](../flower.md#when-things-go-wrong)"
+    assert hooks.split_links(link, "how-to/faults.md", moved) == link  # kept in place
+    target = next(k for k, v in moved.items() if k[0] == "benchmarks.md" and "#" not in v)
+    out = hooks.split_links(f"[x](../benchmarks.md#{target[1]})", "how-to/x.md", moved)
+    assert out == f"[x](../{moved[target]})"
+
+
+def test_the_tutorial_starts_from_flwr_new():
+    text = (DOCS / "getting-started" / "tutorial.md").read_text()
+    assert "getting-started/tutorial.md" in nav_pages()
+    assert text.index("flwr new") < text.index("LoadBalancedFedAvg")
+    for step in (
+        "balance_mod()",
+        "balanced_loader(msg, trainloader)",
+        "flwr run .",
+        "--stream",
+        "num-supernodes=3",
+        "fedlb server --app",
+        "fedlb silo --app",
+    ):
+        assert step in text, step
+
+
+def test_the_run_files_reference_says_every_file_of_a_run_folder():
+    rendered = hooks.expand(page_with_marker("run-files").read_text())
+    for name in ("server.json", "processes/", "model.pt.sha256", ".fedlb.lock", "app.json"):
+        assert f"`{name}`" in rendered, name
+    for key in ("steady_balance_efficiency", "stability", "final_sizes", "settings"):
+        assert re.search(rf"^\| `{key}` \| [^|]+ \| \S", rendered, re.M), key

@@ -1,7 +1,8 @@
 """The house rules of DESIGN.md, checked on the source: imports point down the layers
 (the parts of one layer do not import each other), a part uses another only through its
-face (its __init__), faces stay small and say what they export, no package holds more
-than a quarter of the code, and no modules import each other round a cycle at import time."""
+face (its __init__), faces say what they export (what a user needs, no more and no less:
+the old 30-name limit is withdrawn), no package holds more than a quarter of the code, and
+no modules import each other round a cycle at import time."""
 
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ PUBLIC_MODULES = {
     "fedlb.flower.identity": "a silo's identity (its node id) and the names derived from it",
     "fedlb.flower.verdicts": "the guard's remembered verdicts, which `fedlb verdicts` lists",
 }
-MAX_FACE = 30
 # fedlb/_flower_internals/ holds every private detail of Flower that fedlb relies on; its
 # modules import nothing of fedlb but each other, and these layers may import its face.
 INTERNALS = "fedlb._flower_internals"
@@ -170,10 +170,9 @@ def test_parts_use_each_other_through_their_faces():
 
 
 @pytest.mark.parametrize("package", sorted(LAYERS))
-def test_each_face_is_small_and_exports_what_it_lists(package):
+def test_each_face_exports_what_it_lists(package):
     face = importlib.import_module(f"fedlb.{package}")
     exported = list(getattr(face, "__all__", []))
-    assert len(exported) <= MAX_FACE, f"fedlb.{package} exports {len(exported)} names"
     assert len(set(exported)) == len(exported)
     for name in exported:
         assert getattr(face, name) is not None, f"fedlb.{package}.{name}"

@@ -126,8 +126,10 @@ class LeaderStraggler(Tuner):
     move (saturated) gets the samples back from the slowest other worker.
 
     Args:
-        step, window: the fast phase's step size Δ and observation window D. Defaults 5, 5.
-        fine_step, fine_window: the fine phase's. Defaults 1 and 20.
+        step: the fast phase's step size Δ. Default 5.
+        window: the fast phase's observation window D. Default 5.
+        fine_step: the fine phase's step size. Default 1.
+        fine_window: the fine phase's observation window. Default 20.
         mem_limit: accelerator memory fraction a leader may not pass. Default 0.95.
     """
 

@@ -23,8 +23,10 @@ class BatchSizeManager:
 
     Args:
         initial: the starting size of every worker (usually B0 each); X is their sum.
-        tuner: how sizes move. Default `default_tuner()`: `PooledProportional()`, LB-BSP
-            Algorithm 1 on estimates pooled across workers the reports cannot tell apart.
+        tuner: how sizes move. Default `default_tuner()`: the tuner `defaults.TUNER`
+            names (`curve`: `PooledProportional`, LB-BSP Algorithm 1 on estimates pooled
+            across workers the reports cannot tell apart, moved onto measured step-time
+            curves once one speed per worker is shown wrong).
         estimator: a factory making one speed estimator per worker. Default
             `default_estimator`: `ChangePointMean()`, the mean since the worker's last
             significant change. (`Proportional()` with `EMA`, α = 0.2, is the papers'.)
@@ -38,6 +40,17 @@ class BatchSizeManager:
     listed in `last_rejected`, and otherwise ignored) when its times or use fractions are
     not finite and in range, when it names an unknown worker or a batch size the worker was
     not given, or when it repeats a worker within the step.
+
+    Example:
+        ```python
+        from fedlb.balance import BatchSizeManager, WorkerReport
+
+        manager = BatchSizeManager({"a": 32, "b": 32})        # X = 64, kept
+        sizes = manager.step([
+            WorkerReport(worker="a", batch_size=32, iterations=10, compute_s=1.0),
+            WorkerReport(worker="b", batch_size=32, iterations=10, compute_s=3.0),
+        ])                                                     # {"a": 48, "b": 16}
+        ```
     """
 
     def __init__(

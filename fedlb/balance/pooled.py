@@ -74,7 +74,8 @@ class PooledProportional(Proportional):
     τ_i enter the split as in `Proportional` (B_i = (T − o_i)·v_i/τ_i).
 
     Args:
-        min_batch, max_batch: as `Proportional`. Defaults 1 and None.
+        min_batch: as `Proportional`. Default 1.
+        max_batch: as `Proportional`. Default None.
         min_share: an accuracy guard: every worker gets at least ⌈min_share·X/n⌉ samples
             (n: the workers present), so no silo's updates rest on a sliver of the global
             batch. X is kept; a min_share that X cannot meet raises ValueError (when the
@@ -91,9 +92,11 @@ class PooledProportional(Proportional):
             round (on the pooled estimates) by less than this fraction. Default 0.01: the
             estimates refine by less than that from round to round, so moves below it are
             mostly sample shuffling (the dynamic-batching paper uses 5% on sizes).
-        speed_noise, overhead_noise: the prior timing noise, as the log-sd of one report's
-            speed and fixed cost. Defaults 0.2 and 0.5 (fixed costs, which include message
-            handling and process start-up, jitter more than compute).
+        speed_noise: the prior timing noise, as the log-sd of one report's speed.
+            Default 0.2.
+        overhead_noise: the same for one report's fixed cost. Default 0.5 (fixed costs,
+            which include message handling and process start-up, jitter more than
+            compute).
         prior_weight: how many reports the prior counts as (an integer). Default 2.
         difference_scale: the prior scale of real differences between workers, in log
             units (of speed and of fixed cost), for the all-alike test. Default 1.0:

@@ -37,21 +37,39 @@ from .partition import DataPartitionManager
 
 
 class LoadBalancer:
-    """Args:
-    model: your DistributedDataParallel model (the hook is registered on it).
-    dataset: the whole dataset, every rank sampling from all of it (seeded per rank); or a
-        DataPartitionManager over this rank's own shard.
-    batch_size: B0, every rank's starting size (X = world x B0 is kept), or one per rank.
-    tuner, estimator: the balancing policy (default: fedlb.balance.defaults).
-    asynchronous: GPU mode: sizes applied one iteration late, exchange off the
-        critical path.
-    pace: emulate a slower machine: (real seconds, batch) -> seconds to take.
-    seed: base seed of the ranks' batch streams.
-    on_exchange: rank 0's callback after every exchange.
-    probe: what measures CPU, memory and accelerator memory (default ResourceProbe on
-        the model's device).
-    device: where batches go (default: the model's device).
-    loader_args: more DataLoader arguments (num_workers=0 keeps sizes exact).
+    """LB-BSP on a DDP job: each rank's batch size from its measured speed, every
+    iteration, so all ranks reach the allreduce together; X (the global batch) is kept.
+
+    Args:
+        model: your DistributedDataParallel model (the hook is registered on it).
+        dataset: the whole dataset, every rank sampling from all of it (seeded per rank);
+            or a DataPartitionManager over this rank's own shard.
+        batch_size: B0, every rank's starting size (X = world x B0 is kept), or one per
+            rank.
+        tuner: how sizes move (default: fedlb.balance.defaults' tuner).
+        estimator: a factory of each rank's speed estimator (default: fedlb.balance.defaults').
+        asynchronous: GPU mode: sizes applied one iteration late, exchange off the
+            critical path.
+        pace: emulate a slower machine: (real seconds, batch) -> seconds to take.
+        seed: base seed of the ranks' batch streams.
+        on_exchange: rank 0's callback after every exchange.
+        probe: what measures CPU, memory and accelerator memory (default ResourceProbe on
+            the model's device).
+        device: where batches go (default: the model's device).
+        **loader_args: more DataLoader arguments (num_workers=0 keeps sizes exact).
+
+    Example:
+        ```python
+        from fedlb.cluster import LoadBalancer
+
+        model = DistributedDataParallel(net)
+        balancer = LoadBalancer(model, dataset, batch_size=32)
+        for x, y in balancer.batches(iterations=1000):  # sized to this rank's speed
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()  # the allreduce reports the iteration
+            optimizer.step()
+        balancer.close()
+        ```
     """
 
     def __init__(
@@ -132,6 +150,8 @@ class LoadBalancer:
         return size
 
     def close(self) -> None:
+        """Stop this rank's part of the exchange (and its partition manager's, if any):
+        call it once the loop is done, on every rank."""
         self.coordinator.close()
         if self.partitions is not None:
             self.partitions.close()

@@ -139,7 +139,8 @@ class Federation:
 
     Args:
         workdir: logs and Flower homes go here.
-        host, port: where the SuperLink listens (port None: a free one).
+        host: where the SuperLink listens.
+        port: its port (None: a free one).
         tls: the SuperLink's certificate files (`fedlb certs`); local silos and the `flwr`
             CLI then trust its CA. None: plain HTTP (loopback tests, demos).
         silo_keys: public keys of the silos allowed to join (`fedlb silo-key`'s .pub

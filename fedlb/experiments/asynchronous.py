@@ -303,7 +303,8 @@ class FedCompass(AsynchronousFedAvg):
     """Computing-power-aware scheduling into arrival groups (module docstring).
 
     Args:
-        min_steps, max_steps: τ_min and τ_max (None: τ/2 and 2τ, τ the app's steps).
+        min_steps: τ_min (None: τ/2, τ the app's steps).
+        max_steps: τ_max (None: 2τ).
         grace: how long past its deadline a group waits for late members, as a share of
             the group's span (FedCompass's latest-arrival buffer).
     """

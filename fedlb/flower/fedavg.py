@@ -20,12 +20,43 @@ class LoadBalancedFedAvg(LoadBalanced):
     (advanced-pytorch's `CustomFedAvg` with its own `start()`), one that also inherits
     from a Flower strategy is refused, saying so.
 
-    Args (FedAvg's, same order and defaults):
-        fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
-        min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key,
-        train_metrics_aggr_fn, evaluate_metrics_aggr_fn: as in FedAvg. The metric
-            aggregation functions see the app's own metrics (fedlb's keys taken out).
-    Args (fedlb's, keyword only): as `LoadBalanced`'s.
+    Args:
+        fraction_train: FedAvg's: the share of available silos sampled to train each
+            round. Default 1.0.
+        fraction_evaluate: FedAvg's: the share sampled to evaluate. Default 1.0.
+        min_train_nodes: FedAvg's: the fewest silos a training round samples. Default 2.
+        min_evaluate_nodes: FedAvg's: the fewest an evaluation round samples. Default 2.
+        min_available_nodes: FedAvg's: the silos to wait for before a round (and what
+            `Joining` waits for by default). Default 2.
+        weighted_by_key: FedAvg's: the reply metric an update is weighted by (the silo's
+            example count, never the samples it processed). Default "num-examples".
+        arrayrecord_key: FedAvg's: the key of the model's ArrayRecord. Default "arrays".
+        configrecord_key: FedAvg's: the key of the ConfigRecord it sends. Default "config".
+        train_metrics_aggr_fn: FedAvg's: aggregates the silos' train metrics, which it
+            sees without fedlb's keys. Default None (a weighted average).
+        evaluate_metrics_aggr_fn: FedAvg's: the same for evaluation metrics. Default None.
+        balancing: fedlb's, keyword only, as `LoadBalanced`'s: how each silo's batch size
+            is decided (`Balancing`).
+        joining: which silos take part (`Joining`).
+        keeping: what the run keeps (`Keeping`).
+        evaluate_every: federated evaluation every k rounds and after the last. Default 1.
+        evaluate_with_train: fedlb's own silo app only: evaluate inside the next train
+            message. Default False.
+        poll_interval: seconds between pulls of replies. Default 0.1; None keeps Flower's
+            3 s.
+        he: CKKS aggregation (`EncryptedAggregation`). Default None.
+        pack_model: the model travels as one array to silos with `balance_mod()`.
+            Default True.
+        stop_after: rounds in a row without a usable update after which the run stops
+            (`NoUsableUpdateError`). Default 3.
+
+    Example:
+        ```python
+        from fedlb.flower import LoadBalancedFedAvg  # instead of Flower's FedAvg
+
+        strategy = LoadBalancedFedAvg(fraction_evaluate=0.5)  # FedAvg's arguments
+        result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3)
+        ```
     """
 
     def __init__(

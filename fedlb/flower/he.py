@@ -308,6 +308,22 @@ class EncryptedAggregation:
 
     @classmethod
     def from_file(cls, path: str) -> EncryptedAggregation:
+        """The server's aggregation from a public context file (`fedlb keygen`'s
+        server.context); a context holding a secret key is refused (HeKeyError).
+
+        Args:
+            path: the server's context file.
+
+        Example:
+            ```python
+            from fedlb.flower import EncryptedAggregation, LoadBalancedFedAvg
+
+            strategy = LoadBalancedFedAvg(
+                fraction_evaluate=0.0,
+                he=EncryptedAggregation.from_file("keys/server.context"),
+            )
+            ```
+        """
         from fedlb.he import load_context
 
         return cls(load_context(path, "server"))

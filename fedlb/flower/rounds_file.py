@@ -420,10 +420,10 @@ class RoundReporter:
         keep_before: a resumed run's first unpublished round: the rounds before it in an
             existing rounds.jsonl are kept (and loaded into `records`), later ones (written
             after the checkpoint) dropped. Default None: rounds.jsonl starts empty.
-        done, num_rounds: with keep_before, the checkpoint's round and the rounds the
-            resumed run goes to: the line that says what was dropped also says which
-            rounds are run again (`resume_round_lines`). A damaged line is a RecordsError
-            naming it, and then nothing is written.
+        done: with keep_before, the checkpoint's round: the line that says what was
+            dropped also says which rounds are run again (`resume_round_lines`). A
+            damaged line is a RecordsError naming it, and then nothing is written.
+        num_rounds: with keep_before, the rounds the resumed run goes to.
         tensorboard: also write each round's scalars as TensorBoard event files in
             `out_dir/tensorboard` (fedlb.flower.tensorboard); where the package is not
             installed, that is said once (INFO) and the run goes on without them.

@@ -5,28 +5,14 @@ said, not Flower's static "Unable to find attribute app"."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 
 from fedlb.deploy import ConfigError
 from fedlb.deploy.user_app import UserApp
 from tests.apps.adopt import adopt
-
-FEDLB = [sys.executable, "-m", "fedlb.cli"]
-
-
-def fedlb(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*FEDLB, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "COLUMNS": "300"},
-    )
+from tests.test_stored_not_regular import fedlb
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:

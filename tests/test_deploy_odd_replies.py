@@ -11,14 +11,11 @@ said in one line naming silo-1 with the escapes written out."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 
 import pytest
 
 from tests.apps.adopt import adopt
-from tests.test_deploy_user_app import ENV, _listening, _server, _silos, _stop, said
+from tests.test_deploy_user_app import federation, said
 
 pytestmark = pytest.mark.slow
 
@@ -60,30 +57,10 @@ def odd_app(tmp_path):
 
 @pytest.mark.timeout(1200)
 def test_a_silo_with_odd_replies_and_terminal_escapes_does_not_end_the_run(tmp_path):
-    from fedlb.deploy.processes import free_port
-
-    app = odd_app(tmp_path)
-    port, out = free_port(), tmp_path / "out"
-    server = subprocess.Popen(
-        _server(app, port, out, 5),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=ENV,
-    )
-    silos = []
-    try:
-        _listening(port, server)
-        silos = _silos(app, port, tmp_path)
-        raw = server.communicate(timeout=1000)[0]
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGKILL)
-        _stop(silos)
+    code, raw, _, out = federation(odd_app(tmp_path), tmp_path, 5, timeout=1000)
     output = raw.decode(errors="replace")
     text = said(output)
-    assert server.returncode == 0, output[-4000:]
+    assert code == 0, output[-4000:]
     assert "completed: rounds 1-5" in text, text[-3000:]
     for sequence in RAW:  # none of the silo's escapes reaches the operator's console
         assert sequence.encode() not in raw, output[-3000:]
@@ -110,3 +87,41 @@ def test_a_silo_with_odd_replies_and_terminal_escapes_does_not_end_the_run(tmp_p
         assert sequence.encode() not in logged, sequence
     assert b"silo-1: metric 'extra' dropped from its reply" in logged
     assert b"Received error in reply from node" in logged  # FedAvg's own line, written out
+
+
+CLAIMING_MOD = '''
+
+def _claiming(msg, context, call_next):
+    """Partition 1 claims 9.97x its own example count (issue 56: 83% of the model, unsaid)."""
+    reply = call_next(msg, context)
+    if msg.metadata.message_type == "train" and context.node_config["partition-id"] == 1:
+        metrics = reply.content["metrics"]
+        metrics["num-examples"] = int(metrics["num-examples"] * 9.97)
+    return reply
+'''
+
+
+@pytest.mark.timeout(900)
+def test_a_silo_that_outweighs_the_others_is_named_every_round(tmp_path):
+    """Issue 56, item 3, on real processes: with no cap and no declared counts, the silo
+    is named in every round's events (the round table on the console, rounds.jsonl, which
+    the live page shows), with what the operator can do."""
+    app, _ = adopt("quickstart_pytorch", tmp_path)
+    client = next(app.glob("*/client_app.py"))
+    client.write_text(
+        client.read_text().replace(
+            "app = ClientApp(mods=[balance_mod()])",
+            CLAIMING_MOD.lstrip("\n") + "\napp = ClientApp(mods=[_claiming, balance_mod()])",
+        )
+    )
+    code, raw, _, out = federation(app, tmp_path, 3)
+    text = said(raw.decode(errors="replace"))
+    assert code == 0, text[-3000:]
+    rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    for k in (1, 2, 3):
+        events = " ".join({e for r in rows if r["round"] == k for e in r["events"]})
+        assert "silo-1 outweighs all other silos together: 83% of round" in events, events
+        assert f"of round {k}'s average" in events
+        assert "--max-share 0.5" in events
+        assert "--silo-examples" in events
+    assert text.count("outweighs all other silos together") >= 3  # the console's tables

@@ -275,6 +275,33 @@ def _server(app: Path, port: int, out: Path, rounds: int) -> list[str]:
 ENV = {**os.environ, "COLUMNS": "200"}  # the round tables unwrapped
 
 
+def federation(app: Path, where: Path, rounds: int, timeout: float = 480):
+    """`fedlb server --app APP` for `rounds` and three `fedlb silo --app APP` (SPEEDS),
+    run to the server's end on free ports of 127.0.0.1: (the server's exit code, its
+    output, the silos' outputs, its out-dir); everything started is stopped by pid."""
+    from fedlb.deploy.processes import free_port
+
+    port, out = free_port(), where / "out"
+    server = subprocess.Popen(
+        _server(app, port, out, rounds),
+        cwd=where,  # the app saves final_model.pt where its ServerApp runs
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=ENV,
+    )
+    silos = []
+    try:
+        _listening(port, server)
+        silos = _silos(app, port, where)
+        output = server.communicate(timeout=timeout)[0]
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+        outputs = _stop(silos)
+    return server.returncode, output, outputs, out
+
+
 def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
 
@@ -290,28 +317,10 @@ def test_fedlb_server_runs_a_users_app_on_its_silos(tmp_path, quickstart):
     `fedlb silo --app` at 4 : 2 : 1: it completes, its rounds are on the console and in
     the out-dir's rounds.jsonl, round 2's sizes follow the speeds with X = 96 kept,
     summary.json is written; the silos' warm servers imported the app's ClientApp."""
-    from fedlb.deploy.processes import free_port
-
-    port, out = free_port(), tmp_path / "out"
-    server = subprocess.Popen(
-        _server(quickstart, port, out, 2),
-        cwd=tmp_path,  # the app saves final_model.pt where its ServerApp runs
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=ENV,
-    )
-    silos = []
-    try:
-        _listening(port, server)
-        silos = _silos(quickstart, port, tmp_path)
-        output = server.communicate(timeout=480)[0].decode()
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGKILL)
-        outputs = _stop(silos)
+    code, raw, outputs, out = federation(quickstart, tmp_path, 2)
+    output = raw.decode()
     text = said(output)
-    assert server.returncode == 0, output[-4000:]
+    assert code == 0, output[-4000:]
     assert "your app:" in text
     assert "FAB sha256" in text
     assert "round 1 — clock: model" in text, text

@@ -7,7 +7,8 @@ as it is now. Nothing of it is pasted.
 
 A link from a page to a file of the repository outside docs/ (`../server/README.md`,
 `../examples/cluster_train.py`) is checked here (the file must exist) and pointed at the
-repository's copy of it, so it works on the site as it does when browsing the repository.
+site's own copy of it (`repository/...`, copied at build time), so it opens from the site
+itself, wherever the site is served; a folder gets a page listing its copied files.
 
 tests/test_docs_site.py imports this file to check the reference covers every public name
 and every command without building the site.
@@ -63,25 +64,116 @@ def expand(markdown: str) -> str:
 LINK = re.compile(r"(?<!!)\[([^\]]*)\]\((?!https?:|mailto:|#)([^)\s]+)\)")
 
 
-def repository_links(markdown: str, page_path: str, repo_url: str, branch: str = "main") -> str:
-    """Relative links that leave docs/ pointed at the repository's copy, checked."""
+REPOSITORY = "repository"  # where the site keeps its copies of the files its pages link to
+COPY_LIMIT = 512 * 1024  # a file or folder copied whole, at most; larger: named by path
+
+
+def repository_target(page_path: str, target: str) -> str | None:
+    """The repository path (`server/server.toml`) a page's relative link leaves docs/ for,
+    or None (a link inside docs/)."""
+    path = target.partition("#")[0]
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(page_path), path))
+    return joined[3:].rstrip("/") if joined.startswith("../") else None
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def site_copy(in_repo: str) -> str | None:
+    """Where the site keeps its copy of a repository file or folder (a docs-relative
+    path: `repository/server/server.toml`, a folder's listing `repository/scenarios/index.md`,
+    a Markdown file as `.md.txt`, shown as text); None for what it does not copy (missing,
+    too large, docs/ itself, caches)."""
+    file = ROOT / in_repo
+    if not file.exists() or in_repo.startswith("docs") or _size(file) > COPY_LIMIT:
+        return None
+    if file.is_dir():
+        return f"{REPOSITORY}/{in_repo}/index.md"
+    return f"{REPOSITORY}/{in_repo}" + (".txt" if in_repo.endswith(".md") else "")
+
+
+def _copied_files(folder: Path) -> list[Path]:
+    """A folder's files the repository tracks (git ls-files), not caches or work in
+    progress; without git, every file but caches."""
+    import subprocess
+
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--", str(folder.relative_to(ROOT))],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
+    except (OSError, subprocess.CalledProcessError):
+        return sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    return sorted(ROOT / name for name in listed.split("\0") if name)
+
+
+def repository_links(markdown: str, page_path: str) -> str:
+    """Relative links that leave docs/ pointed at the site's own copy of their file (or
+    folder), checked: a file that is not in the repository fails the build; one the site
+    does not copy (docs/results' raw runs) is named by its path instead of linked."""
+    here = posixpath.dirname(page_path)
 
     def one(match: re.Match[str]) -> str:
         text, target = match.group(1), match.group(2)
-        path, _, anchor = target.partition("#")
-        joined = posixpath.normpath(posixpath.join(posixpath.dirname(page_path), path))
-        if not joined.startswith("../"):
-            return match.group(0)  # inside docs/: mkdocs checks it
-        in_repo = joined[3:]
-        file = ROOT / in_repo
-        if not file.exists():
+        in_repo = repository_target(page_path, target)
+        if in_repo is None:
+            return match.group(0)
+        if not (ROOT / in_repo).exists():
             log.warning("%s: a link to %s, which is not in the repository", page_path, in_repo)
             return match.group(0)
-        kind = "tree" if file.is_dir() else "blob"
-        url = f"{repo_url.rstrip('/')}/{kind}/{branch}/{in_repo}" + (f"#{anchor}" if anchor else "")
-        return f"[{text}]({url})"
+        copy = site_copy(in_repo)
+        if copy is None:
+            shown = in_repo + ("/" if (ROOT / in_repo).is_dir() else "")
+            return text if text.strip("`") == shown else f"{text} (`{shown}` in the repository)"
+        return f"[{text}]({posixpath.relpath(copy, here or '.')})"
 
     return LINK.sub(one, markdown)
+
+
+def repository_files(config: Any) -> list[Any]:
+    """The site's copies of every repository file and folder a page links to (a folder as
+    a page listing its files, each copied too), as mkdocs Files."""
+    from mkdocs.structure.files import File, InclusionLevel
+
+    wanted: set[str] = set()
+    for page in DOCS.rglob("*.md"):
+        page_path = str(page.relative_to(DOCS))
+        text = page.read_text()
+        for match in LINK.finditer(text):
+            in_repo = repository_target(page_path, match.group(2))
+            if in_repo is not None and site_copy(in_repo) is not None:
+                wanted.add(in_repo)
+    made: dict[str, Any] = {}
+    for in_repo in sorted(wanted):
+        path = ROOT / in_repo
+        if path.is_dir():
+            inside = _copied_files(path)
+            folder_copy = f"{REPOSITORY}/{in_repo}"
+            listing = "\n".join(
+                f"- [`{p.relative_to(path)}`]"
+                f"({posixpath.relpath(str(site_copy(str(p.relative_to(ROOT)))), folder_copy)})"
+                for p in inside
+            )
+            content = (
+                f"# `{in_repo}/`\n\nThe files of fedlb's repository in `{in_repo}/`, "
+                f"as this site copies them:\n\n{listing}\n"
+            )
+            uri = f"{REPOSITORY}/{in_repo}/index.md"
+            made[uri] = File.generated(
+                config, uri, content=content, inclusion=InclusionLevel.NOT_IN_NAV
+            )
+            files = inside
+        else:
+            files = [path]
+        for file in files:
+            uri = str(site_copy(str(file.relative_to(ROOT))))
+            made.setdefault(uri, File.generated(config, uri, abs_src_path=str(file)))
+    return list(made.values())
 
 
 # ---------------------------------------------------------------------------------------
@@ -157,9 +249,13 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     markdown = expand(markdown)
     moved = moved_anchors()
     markdown = _code_spans_kept(markdown, lambda text: split_links(text, path, moved))
-    return _code_spans_kept(
-        markdown, lambda text: repository_links(text, path, config["repo_url"] or "")
-    )
+    return _code_spans_kept(markdown, lambda text: repository_links(text, path))
+
+
+def on_files(files: Any, config: Any) -> Any:
+    for file in repository_files(config):
+        files.append(file)
+    return files
 
 
 def iter_markers(text: str) -> Iterator[str]:

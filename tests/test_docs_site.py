@@ -247,3 +247,15 @@ def test_the_run_files_reference_says_every_file_of_a_run_folder():
         assert f"`{name}`" in rendered, name
     for key in ("steady_balance_efficiency", "stability", "final_sizes", "settings"):
         assert re.search(rf"^\| `{key}` \| [^|]+ \| \S", rendered, re.M), key
+
+
+def test_a_link_to_a_repository_file_opens_the_sites_own_copy():
+    """No address of the repository is assumed: the site copies the files it links to."""
+    link = hooks.repository_links("[toml](../../server/server.toml)", "how-to/deploy.md")
+    assert link == "[toml](../repository/server/server.toml)"
+    assert (ROOT / "server" / "server.toml").exists()
+    folder = hooks.repository_links("[s](../../scenarios/)", "how-to/compare-policies.md")
+    assert folder == "[s](../repository/scenarios/index.md)"
+    raw = hooks.repository_links("[r](../../docs/results/)", "results/index.md")
+    assert "](" not in raw and "docs/results/" in raw  # 35 MB: named, not copied
+    assert "github.com" not in (ROOT / "mkdocs.yml").read_text()

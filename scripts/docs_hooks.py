@@ -186,7 +186,7 @@ HEADING = re.compile(r"^(#{1,6}) (.+?)\s*(?:\{\s*#([\w.-]+)[^}]*\})?\s*$")
 
 
 def _slug(text: str) -> str:
-    from markdown.extensions.toc import slugify
+    from markdown.extensions.toc import slugify  # type: ignore[import-untyped]
 
     return str(slugify(re.sub(r"[`*]", "", text), "-"))
 

@@ -605,7 +605,7 @@ def demo_page() -> str:
 def docstring_entries(cls: type) -> dict[str, str]:
     """`name: text` entries of a settings dataclass's docstring, by field name (an entry
     'a, b: text' or 'a / b: text' gives each of a and b the text)."""
-    doc = inspect.cleandoc(cls.__doc__ or "")
+    doc = _attributes_dedented(inspect.cleandoc(cls.__doc__ or ""))
     entries: dict[str, str] = {}
     names: list[str] = []
     text: list[str] = []
@@ -628,6 +628,19 @@ def docstring_entries(cls: type) -> dict[str, str]:
             names, text = [], []
     close()
     return entries
+
+
+def _attributes_dedented(doc: str) -> str:
+    """A docstring with its Google-style `Attributes:` block dedented to the entries' own
+    margin (`name: text`, continuation lines indented), the form docstring_entries reads."""
+    out: list[str] = []
+    inside = False
+    for line in doc.splitlines():
+        if line.strip() == "Attributes:":
+            inside = True
+            continue
+        out.append(line[4:] if inside and line.startswith("    ") else line)
+    return "\n".join(out)
 
 
 def shared_entries(cls: type) -> set[str]:

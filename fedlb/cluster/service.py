@@ -84,11 +84,12 @@ class PortInUseError(OSError):
 class ServiceLimits:
     """The most one manager holds; past each, calls get RESOURCE_EXHAUSTED saying so.
 
-    max_jobs: jobs at once. A job with no call for `job_idle_s` and no waiting report is
-        forgotten (a later call gets NOT_FOUND; Register makes it anew).
-    max_job_workers: workers of one job.
-    max_waiting: waiting reports (wait=true) at once, all jobs together. Each holds a server
-        thread, so `serve` keeps this below its thread count.
+    Attributes:
+        max_jobs: jobs at once. A job with no call for `job_idle_s` and no waiting report is
+            forgotten (a later call gets NOT_FOUND; Register makes it anew).
+        max_job_workers: workers of one job.
+        max_waiting: waiting reports (wait=true) at once, all jobs together. Each holds a server
+            thread, so `serve` keeps this below its thread count.
     """
 
     max_jobs: int = 64

@@ -124,54 +124,55 @@ def read_toml(path: Path, what: str = "config file") -> dict[str, Any]:
 class RunConfig:
     """Settings of one federated run. Keys are the field names with '-' for '_'.
 
-    num_silos: silos the run waits for before round 1; X = num_silos × batch_size.
-    num_rounds: federated rounds.
-    local_steps: τ, local SGD steps per round, the same for every silo, never tuned.
-    batch_size: B0, every silo's starting batch size.
-    learning_rate: η, the same for every silo whatever its batch size, never tuned.
-    momentum: SGD momentum on the silos (0: plain SGD).
-    batch_stream: 'per-round' (default): each round draws a fresh shuffle of the silo's
-        data, every batch full; 'carried': one stream across rounds, kept in the silo's
-        Context.state, each pass over the data ending with a short batch where B does not
-        divide it (a DataLoader iterated afresh when it runs out: FLamby's protocol).
-    tuner, estimator: names in fedlb.balance.TUNERS / ESTIMATORS; defaults from
-        fedlb.balance.defaults (the same controller as every other entry point); tuner
-        'static' is plain FedAvg (B stays B0).
-    min_batch, max_batch: bounds on any silo's B (max_batch 0: none).
-    min_share: with tuner 'pooled', no silo below min_share × X/n (0: no floor).
-    max_share: the most of the average any one silo's update may weigh, whatever example
-        count it claims (0: no cap; fedlb.flower.claims).
-    silo_examples: each silo's example count by label, "silo-0=600,silo-1=1200", as the
-        operator knows it ('' : each silo's first claim is pinned).
-    guard: 1 (default): LoadBalancedFedAvg's StabilityGuard (no silo below half the mean
-        batch until its probe finds the run stable, blown-up updates left out); 0: none
-        (sizes fully balanced from round 2).
-    guard_probe: the guard's probe threshold (fedlb.balance.guard.PROBE); 0: a fixed
-        floor that rises only when an update blows up (the default before the probe).
-    profiles: 1 (default): when this server has balanced this model before, it asks the
-        silos for their stored speed profiles before round 1 and starts balanced
-        (fedlb.flower.profiles); 0: round 1 at every silo's B0.
-    evaluate_every: federated evaluation every k rounds (and always after the last).
-    evaluate_mode: 'with-train' (default): silos evaluate the model they receive inside the
-        next round's train message, saving a whole framework round trip per evaluation;
-        'separate': Flower's usual evaluate phase after each due round.
-    dataset, partition, model, seed: what is trained and how it is split among silos
-        ('iid' or 'classes:K', K classes per silo).
-    server_test_fraction: share of the dataset held out for server-side evaluation (0: none).
-    silo_test_fraction: share of each silo's part held out for its federated evaluation
-        (under partition 'natural' of a dataset whose groups have test sets, heart-flamby,
-        each silo evaluates on its group's and trains on all of its part instead).
-    round_timeout: seconds to wait for replies before a round goes on without the missing.
-    poll_interval: seconds between the server's pulls of replies (0: Flower's own loop,
-        which sleeps 3 s between pulls).
-    keep_updates: 1 writes every round's received updates and the aggregate to
-        out_dir/updates/round-K.npz (an audit trail; 0: off).
-    he_context: the server's public CKKS context (`fedlb keygen`'s server.context): updates
-        travel and are averaged encrypted, the server never sees a model ('' : off).
-    out_dir: where the run writes rounds.jsonl, summary.json and, after every round,
-        checkpoint.npz ('' : nowhere).
-    resume: a stopped run's out-dir: the run goes on after the last round its
-        checkpoint.npz holds, with the same settings ('' : a fresh run).
+    Attributes:
+        num_silos: silos the run waits for before round 1; X = num_silos × batch_size.
+        num_rounds: federated rounds.
+        local_steps: τ, local SGD steps per round, the same for every silo, never tuned.
+        batch_size: B0, every silo's starting batch size.
+        learning_rate: η, the same for every silo whatever its batch size, never tuned.
+        momentum: SGD momentum on the silos (0: plain SGD).
+        batch_stream: 'per-round' (default): each round draws a fresh shuffle of the silo's
+            data, every batch full; 'carried': one stream across rounds, kept in the silo's
+            Context.state, each pass over the data ending with a short batch where B does not
+            divide it (a DataLoader iterated afresh when it runs out: FLamby's protocol).
+        tuner, estimator: names in fedlb.balance.TUNERS / ESTIMATORS; defaults from
+            fedlb.balance.defaults (the same controller as every other entry point); tuner
+            'static' is plain FedAvg (B stays B0).
+        min_batch, max_batch: bounds on any silo's B (max_batch 0: none).
+        min_share: with tuner 'pooled', no silo below min_share × X/n (0: no floor).
+        max_share: the most of the average any one silo's update may weigh, whatever example
+            count it claims (0: no cap; fedlb.flower.claims).
+        silo_examples: each silo's example count by label, "silo-0=600,silo-1=1200", as the
+            operator knows it ('' : each silo's first claim is pinned).
+        guard: 1 (default): LoadBalancedFedAvg's StabilityGuard (no silo below half the mean
+            batch until its probe finds the run stable, blown-up updates left out); 0: none
+            (sizes fully balanced from round 2).
+        guard_probe: the guard's probe threshold (fedlb.balance.guard.PROBE); 0: a fixed
+            floor that rises only when an update blows up (the default before the probe).
+        profiles: 1 (default): when this server has balanced this model before, it asks the
+            silos for their stored speed profiles before round 1 and starts balanced
+            (fedlb.flower.profiles); 0: round 1 at every silo's B0.
+        evaluate_every: federated evaluation every k rounds (and always after the last).
+        evaluate_mode: 'with-train' (default): silos evaluate the model they receive inside the
+            next round's train message, saving a whole framework round trip per evaluation;
+            'separate': Flower's usual evaluate phase after each due round.
+        dataset, partition, model, seed: what is trained and how it is split among silos
+            ('iid' or 'classes:K', K classes per silo).
+        server_test_fraction: share of the dataset held out for server-side evaluation (0: none).
+        silo_test_fraction: share of each silo's part held out for its federated evaluation
+            (under partition 'natural' of a dataset whose groups have test sets, heart-flamby,
+            each silo evaluates on its group's and trains on all of its part instead).
+        round_timeout: seconds to wait for replies before a round goes on without the missing.
+        poll_interval: seconds between the server's pulls of replies (0: Flower's own loop,
+            which sleeps 3 s between pulls).
+        keep_updates: 1 writes every round's received updates and the aggregate to
+            out_dir/updates/round-K.npz (an audit trail; 0: off).
+        he_context: the server's public CKKS context (`fedlb keygen`'s server.context): updates
+            travel and are averaged encrypted, the server never sees a model ('' : off).
+        out_dir: where the run writes rounds.jsonl, summary.json and, after every round,
+            checkpoint.npz ('' : nowhere).
+        resume: a stopped run's out-dir: the run goes on after the last round its
+            checkpoint.npz holds, with the same settings ('' : a fresh run).
     """
 
     HELP: ClassVar[dict[str, str]] = RUN_SETTING_HELP  # one line per key, for --help texts

@@ -66,27 +66,28 @@ def read_sections(path: Path, sections: tuple[str, ...]) -> dict[str, dict[str, 
 class ServerSettings:
     """Where and how the server runs (the run itself: a RunConfig). Keys in files: '-'.
 
-    host: where the SuperLink listens (a routable address for silos on other machines).
-    port: its one port for Flower's Fleet, Control and Runtime APIs (0: a free one, chosen
-        by the OS when the SuperLink starts: `run_server` reports it in ServerReady.address
-        and keeps it in out_dir/server.json, where `resume_settings` finds it).
-    out_dir: the results folder ('' : runs/<date-time> under the working directory).
-    run_timeout: give up on the whole run after this many seconds (0: never).
-    certs: TLS, the folder `fedlb certs` wrote (ca.crt, server.crt, server.key); '' : plain.
-    silo_keys: a folder of silos' public keys (`fedlb silo-key`'s *.pub): only those silos
-        may join (needs certs); '' : any silo that reaches the server.
-    warm: the run's ServerApp starts warm: torch, flwr and fedlb's ServerApp imported once,
-        a fork per run (fedlb.deploy.warm); false: Flower's own fresh process per run.
-    page, page_host, page_port: `fedlb server`'s live page (fedlb.page): served or not,
-        where it listens (this machine only by default; another address needs a token)
-        and its port (0: a free one). Its token is a secret and never comes from a file:
-        --page-token or FEDLB_PAGE_TOKEN.
-    app: a user's own Flower app to run instead of fedlb's: the folder of its
-        pyproject.toml ('' : fedlb's own app, on the [run] settings). Its settings are
-        its own run config; of fedlb's [run] settings only num-silos (the silos to wait
-        for before it is submitted) and out-dir apply (fedlb.deploy.user_app).
-    run_config: with app, overrides of the app's run config in Flower's `--run-config`
-        syntax ("num-server-rounds=5 learning-rate=0.01").
+    Attributes:
+        host: where the SuperLink listens (a routable address for silos on other machines).
+        port: its one port for Flower's Fleet, Control and Runtime APIs (0: a free one, chosen
+            by the OS when the SuperLink starts: `run_server` reports it in ServerReady.address
+            and keeps it in out_dir/server.json, where `resume_settings` finds it).
+        out_dir: the results folder ('' : runs/<date-time> under the working directory).
+        run_timeout: give up on the whole run after this many seconds (0: never).
+        certs: TLS, the folder `fedlb certs` wrote (ca.crt, server.crt, server.key); '' : plain.
+        silo_keys: a folder of silos' public keys (`fedlb silo-key`'s *.pub): only those silos
+            may join (needs certs); '' : any silo that reaches the server.
+        warm: the run's ServerApp starts warm: torch, flwr and fedlb's ServerApp imported once,
+            a fork per run (fedlb.deploy.warm); false: Flower's own fresh process per run.
+        page, page_host, page_port: `fedlb server`'s live page (fedlb.page): served or not,
+            where it listens (this machine only by default; another address needs a token)
+            and its port (0: a free one). Its token is a secret and never comes from a file:
+            --page-token or FEDLB_PAGE_TOKEN.
+        app: a user's own Flower app to run instead of fedlb's: the folder of its
+            pyproject.toml ('' : fedlb's own app, on the [run] settings). Its settings are
+            its own run config; of fedlb's [run] settings only num-silos (the silos to wait
+            for before it is submitted) and out-dir apply (fedlb.deploy.user_app).
+        run_config: with app, overrides of the app's run config in Flower's `--run-config`
+            syntax ("num-server-rounds=5 learning-rate=0.01").
     """
 
     host: str = "127.0.0.1"
@@ -283,37 +284,38 @@ def _read_silo_data(path: str, stamp: tuple[int, int]) -> None:
 class SiloSettings:
     """One silo's SuperNode. Keys in files: '-'.
 
-    server: the server's host:port.
-    partition_id, num_partitions: this silo's part of the federation's dataset; or
-    data_path: its own data (an .npz with x and y) instead.
-    emulated_speed: samples/s this silo emulates by padding its steps with sleep (0: its
-        real speed); or slowdown: emulate a machine this many times slower than base_speed.
-    emulated_curve: or a measured step-time curve to pad its steps to ('' : none):
-        "h200/cnn" (fedlb.training's STEP_CURVES), "h200/cnn*20" (its times × 20). One
-        model's curve: the run must train that model.
-    emulated_clock: the clock the emulation runs on: measured (steps padded with sleep,
-        the default) or model (no sleeping: the silo reports τ·B/v or the curve's time,
-        deterministic, for tests and studies); '' : measured.
-    threads: torch threads (0: torch's default; 1 when silos share a machine).
-    device: where it trains: auto (its GPU when it has one), cpu, cuda or cuda:N; HE and
-        the upload stay on the CPU.
-    port: the SuperNode's local API port (0: a free one).
-    workdir: its logs and Flower home ('' : runs/<silo name>).
-    he_context: the silos' secret CKKS context (`fedlb keygen`'s silo.context).
-    root_certificates: TLS, the federation's CA certificate (`fedlb certs`' ca.crt).
-    auth_key: this silo's private key (`fedlb silo-key`) when the server checks keys.
-    warm: its ClientApps start warm: torch and fedlb imported once, a fork per message
-        (fedlb.deploy.warm); false: Flower's own fresh process per message.
-    resident: auto, on or off: a warm silo runs its ClientApps one after another in one
-        resident worker, which keeps its CUDA context and model between rounds
-        (fedlb.deploy.resident), instead of a fork per message; auto: where it trains on a
-        GPU (device cuda, cuda:N, or auto on a machine with one). It gives up the fork's
-        isolation of one message from the next, cheap on a CPU.
-    app: the folder of the user's own Flower app the server runs (`fedlb server --app`):
-        its warm server imports the app's clientapp module from there once, so every
-        forked ClientApp finds it imported; '' : fedlb's own app. The ClientApp that
-        runs is the FAB's the server submits (Flower installs it): the folder must be the
-        same app (`fedlb silo` prints its FAB's digest beside the server's).
+    Attributes:
+        server: the server's host:port.
+        partition_id, num_partitions: this silo's part of the federation's dataset; or
+        data_path: its own data (an .npz with x and y) instead.
+        emulated_speed: samples/s this silo emulates by padding its steps with sleep (0: its
+            real speed); or slowdown: emulate a machine this many times slower than base_speed.
+        emulated_curve: or a measured step-time curve to pad its steps to ('' : none):
+            "h200/cnn" (fedlb.training's STEP_CURVES), "h200/cnn*20" (its times × 20). One
+            model's curve: the run must train that model.
+        emulated_clock: the clock the emulation runs on: measured (steps padded with sleep,
+            the default) or model (no sleeping: the silo reports τ·B/v or the curve's time,
+            deterministic, for tests and studies); '' : measured.
+        threads: torch threads (0: torch's default; 1 when silos share a machine).
+        device: where it trains: auto (its GPU when it has one), cpu, cuda or cuda:N; HE and
+            the upload stay on the CPU.
+        port: the SuperNode's local API port (0: a free one).
+        workdir: its logs and Flower home ('' : runs/<silo name>).
+        he_context: the silos' secret CKKS context (`fedlb keygen`'s silo.context).
+        root_certificates: TLS, the federation's CA certificate (`fedlb certs`' ca.crt).
+        auth_key: this silo's private key (`fedlb silo-key`) when the server checks keys.
+        warm: its ClientApps start warm: torch and fedlb imported once, a fork per message
+            (fedlb.deploy.warm); false: Flower's own fresh process per message.
+        resident: auto, on or off: a warm silo runs its ClientApps one after another in one
+            resident worker, which keeps its CUDA context and model between rounds
+            (fedlb.deploy.resident), instead of a fork per message; auto: where it trains on a
+            GPU (device cuda, cuda:N, or auto on a machine with one). It gives up the fork's
+            isolation of one message from the next, cheap on a CPU.
+        app: the folder of the user's own Flower app the server runs (`fedlb server --app`):
+            its warm server imports the app's clientapp module from there once, so every
+            forked ClientApp finds it imported; '' : fedlb's own app. The ClientApp that
+            runs is the FAB's the server submits (Flower installs it): the folder must be the
+            same app (`fedlb silo` prints its FAB's digest beside the server's).
     """
 
     server: str = "127.0.0.1:8000"

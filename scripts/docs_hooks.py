@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import re
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -269,6 +270,13 @@ def on_post_build(config: Any) -> None:
     site = Path(config["site_dir"])
     for path in site.rglob("*.map"):
         path.unlink()
+    # the search's other languages (0.9 MB): its worker loads them only for a language
+    # besides English, and this site's search is in English alone
+    search = config["plugins"].get("material/search") or config["plugins"].get("search")
+    theme_language = config["theme"].get("language") or "en"
+    languages = list(search.config.get("lang") or [theme_language]) if search else []
+    if languages == ["en"]:
+        shutil.rmtree(site / "assets" / "javascripts" / "lunr", ignore_errors=True)
     size = sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
     if size > SITE_LIMIT:
         log.warning(

@@ -9,7 +9,10 @@ messages the apps exchange are Flower's own; only the transport is short-circuit
 - `unguarded`: the same without the StabilityGuard (`Balancing(guard=False)`);
 - `floor:F`: a fixed floor of F x the mean batch, without the guard's reaction;
 - `guard:k=v,...`: the drop-in with `StabilityGuard(k=v, ...)` (`guard:probe=0`: the
-  guard's floor always on, the default before its probe).
+  guard's floor always on, the default before its probe);
+- `edge:L`: the drop-in with `Balancing(edge=L)`: what a run found at the edge runs
+  (`edge:uniform`: the app's own sizes and steps, fedlb's behaviour before the second lever;
+  the default is `steps`).
 `--partition dirichlet:0.5` or `classes:2` splits the quickstart's and `flwr new` app's
 data by label instead of IID (their fixtures' FEDLB_APP_PARTITION).
 Silos have the emulated speeds given (`--speeds`, samples/s by partition-id) on the
@@ -205,6 +208,8 @@ def run_once(
                         sizes, PooledProportional(min_share=share)
                     ),
                 )
+            if policy.startswith("edge:"):  # edge:uniform: what a run at the edge runs
+                balancing = replace(balancing, edge=policy.removeprefix("edge:"))
             if profiles:
                 balancing = replace(balancing, profiles=True)
             made.append(self)
@@ -252,6 +257,7 @@ def run_once(
         row["excluded"] = [[f for f in r.failed if "diverged" in f] for r in records]
         manager = made[0].manager
         row["floor"] = float(getattr(manager.tuner, "min_share", 0.0)) if manager else 0.0
+        row["steps"] = [{s.silo: s.local_steps for s in r.silos} for r in records]
         row["regime"] = records[-1].guard if records else None  # the guard's verdict
         row["remembered"] = records[0].guard_remembered if records else None
     else:  # stock: its uniform sizes' E at these speeds, per round

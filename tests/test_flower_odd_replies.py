@@ -153,11 +153,6 @@ def test_a_silo_that_outweighs_the_others_together_is_named_every_round():
     assert "outweighs" not in lines(declared)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs LoadBalanced.__init__ (strategy.py, the lead's) to build "
-    "UpdateCheck(self.weighted_by_key, he, label=self.members.label)",
-)
 def test_a_failed_reply_names_the_silo_by_its_label():
     """Issue 56, item 7: rejection lines named node-101 where the silo had said it is
     silo-1 (its label from round 1 on)."""
@@ -181,6 +176,5 @@ def test_an_evaluation_reply_unlike_its_peers_is_trimmed_and_the_run_goes_on(cap
     with caplog.at_level("WARNING", logger="flwr"):
         strategy, result = run(extra, rounds=2)
     assert [r.round for r in strategy.reporter.records] == [1, 2]
-    # silo-1 once LoadBalanced hands its labels to UpdateCheck (the xfail test above)
-    assert re.search(r"evaluation from (silo-1|node-101): metric 'extra' dropped", caplog.text)
+    assert re.search(r"evaluation from silo-1: metric 'extra' dropped", caplog.text)
     assert all("extra" not in m for m in result.evaluate_metrics_clientapp.values())

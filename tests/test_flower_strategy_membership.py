@@ -185,6 +185,6 @@ def test_quorum_keeps_the_fastest_two_of_three():
     assert [set(by_node) for by_node in sent_sizes(grid)] == [{100, 101, 102}] * 2
     for record in strategy.reporter.records:
         assert {s.node for s in record.silos} == {100, 101}  # 102 is 4x slower
-        assert any("node-102: not among the quorum" in f for f in record.failed)
+        assert any("silo-2: not among the quorum" in f for f in record.failed)
     with pytest.raises(ValueError, match="quorum must be a fraction"):
         QuorumFedAvg(quorum=0.0)

@@ -337,7 +337,7 @@ def test_the_model_travels_packed_and_ends_where_an_unpacked_run_does():
     rejected = [
         {s.node for s in record.silos}
         for record in strategy.reporter.records
-        if [f for f in record.failed if f.startswith("node-102: update rejected")]
+        if [f for f in record.failed if f.startswith("silo-2: update rejected")]
     ]
     assert rejected == [{100, 101}]  # round 2's packed reply; round 3 went unpacked
 

@@ -5,7 +5,9 @@ torch.distributed: both the federated strategy and the cluster coordinator drive
 `StepCurve` is a measured step-time curve (seconds of a step against B); T* and E take
 workers on curves too (`curves=` of ideal_sizes, ideal_round_time, balance_efficiency).
 `defaults` says what "default" means (tuner, estimator) for every entry point; `TUNERS` and
-`ESTIMATORS` are the one table of their names.
+`ESTIMATORS` are the one table of their names. Where batch sizes cannot move (the edge of
+stability), `steps_for_round` and `step_weights` are the second lever: fewer local steps
+for the slow workers at their own batch size, updates normalized by their steps.
 """
 
 from . import defaults
@@ -32,6 +34,7 @@ from .names import (
 from .narx import NARX
 from .pooled import PooledProportional
 from .reports import LONGEST_S, WorkerReport
+from .steps import step_weights, steps_for_round
 from .traces import competing_load_trace
 from .tuners import (
     Deadband,
@@ -71,4 +74,6 @@ __all__ = [
     "idle_fraction",
     "make_estimator",
     "make_tuner",
+    "step_weights",
+    "steps_for_round",
 ]

@@ -348,6 +348,10 @@ class BalancedLoader:
         self.batch_size = timing.orders.batch_size or own
         steps = timing.orders.local_steps
         self.steps_per_pass = steps if steps is not None else len(loader)
+        # the round's cap, all passes together (the second lever at the edge: fewer steps
+        # at the silo's own batch size); len() says it where one pass holds it all, so a
+        # loop that averages its loss over len(loader) averages what it ran
+        self.round_steps = timing.orders.round_steps
         if self.batch_size != own and timing.orders.balanced:
             drawn = self.batch_size * self.steps_per_pass / max(1, len(loader.dataset))  # type: ignore[arg-type]
             _say_once(
@@ -400,6 +404,8 @@ class BalancedLoader:
         return self.original.dataset
 
     def __len__(self) -> int:
+        if self.round_steps is not None:
+            return min(self.steps_per_pass, self.round_steps)
         return self.steps_per_pass
 
     def __iter__(self) -> Iterator[Any]:
@@ -420,6 +426,8 @@ class BalancedLoader:
         last = time.perf_counter()
         try:
             for _ in range(self.steps_per_pass):
+                if self.round_steps is not None and self.timing.steps >= self.round_steps:
+                    break  # the round's steps are run: this pass, and any after it, end
                 batch = next(stream)
                 try:
                     yield batch

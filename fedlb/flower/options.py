@@ -17,6 +17,9 @@ from .rounds_file import RoundReporter
 # (initial sizes) -> the balancer; BatchSizeManager itself gives fedlb's default.
 Balancer = Callable[[Mapping[str, int]], BatchSizeManager]
 
+# What a run the guard finds at the edge of stability runs from its verdict on (`Balancing.edge`)
+EDGE_LEVERS = ("steps", "uniform")
+
 
 @dataclass(frozen=True)
 class Balancing:
@@ -31,11 +34,12 @@ class Balancing:
         silo's update per step against its own at equal sizes): calm, and confirmed by
         the next round (or clearly calm at once), the run is stable and the floor drops
         to a quarter of the mean batch (full balance wherever no silo needs less);
-        scattered, it is at the edge of stability and runs the app's own batch sizes
+        scattered, it is at the edge of stability and keeps the app's own batch sizes
         from then on (smaller batches at its learning rate cost accuracy). An update that
         blew up (norm per step not finite or 5x its peers' and its own, an update of NaN
         or infinity, or a non-finite loss) is left out of the round's average; before
-        the verdict that means the edge, after it the floor rises a step. The verdict is
+        the verdict that means the edge, after it the floor rises a step. What a run at
+        the edge runs is `edge`'s. The verdict is
         in the log, every round record (`guard`, `guard_floor`, `guard_probe`) and
         summary.json (`stability`). It reads the update norm `balance_mod()` reports
         (under HE too, with `he_mod()` outside it) and the app's train loss metric. A
@@ -48,6 +52,13 @@ class Balancing:
         a profile the round finds off by more than 30% is said to be stale
         (fedlb.flower.profiles). Default False (a run's first round then never depends
         on earlier runs).
+    edge: what a run the guard finds at the edge of stability runs from its verdict on.
+        Default "steps": every silo at its own batch size (each step as noisy as a stock
+        round's), the slow silos' local steps cut so that all finish together, and each
+        update normalized by its steps before the wrapped strategy sees it (FedNova:
+        fedlb.balance.steps); under HE (no plaintext update to normalize) it runs as
+        "uniform". "uniform": the app's own batch sizes and steps, unbalanced (fedlb's
+        behaviour before the second lever).
     """
 
     batch_size: int | None = None
@@ -55,8 +66,11 @@ class Balancing:
     balancer: Balancer = BatchSizeManager
     guard: StabilityGuard | bool = True
     profiles: bool = False
+    edge: str = "steps"
 
     def __post_init__(self) -> None:
+        if self.edge not in EDGE_LEVERS:
+            raise ValueError(f"edge must be one of {', '.join(EDGE_LEVERS)}, got {self.edge!r}")
         for name in ("batch_size", "local_steps"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or value < 1):
@@ -85,7 +99,8 @@ class Joining:
         is pinned for the run (fedlb.flower.claims).
     max_share: the most of the average any one silo's update may weigh (0 < share <= 1);
         a silo whose claim would weigh more is lowered to it. Default None: no cap (a
-        dominant claim is said in round 1).
+        silo that outweighs all others together is named every round until a cap or
+        declared counts settle it).
     """
 
     expected_silos: int | None = None

@@ -39,6 +39,9 @@ PROTOCOL = "fedlb.protocol"
 PROTOCOL_VERSION = 1
 BATCH_SIZE = "fedlb.batch-size"  # absent: the silo draws its own loader's batch size (B0)
 LOCAL_STEPS = "fedlb.local-steps"  # absent: as many steps as the silo's loop runs
+# the most steps the silo's loader yields in the round, all passes together (the second
+# lever at the edge of stability: fewer steps at the silo's own batch size); absent: no cap
+ROUND_STEPS = "fedlb.round-steps"
 EVALUATE_FIRST = "fedlb.evaluate"  # fedlb's silo app: evaluate the incoming model first
 NOTICE = "fedlb.notice"  # what became of the silo's last update, when it was left out
 NOTICE_LINE = "fedlb: the server says:"  # how balance_mod prints a notice in the silo's log
@@ -146,6 +149,7 @@ class Orders:
     evaluate_first: bool = False
     notice: str = ""  # why its last update was left out (the silo's console says it)
     balanced: bool = True  # False: no fedlb server sent them (a stock strategy's message)
+    round_steps: int | None = None  # None: no cap on the round's steps (all passes)
 
     def into(self, config: ConfigRecord) -> ConfigRecord:
         """`config` (the app's train config, copied) with the orders added."""
@@ -156,6 +160,8 @@ class Orders:
             out[BATCH_SIZE] = self.batch_size
         if self.local_steps is not None:
             out[LOCAL_STEPS] = self.local_steps
+        if self.round_steps is not None:
+            out[ROUND_STEPS] = self.round_steps
         if self.evaluate_first:
             out[EVALUATE_FIRST] = True
         if self.notice:
@@ -168,12 +174,14 @@ class Orders:
         server_round = config.get(SERVER_ROUND, 0)
         batch = config.get(BATCH_SIZE)
         steps = config.get(LOCAL_STEPS)
+        cap = config.get(ROUND_STEPS)
         return cls(
             server_round=0
             if server_round == 0 and not isinstance(server_round, bool)
             else _whole(server_round, SERVER_ROUND),
             batch_size=None if batch is None else _whole(batch, f"the server's {BATCH_SIZE}"),
             local_steps=None if steps is None else _whole(steps, f"the server's {LOCAL_STEPS}"),
+            round_steps=None if cap is None else _whole(cap, f"the server's {ROUND_STEPS}"),
             evaluate_first=config.get(EVALUATE_FIRST) is True,
             notice=str(config.get(NOTICE, ""))[:NOTICE_CHARS],
             balanced=PROTOCOL in config,

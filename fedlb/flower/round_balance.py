@@ -21,9 +21,10 @@ from .balancing import StoredProfiles, read_reports, start_manager
 from .claims import Claims
 from .composition import in_dtypes
 from .driving import Driving
+from .edge import edge_steps, edge_text
 from .grid import PollingGrid
 from .he import EncryptedAggregation
-from .identity import by_node, node_label, worker_name
+from .identity import by_node, worker_name
 from .membership import Membership, say
 from .options import Balancer
 from .profiles import ask_partitions
@@ -53,7 +54,11 @@ class RoundBalance:
     stored_profiles: StoredProfiles
     verdicts: VerdictMemory
     driving: Driving
+    edge: str
     _sent: dict[int, tuple[int | None, int | None]]
+    _own_steps: dict[int, int]
+    _ran_steps: dict[int, int]
+    _round_steps: dict[int, int]
     _messages: list[Message]
     _notices: dict[int, str]
     _reporting: set[int]
@@ -158,7 +163,7 @@ class RoundBalance:
         valid = self.members.one_vote_each(server_round, triage.valid, failed)
         kept = self._keep(server_round, valid)
         failed += [
-            f"{node_label(m.metadata.src_node_id)}: not among the quorum"
+            f"{self.members.label(m.metadata.src_node_id)}: not among the quorum"
             for m in valid
             if m not in kept
         ]
@@ -173,6 +178,10 @@ class RoundBalance:
             server_round, kept, self.report_check, self._sent, self.members, self._load_report
         )
         self._reporting = set(read.said)
+        self._ran_steps = {n: r.local_steps for n, r in read.said.items()}
+        for node, report in read.said.items():  # a silo's own steps: those run uncapped
+            if node not in self._round_steps:
+                self._own_steps[node] = report.local_steps
         self._say_unbalanced(server_round, kept, read.said)
         if self.profiles and server_round == self.progress.offset + 1:
             self.stored_profiles.check(
@@ -230,6 +239,37 @@ class RoundBalance:
             if self.verdicts.adopted is not None and server_round == self.progress.offset + 1:
                 record.guard_remembered = self.verdicts.adopted.said()
         return kept, record
+
+    def _edge_plan(self, server_round: int, nodes: list[int]) -> dict[int, int]:
+        """The edge lever's steps for this round's silos (node -> its cap), where the
+        guard found the app at the edge and `edge` is "steps": every silo at its own
+        batch size, the slow ones' steps cut so that all finish together. Said once, in
+        the log and the round's events (the live page)."""
+        if (
+            self.edge != "steps"
+            or self.guard is None
+            or self.guard.regime != "edge"
+            or self.manager is None
+        ):
+            return {}
+        if self.he is not None:  # no plaintext update to normalize: uniform, said once
+            if self.driving.once("edge under HE"):
+                say(
+                    INFO,
+                    "round %d: at the edge under HE: the silos' updates are ciphertexts, "
+                    "which cannot be normalized by their steps, so every silo runs its own "
+                    "batch size and steps (uniform)",
+                    server_round,
+                )
+            return {}
+        own = {n: self._own_steps[n] for n in nodes if n in self._own_steps}
+        plan = edge_steps(self.manager, own, nodes)
+        if plan and self.driving.once("edge lever"):
+            sizes = self.sizes_by_silo()
+            text = edge_text(sizes, {self.members.label(n): t for n, t in plan.items()})
+            say(INFO, "round %d: %s", server_round, text)
+            self.members.events.append(text)
+        return plan
 
     def _say_unbalanced(
         self, server_round: int, kept: list[Message], said: Mapping[int, SiloReport]

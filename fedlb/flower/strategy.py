@@ -46,6 +46,7 @@ from .composition import (
     weighting_key,
 )
 from .driving import Driving, NoUsableUpdateError
+from .edge import normalize_by_steps
 from .grid import PollingGrid, SiloView, sampled
 from .he import EncryptedAggregation, EncryptedModel
 from .membership import Membership, say
@@ -148,6 +149,7 @@ class LoadBalanced(RoundBalance, Strategy):
         self.local_steps = balancing.local_steps
         self.balancer = balancing.balancer
         self.profiles = balancing.profiles
+        self.edge = balancing.edge
         self.guard: StabilityGuard | None = balancing.make_guard()
         self.evaluate_every = evaluate_every
         self.evaluate_with_train = evaluate_with_train
@@ -169,13 +171,16 @@ class LoadBalanced(RoundBalance, Strategy):
             joining.rejoin_grace,
         )
         self.claims = Claims(self.weighted_by_key, joining.examples, joining.max_share)
-        self.updates = UpdateCheck(self.weighted_by_key, he)
+        self.updates = UpdateCheck(self.weighted_by_key, he, label=self.members.label)
         self.report_check = ReportCheck(self.weighted_by_key)
         self.manager: BatchSizeManager | None = None
         self.progress = RunProgress()
         self.stored_profiles = StoredProfiles()
         self.verdicts = VerdictMemory()  # the guard's verdicts, kept for the next run
         self._sent: dict[int, tuple[int | None, int | None]] = {}  # node -> (B, τ) ordered
+        self._own_steps: dict[int, int] = {}  # node -> the steps its own loop runs a round
+        self._ran_steps: dict[int, int] = {}  # node -> the steps it ran this round
+        self._round_steps: dict[int, int] = {}  # node -> this round's cap (the edge lever)
         self._messages: list[Message] = []  # this round's train messages
         self._notices: dict[int, str] = {}  # node -> why its last update was left out
         self._reporting: set[int] = set()  # nodes whose last reply carried fedlb's report
@@ -247,6 +252,7 @@ class LoadBalanced(RoundBalance, Strategy):
             server_round=server_round,
             batch_size=size if size is not None else self.batch_size,
             local_steps=self.local_steps,
+            round_steps=self._round_steps.get(node),
             evaluate_first=self.evaluate_with_train and self._evaluation_due(server_round - 1),
         )
 
@@ -288,10 +294,11 @@ class LoadBalanced(RoundBalance, Strategy):
             self._packing = Packing.of(arrays, self._may_pack())
             preferred = getattr(innermost(self.strategy), "configrecord_key", None)
             self._sent = {}
+            self._round_steps = self._edge_plan(server_round, nodes)
             for msg in train:
                 node = msg.metadata.dst_node_id
                 orders = self._orders(server_round, node)
-                self._sent[node] = (orders.batch_size, orders.local_steps)
+                self._sent[node] = (orders.batch_size, orders.round_steps or orders.local_steps)
                 packing = self._packing if node in self._reporting else None
                 own_content(msg, preferred, partial(self._node_config, node, orders), packing)
             self._messages = train
@@ -367,6 +374,9 @@ class LoadBalanced(RoundBalance, Strategy):
         run would (and its failures); under HE fedlb's average of the ciphertexts, with
         the strategy's metric aggregation."""
         if self.he is None:
+            sent = self.updates.global_arrays
+            if self._round_steps and sent is not None:  # the edge lever: FedNova first
+                normalize_by_steps(valid, sent, self._ran_steps, self.updates.weight)
             stock = [as_stock(m) for m in valid] + errors
             return self._hook("aggregate_train")(server_round, stock)  # type: ignore[no-any-return]
         if not valid:

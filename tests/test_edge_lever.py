@@ -159,3 +159,16 @@ def test_the_quickstart_at_its_own_learning_rate_runs_the_steps_lever_at_the_edg
     assert all(math.isfinite(a) for a in row["accuracy_by_round"])  # accuracy: benchmarks/
     uniform = run_once("quickstart", "edge:uniform", 0, 4, {}, [400.0, 200.0, 100.0])
     assert uniform["steps"][3] == {"silo-0": 12, "silo-1": 12, "silo-2": 12}
+
+
+def test_the_run_setting_picks_the_lever_and_refuses_an_unknown_one():
+    from fedlb.deploy.run_config import ConfigError, RunConfig
+    from fedlb.deploy.server_app import build_strategy
+    from fedlb.flower import RoundReporter
+
+    config = RunConfig.from_mapping({"guard-edge": "uniform"})
+    config.check()
+    assert build_strategy(config, RoundReporter()).edge == "uniform"
+    assert build_strategy(RunConfig(), RoundReporter()).edge == "steps"
+    with pytest.raises(ConfigError, match="guard-edge must be one of steps, uniform"):
+        RunConfig.from_mapping({"guard-edge": "lr"}).check()

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from fedlb.balance import ESTIMATORS, TUNERS, StabilityGuard, choices, defaults
 from fedlb.data import DATASETS, NATURAL_DATASETS, PARTITIONERS, parse_partition
+from fedlb.flower import Balancing
 from fedlb.models import MODELS
 from fedlb.training import model_dataset_problem
 
@@ -50,6 +51,9 @@ RUN_SETTING_HELP = {
     "guard-probe": "The guard's probe threshold: the first unequal round's dispersion of the "
     "silos' updates below it (confirmed by the next round unless clearly calm) lowers the "
     "floor to a quarter of the mean batch (0: never, a fixed floor).",
+    "guard-edge": "What a run the guard finds at the edge of stability runs: steps (every silo "
+    "at its own batch size, the slow silos' local steps cut, updates normalized by their "
+    "steps) or uniform (the app's own sizes and steps).",
     "profiles": "1: a federation that has run this model before starts round 1 balanced, from "
     "the speed profiles its silos stored; 0: round 1 at every silo's B0.",
     "evaluate-every": "Federated evaluation every k rounds and after the last.",
@@ -149,6 +153,9 @@ class RunConfig:
             (sizes fully balanced from round 2).
         guard_probe: the guard's probe threshold (fedlb.balance.guard.PROBE); 0: a fixed
             floor that rises only when an update blows up (the default before the probe).
+        guard_edge: what a run found at the edge runs (`Balancing.edge`): "steps"
+            (default: own batch sizes, the slow silos' steps cut, updates normalized by
+            their steps) or "uniform" (the app's own sizes and steps).
         profiles: 1 (default): when this server has balanced this model before, it asks the
             silos for their stored speed profiles before round 1 and starts balanced
             (fedlb.flower.profiles); 0: round 1 at every silo's B0.
@@ -193,6 +200,7 @@ class RunConfig:
     silo_examples: str = ""
     guard: int = 1
     guard_probe: float = StabilityGuard.DEFAULT_PROBE
+    guard_edge: str = "steps"
     profiles: int = 1
     evaluate_every: int = 1
     evaluate_mode: str = "with-train"
@@ -273,6 +281,10 @@ class RunConfig:
             problems.append("guard must be 0 or 1")
         if not (math.isfinite(self.guard_probe) and 0 <= self.guard_probe < 1):
             problems.append("guard-probe must be in [0, 1) (0: a fixed floor)")
+        try:
+            Balancing(edge=self.guard_edge)
+        except ValueError as error:
+            problems.append(f"guard-{error}")
         if self.profiles not in (0, 1):
             problems.append("profiles must be 0 or 1")
         if self.keep_updates not in (0, 1):

@@ -66,6 +66,7 @@ def build_strategy(
         balancer=make_balancer(config),
         guard=StabilityGuard(probe=config.guard_probe) if config.guard else False,
         profiles=bool(config.profiles),
+        edge=config.guard_edge,
     )
     return strategy_class(
         min_available_nodes=config.num_silos,

@@ -102,7 +102,9 @@ def test_silos_on_curves_report_the_model_clock_and_e_is_over_the_curves(tmp_pat
         for silo in record.silos:
             curve = curves[silo.node - 100]
             assert silo.emulated_curve == curve.name
-            assert silo.compute_s == pytest.approx(3 * curve.seconds(silo.batch_size))
+            assert silo.compute_s == pytest.approx(
+                silo.local_steps * curve.seconds(silo.batch_size)
+            )
             assert silo.fixed_s == 0.0
         assert record.ideal_s == pytest.approx(brute_force_ideal(curves, total, 3))
         assert record.efficiency <= 1.0 + 1e-9

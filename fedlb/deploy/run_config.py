@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 
 from fedlb.balance import ESTIMATORS, TUNERS, StabilityGuard, choices, defaults
 from fedlb.data import DATASETS, NATURAL_DATASETS, PARTITIONERS, parse_partition
-from fedlb.flower import Balancing
 from fedlb.models import MODELS
 from fedlb.training import model_dataset_problem
 
@@ -281,6 +280,8 @@ class RunConfig:
             problems.append("guard must be 0 or 1")
         if not (math.isfinite(self.guard_probe) and 0 <= self.guard_probe < 1):
             problems.append("guard-probe must be in [0, 1) (0: a fixed floor)")
+        from fedlb.flower import Balancing  # the server's: a silo's process never checks
+
         try:
             Balancing(edge=self.guard_edge)
         except ValueError as error:

@@ -81,7 +81,7 @@ def test_a_calm_probe_that_the_next_round_does_not_confirm_keeps_the_floor():
 def test_a_clearly_calm_probe_needs_no_confirming_round():
     """Scatter under half the threshold and steps no larger than at equal sizes (within
     `clear`): neither mark of the edge, so the floor comes down at once."""
-    guard = StabilityGuard()
+    guard = StabilityGuard(clear=1.2)  # the shortcut, off by default
     verdict = judged(guard, [(OWN, EQUAL), (scaled(OWN, 0.95), UNEQUAL)])
     assert verdict.growth == pytest.approx(0.95)
     assert (verdict.stage, verdict.look, verdict.regime, verdict.floor) == (
@@ -133,7 +133,7 @@ def test_a_quiet_probe_is_read_net_of_batch_noise():
     round confirming it; steps that grew are read as measured (every run at the edge
     measured grew 1.27x or more)."""
     assert noisy(OWN, UNEQUAL)["a"] == pytest.approx(math.sqrt(2))
-    guard = StabilityGuard()
+    guard = StabilityGuard(clear=1.2)
     verdict = judged(guard, [(OWN, EQUAL), (noisy(OWN, UNEQUAL), UNEQUAL)])
     assert verdict.growth is not None
     assert verdict.growth < 1.2

@@ -167,7 +167,7 @@ def test_the_verdict_is_in_every_round_record_and_the_summary(tmp_path, caplog):
         "probe_dispersion": judged.guard_probe,
         "probe_growth": records[1].guard_growth,
         "probe_noise_exponent": judged.guard_noise_exponent,
-        "final_floor": 0.25 if records[2].guard == "stable" else 0.5,
+        "final_floor": {"stable": 0.25, "edge": 1.0}.get(str(records[2].guard), 0.5),
         "remembered": None,
     }
 
@@ -176,7 +176,7 @@ def test_the_log_says_a_clearly_calm_probe_decided_without_a_confirming_round():
     from fedlb.balance import Verdict
     from fedlb.flower.stability import regime_text
 
-    guard = StabilityGuard()
+    guard = StabilityGuard(clear=1.2)  # the shortcut, off by default
     verdict = judged(guard, [(OWN, EQUAL), (scaled(OWN, 0.95), UNEQUAL)])
     assert isinstance(verdict, Verdict)
     text = regime_text(verdict, guard)

@@ -68,7 +68,7 @@ from fedlb.balance import (  # noqa: E402
     ideal_round_time,
 )
 from fedlb.data import use_profile_dir  # noqa: E402
-from fedlb.flower import Balancing, LoadBalancedFedAvg  # noqa: E402
+from fedlb.flower import Balancing, LoadBalanced  # noqa: E402
 from tests.apps.adopt import adopt, app_config, imported  # noqa: E402
 from tests.flower_fakes import InProcessGrid  # noqa: E402
 
@@ -174,13 +174,16 @@ def run_once(
     overrides: dict[str, Any],
     speeds: list[float],
     profiles: bool = False,
+    strategy: str | None = None,
 ) -> dict[str, Any]:
     """One run; with `profiles`, at the verdict an earlier run kept in
-    $FEDLB_PROFILE_DIR, round 1 from the silos' profiles stored there where it allows."""
+    $FEDLB_PROFILE_DIR, round 1 from the silos' profiles stored there where it allows;
+    with `strategy` (tests/apps/adopt.py STRATEGIES, the quickstart only), its FedAvg
+    replaced by that strategy first (balanced: `LoadBalanced(<that strategy>)`)."""
     folder, _ = APPS[app]
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
-        copy, _ = adopt(folder, where, balanced=policy != "stock")
+        copy, _ = adopt(folder, where, balanced=policy != "stock", strategy=strategy)
         config = app_config(copy, **overrides, **{"num-server-rounds": rounds})
         nodes = {
             10 + i: {
@@ -191,10 +194,10 @@ def run_once(
             }
             for i, v in enumerate(speeds)
         }
-        made: list[LoadBalancedFedAvg] = []
-        init = LoadBalancedFedAvg.__init__
+        made: list[LoadBalanced] = []
+        init = LoadBalanced.__init__
 
-        def keep(self: LoadBalancedFedAvg, *args: Any, **kwargs: Any) -> None:
+        def keep(self: LoadBalanced, *args: Any, **kwargs: Any) -> None:
             balancing = kwargs.get("balancing", Balancing())
             if policy == "unguarded" or policy.startswith("floor:"):
                 balancing = replace(balancing, guard=False)
@@ -215,7 +218,7 @@ def run_once(
             made.append(self)
             init(self, *args, **{**kwargs, "balancing": balancing})
 
-        LoadBalancedFedAvg.__init__ = keep  # type: ignore[method-assign]
+        LoadBalanced.__init__ = keep  # type: ignore[method-assign]
         here = Path.cwd()
         os.chdir(where)  # the apps write final_model.pt (and outputs/) where they run
         started = time.perf_counter()
@@ -230,7 +233,7 @@ def run_once(
                 accuracy = central_accuracy(app, modules, where / "final_model.pt")
         finally:
             os.chdir(here)
-            LoadBalancedFedAvg.__init__ = init  # type: ignore[method-assign]
+            LoadBalanced.__init__ = init  # type: ignore[method-assign]
         seconds = time.perf_counter() - started
     row: dict[str, Any] = {
         "app": app,
@@ -240,6 +243,7 @@ def run_once(
         "overrides": overrides,
         "speeds": speeds,
         "final_accuracy": accuracy,
+        **({"strategy": strategy} if strategy else {}),
         "collapsed": accuracy <= DEAD,
         "seconds": seconds,
     }
@@ -259,6 +263,10 @@ def run_once(
         row["floor"] = float(getattr(manager.tuner, "min_share", 0.0)) if manager else 0.0
         row["steps"] = [{s.silo: s.local_steps for s in r.silos} for r in records]
         row["regime"] = records[-1].guard if records else None  # the guard's verdict
+        # what each round's guard read: the dispersion of a judging round, the steps' growth
+        row["guard_probe"] = [r.guard_probe for r in records]
+        row["guard_growth"] = [r.guard_growth for r in records]
+        row["guard_by_round"] = [r.guard for r in records]
         row["remembered"] = records[0].guard_remembered if records else None
     else:  # stock: its uniform sizes' E at these speeds, per round
         by_round: dict[int, list[int]] = {}  # FedAvg shares one config: count pushes

@@ -57,7 +57,8 @@ def accuracy_at(row: dict[str, Any], seconds: float) -> float:
 def setting(row: dict[str, Any]) -> str:
     lr = row["overrides"].get("learning-rate", "0.1 (the app's)")
     speeds = ":".join(f"{v:g}" for v in row["speeds"])
-    return f"η {lr}, {row.get('partition', 'iid')}, speeds {speeds}"
+    strategy = f", {row['strategy']}" if row.get("strategy") else ""
+    return f"η {lr}, {row.get('partition', 'iid')}, speeds {speeds}{strategy}"
 
 
 def fmt(value: float | None, spec: str) -> str:
@@ -125,6 +126,9 @@ def main() -> None:
     parser.add_argument("--speeds", default="400,200,100", help="samples/s by partition-id")
     parser.add_argument("--partition", default="iid", help="iid, dirichlet:A, classes:K")
     parser.add_argument("--set", nargs="*", default=[], help="run config overrides key=value")
+    parser.add_argument(
+        "--strategy", help="the quickstart's FedAvg replaced by this first (tests/apps/adopt.py)"
+    )
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--at-rounds", type=int, default=8)
     parser.add_argument("--json", type=Path, help="append one JSON line per run here")
@@ -151,7 +155,9 @@ def main() -> None:
     rows = []
     for seed in parse_seeds(args.seeds):
         for policy in args.policies:
-            row = run_once("quickstart", policy, seed, args.rounds, overrides, speeds)
+            row = run_once(
+                "quickstart", policy, seed, args.rounds, overrides, speeds, strategy=args.strategy
+            )
             row["partition"] = args.partition
             rows.append(row)
             print(

@@ -16,8 +16,8 @@ def test_the_default_probe_judges_each_silo_against_itself_at_equal_sizes():
     """Non-IID silos move the model by different amounts whatever their batch (here 2x
     and 0.5x silo a's): the probe divides that out, so rounds that scale every silo alike
     are calm; a calm probe is confirmed by the next round, still at the floor, and only
-    then does the floor come off."""
-    stable = StabilityGuard()
+    then does the floor come off. (No look first: a caller without the steps lever.)"""
+    stable = StabilityGuard(look=False)
     assert (stable.regime, stable.floor) == ("undecided", 0.5)
     verdict = stable.check(OWN, None, EQUAL)
     assert (verdict.probe, verdict.regime, verdict.floor) == (None, "undecided", 0.5)
@@ -36,7 +36,7 @@ def test_the_default_probe_judges_each_silo_against_itself_at_equal_sizes():
     assert StabilityGuard(stable_floor=0.0).stable_level == 0  # full balance, if asked
     assert stable.check({"a": 0.5, "b": 2.0, "c": 0.9}, None, UNEQUAL).probe is None  # done
 
-    edge = StabilityGuard()
+    edge = StabilityGuard(look=False)
     verdict = judged(edge, [(OWN, EQUAL), (SCATTERED, UNEQUAL)])
     assert verdict.probe is not None
     assert verdict.probe > 0.15  # a 0.9x, c 2.7x, grown 1.7x
@@ -45,7 +45,7 @@ def test_the_default_probe_judges_each_silo_against_itself_at_equal_sizes():
     assert judged(edge, [(scaled(OWN, 0.8), UNEQUAL)] * 2).floor == 1.0
     assert edge.regime == "edge"
     # an edge floor a step above the probe's, if asked: from the verdict on
-    raised = StabilityGuard(edge_floor=0.75)
+    raised = StabilityGuard(edge_floor=0.75, look=False)
     verdict = judged(raised, [(OWN, EQUAL), (SCATTERED, UNEQUAL)])
     assert (verdict.floor_before, verdict.regime, verdict.floor) == (0.5, "edge", 0.75)
     assert judged(raised, [(scaled(OWN, 0.8), UNEQUAL)] * 2).floor == 0.75
@@ -265,8 +265,9 @@ def test_a_blow_up_before_the_probe_means_the_edge():
 def test_a_blow_up_of_one_silo_alone_leaves_it_out_and_moves_nothing():
     """Its batch no smaller than at equal sizes, its peers calm: that silo's own run (the
     probe found two NaN rounds from one silo raising everyone's floor to 0.75, E 1.0 ->
-    0.57). At the app's edge the small batches blow up, or every step grows: the floor."""
-    guard = StabilityGuard()
+    0.57). At the app's edge the small batches blow up, or every step grows: the floor.
+    (No look first: a caller without the steps lever.)"""
+    guard = StabilityGuard(look=False)
     for _ in range(2):  # twice at equal sizes, as the probe did it
         verdict = guard.check({"a": 1.0, "b": 1.1, "c": math.nan}, None, EQUAL)
         assert (verdict.look, verdict.lone, set(verdict.diverged)) == ("lone", "c", {"c"})
@@ -327,3 +328,65 @@ def test_a_silo_is_also_judged_against_its_own_recent_updates():
         guard.check({"a": 4.0, "b": 1.0})  # a's updates are large, and always were
     assert not guard.check({"a": 6.0, "b": 1.0}).diverged  # 1.5x its own: not a blow-up
     assert guard.check({"a": 25.0, "b": 1.0}).diverged  # 6x its own
+
+
+def test_the_look_reads_the_apps_own_growth_before_any_smaller_batch():
+    """With the steps lever, the round after the first at equal sizes runs every silo at
+    its own batch size (the floor is all of the mean batch while the look is due) and
+    reads growth alone, over the silos that ran all their steps (a cut silo's momentum
+    never built up: its step per step says nothing). Grown 3x or more: the edge, no
+    smaller batch ever tried."""
+    guard = StabilityGuard()
+    assert (guard.looking, guard.floor) == (True, 1.0)
+    assert guard.check(OWN, None, EQUAL).floor == 1.0  # round 1: the yardstick
+    grown = {"a": 4.0, "b": 7.0, "c": 0.6}  # a and b ran all their steps; c was cut
+    verdict = guard.check(grown, None, EQUAL, cut={"c"})
+    assert (verdict.stage, verdict.look, verdict.regime) == ("look", "grown", "edge")
+    assert verdict.growth == pytest.approx(3.75)  # (4/1 + 7/2) / 2: c's 1.2x not counted
+    assert (verdict.probe, verdict.floor, guard.looking) == (None, 1.0, False)
+
+
+def test_a_calm_look_is_followed_by_the_probe_judged_on_dispersion_alone():
+    """Calm by growth, the probe follows at the start floor, against each silo's step at
+    equal sizes in round 1 (the look's round, with cut silos, is no yardstick), and
+    growth is not judged there again: two rounds on, steps grow 2-6.8x at a stable η. A
+    calm probe then decides at once: the look was the first round of evidence."""
+    guard = StabilityGuard()
+    guard.check(OWN, None, EQUAL)
+    verdict = guard.check(scaled(OWN, 1.5), None, EQUAL, cut={"c"})
+    assert (verdict.stage, verdict.look, verdict.regime) == ("look", "calm", "undecided")
+    assert (verdict.floor, guard.baseline) == (0.5, OWN)
+    verdict = guard.check(scaled(OWN, 5.0), None, UNEQUAL)  # grown 5x, calm: stable
+    assert (verdict.stage, verdict.look, verdict.regime, verdict.floor) == (
+        "probe",
+        "calm",
+        "stable",
+        0.25,
+    )
+    scattered = StabilityGuard()
+    judged(scattered, [(OWN, EQUAL), (OWN, EQUAL)])
+    assert scattered.check(SCATTERED, None, UNEQUAL).regime == "edge"
+    state = guard.state_dict()
+    again = StabilityGuard()
+    again.load_state_dict(state)
+    assert (again.looked, again.looking, again.regime) == (True, False, "stable")
+
+
+def test_a_blow_up_in_the_look_is_the_edge_and_a_remembered_verdict_needs_no_look():
+    guard = StabilityGuard()
+    guard.check(OWN, None, EQUAL)
+    alone = guard.check({"a": math.nan, "b": 2.0, "c": 0.5}, None, EQUAL)
+    # its own run's fault: left out, the look read from the others (calm)
+    assert (alone.lone, alone.stage, alone.regime, guard.looking) == (
+        "a",
+        "look",
+        "undecided",
+        False,
+    )
+    two = StabilityGuard()
+    two.check(OWN, None, EQUAL)
+    verdict = two.check({"a": math.nan, "b": math.inf, "c": 0.5}, None, EQUAL)
+    assert (verdict.regime, two.looking) == ("edge", False)
+    remembered = StabilityGuard()
+    remembered.adopt("stable")
+    assert (remembered.looking, remembered.floor) == (False, 0.25)

@@ -30,21 +30,23 @@ def run_three_silos(grid, out, rounds, guard=True):
 def test_the_strategy_leaves_a_blown_up_update_out_and_raises_the_floor(tmp_path):
     grid = make_grid()  # silos at speeds 4:2:1 (model clock)
 
-    def blow_up(reply):  # silo 101's update in round 2 reports a norm 100x its peers'
+    def blow_up(reply):  # silo 101's update in round 3 reports a norm 100x its peers'
         metrics = reply.content.metric_records.get("metrics") if reply.has_content() else None
-        blown = grid.trained == 2 and reply.metadata.src_node_id == 101
+        blown = grid.trained == 3 and reply.metadata.src_node_id == 101
         if blown and metrics is not None and UPDATE_NORM in metrics:
             metrics[UPDATE_NORM] = float(metrics[UPDATE_NORM]) * 100
         return reply
 
     grid.intercept = blow_up
-    strategy = run_three_silos(grid, tmp_path, rounds=3)
+    strategy = run_three_silos(grid, tmp_path, rounds=4)
     records = strategy.reporter.records
-    assert [len(r.failed) for r in records] == [0, 1, 0]
-    assert "silo-1: update diverged, left out of the average" in records[1].failed[0]
+    assert [len(r.failed) for r in records] == [0, 0, 1, 0]
+    assert "silo-1: update diverged, left out of the average" in records[2].failed[0]
     sizes = sent_sizes(grid)
-    assert min(sizes[1].values()) == 8  # round 2: the floor, half of 16, before the probe
-    assert min(sizes[2].values()) == 16  # round 3: a blow-up before the verdict: the edge,
+    assert sizes[1] == {100: 16, 101: 16, 102: 16}  # round 2: the look, every silo's own B
+    assert records[1].guard == "undecided"  # calm: the probe next
+    assert min(sizes[2].values()) == 8  # round 3: the probe at the floor, half of 16
+    assert min(sizes[3].values()) == 16  # round 4: a blow-up before the verdict: the edge,
     assert strategy.guard is not None  # uniform sizes
     assert strategy.guard.floor == 1.0
 
@@ -103,9 +105,9 @@ def test_an_update_holding_nan_is_left_out_and_raises_the_floor(tmp_path):
 
     grid = make_grid()
 
-    def poison(reply):  # silo 102's update in round 2 holds NaN
+    def poison(reply):  # silo 102's update in round 3 (the probe: its batch shrank) holds NaN
         train = reply.metadata.message_type == "train" and reply.has_content()
-        if train and grid.trained == 2 and reply.metadata.src_node_id == 102:
+        if train and grid.trained == 3 and reply.metadata.src_node_id == 102:
             name, record = next(iter(reply.content.array_records.items()))
             key = next(iter(record.keys()))
             bad = np.full_like(record[key].numpy(), np.nan)
@@ -115,20 +117,20 @@ def test_an_update_holding_nan_is_left_out_and_raises_the_floor(tmp_path):
         return reply
 
     grid.intercept = poison
-    strategy = run_three_silos(grid, tmp_path, rounds=3)
-    failed = strategy.reporter.records[1].failed
+    strategy = run_three_silos(grid, tmp_path, rounds=4)
+    failed = strategy.reporter.records[2].failed
     assert len(failed) == 1
     assert "NaN or infinite" in failed[0]
-    assert min(sent_sizes(grid)[2].values()) == 16  # the edge: uniform sizes
+    assert min(sent_sizes(grid)[3].values()) == 16  # the edge: uniform sizes
     # the silo is told with its next message (its console says it), once, and only it
     notices = {
         (m.content["config"]["server-round"], m.metadata.dst_node_id): m.content["config"][NOTICE]
         for m in train_messages(grid)
         if NOTICE in m.content["config"]
     }
-    assert list(notices) == [(3, 102)], notices
-    assert notices[3, 102].startswith("its update of round 2 was left out of the average: ")
-    assert "NaN or infinite" in notices[3, 102]
+    assert list(notices) == [(4, 102)], notices
+    assert notices[4, 102].startswith("its update of round 3 was left out of the average: ")
+    assert "NaN or infinite" in notices[4, 102]
 
 
 def test_a_resumed_run_goes_on_at_the_floor_it_had_reached():
@@ -143,31 +145,38 @@ def test_a_resumed_run_goes_on_at_the_floor_it_had_reached():
 def test_the_verdict_is_in_every_round_record_and_the_summary(tmp_path, caplog):
     caplog.set_level("INFO")
     grid = make_grid()  # silos at speeds 4:2:1 (model clock)
-    strategy = run_three_silos(grid, tmp_path, rounds=3)
+    strategy = run_three_silos(grid, tmp_path, rounds=4)
     records = strategy.reporter.records
     assert records[0].guard == "undecided"
     assert records[0].guard_probe is None
-    # a calm probe waits for round 3; a clearly calm one or the edge decide at once
-    assert records[1].guard in ("undecided", "edge", "stable")
-    assert records[1].guard_probe is not None
-    # round 3 confirms a calm probe (or says nothing after a verdict)
-    assert (records[2].guard_probe is None) == (records[1].guard != "undecided")
-    assert any("the stability guard's probe" in e for e in records[1].events)
+    # round 2: the look, every silo at its own batch size (the slow silos' steps cut):
+    # growth read, no dispersion; calm here, so the probe follows
+    assert sent_sizes(grid)[1] == {100: 16, 101: 16, 102: 16}
+    assert [m.content["config"].get("fedlb.round-steps") for m in train_messages(grid)[3:6]]
+    assert (records[1].guard, records[1].guard_probe) == ("undecided", None)
+    assert records[1].guard_growth == pytest.approx(0.93, abs=0.05)
+    assert any(
+        e.startswith("the stability guard looks at the app's own growth") for e in records[1].events
+    )
+    assert any(e.startswith("the stability guard's look: calm") for e in records[1].events)
+    # round 3: the probe at the floor (scattered, not grown: a second look); round 4 decides
+    assert min(sent_sizes(grid)[2].values()) == 8
+    assert records[2].guard_probe is not None
+    assert any("the stability guard's probe" in e for e in records[2].events)
+    assert records[3].guard == "stable"
     assert "the stability guard's probe" in caplog.text
-    judged = records[2] if records[2].guard_probe is not None else records[1]
     summary = strategy.reporter.summary()
     # FedAvg's E at these speeds (4:2:1, uniform sizes): 7/12 of the fast silos' time idle
     assert summary["uniform_balance_efficiency"] == pytest.approx(7 / 16, abs=0.03)
     # the run says how a fixed number of rounds ends at stock's accuracy
-    assert "rounds instead of 3" in caplog.text
-    stability = summary["stability"]
-    assert stability == {
-        "regime": records[2].guard,
-        "decided_in_round": judged.round,
-        "probe_dispersion": judged.guard_probe,
-        "probe_growth": records[1].guard_growth,
-        "probe_noise_exponent": judged.guard_noise_exponent,
-        "final_floor": {"stable": 0.25, "edge": 1.0}.get(str(records[2].guard), 0.5),
+    assert "rounds instead of 4" in caplog.text
+    assert summary["stability"] == {
+        "regime": "stable",
+        "decided_in_round": 4,
+        "probe_dispersion": records[3].guard_probe,
+        "probe_growth": records[1].guard_growth,  # the look's
+        "probe_noise_exponent": records[3].guard_noise_exponent,
+        "final_floor": 0.25,
         "remembered": None,
     }
 
@@ -213,5 +222,5 @@ def test_the_strategy_leaves_a_lone_nan_silo_out_and_keeps_everyones_sizes(tmp_p
         assert any("blew up alone" in e for e in record.events), record.events
         assert any(f.startswith("node-100") for f in record.failed), record.failed  # no label: NaN
     assert strategy.guard is not None
-    assert strategy.guard.floor == 0.5  # not raised to 0.75, nor uniform
+    assert strategy.guard.floor == 0.25  # not raised: stable at the probe after a calm look
     assert len(set(sent_sizes(grid)[2].values())) > 1  # round 3 still balanced

@@ -159,7 +159,10 @@ def test_a_strategy_subclass_with_its_own_start_keeps_the_balance(tmp_path, monk
     rounds = balance_lines(log)
     assert sorted(rounds) == [1, 2]
     assert {b for b, _, _ in rounds[1].values()} == {32}
-    after = {silo: b for silo, (_, b, _) in rounds[1].items()}
+    # round 2: the guard's look, every silo at its own B, the slow silos' steps cut
+    assert {b for b, _, _ in rounds[2].values()} == {32}
+    assert rounds[2]["silo-0"][2] > rounds[2]["silo-3"][2]
+    after = {silo: b for silo, (_, b, _) in rounds[2].items()}  # the probe's, next
     assert sum(after.values()) == 128
     assert after["silo-0"] > 2 * after["silo-3"]  # 4x the speed, a bigger B
     assert min(after.values()) >= 16  # the default guard: no silo below half the mean
@@ -222,7 +225,8 @@ def test_a_strategy_with_its_own_start_wrapped_as_it_is_keeps_its_loop(
     assert inner.save_path is not None  # set through the wrapper, on CustomFedAvg
     assert "configure_train" not in vars(inner)  # its own hooks back after the run
     rounds = balance_lines(log)
-    after = {silo: b for silo, (_, b, _) in rounds[1].items()}
+    assert rounds[2]["silo-0"][2] > rounds[2]["silo-3"][2]  # the look: steps cut
+    after = {silo: b for silo, (_, b, _) in rounds[2].items()}
     assert sum(after.values()) == 128
     assert after["silo-0"] > 2 * after["silo-3"]
     results = json.loads(next(tmp_path.glob("outputs/*/*/results.json")).read_text())

@@ -51,7 +51,8 @@ def test_a_silo_that_vanishes_is_left_out_and_rejoins_with_its_b0(caplog):
         )
     sizes = sent_sizes(grid)
     assert sizes[0] == {100: 16, 101: 16, 102: 16}
-    assert sizes[1][100] > sizes[1][101] > sizes[1][102]  # balanced after round 1
+    assert sizes[1] == {100: 16, 101: 16, 102: 16}  # round 2: the guard's look (own B)
+    assert sizes[2][100] > sizes[2][101] > sizes[2][102]  # balanced from round 3
     assert set(sizes[2]) == {100, 101, 102}  # round 3: sent, no reply
     assert any("silo-2: no reply" in f for f in records[2].failed)  # its label (issue 56)
     assert any("missed round 3" in e for e in records[2].events)
@@ -188,3 +189,36 @@ def test_quorum_keeps_the_fastest_two_of_three():
         assert any("silo-2: not among the quorum" in f for f in record.failed)
     with pytest.raises(ValueError, match="quorum must be a fraction"):
         QuorumFedAvg(quorum=0.0)
+
+
+def test_a_silo_slower_than_its_emulated_speed_is_said_once():
+    """One machine standing in for many pads a step only up to its real time: a silo
+    emulating 400 samples/s that ran at 100 (its steps unpadded) is named, once, with both
+    speeds; one that kept up, or one on the model clock (nothing padded), is not."""
+    from fedlb.flower.membership import Membership
+    from fedlb.flower.protocol import SiloReport
+
+    members = Membership(expected=3, join_timeout=1.0, rejoin_grace=0.0)
+    members.name(7, 2)
+    slow = SiloReport(
+        batch_size=32, local_steps=10, compute_s=3.2, overhead_s=0.0, emulated_speed=400.0
+    )  # 320 samples in 3.2 s: 100/s
+    kept_up = SiloReport(
+        batch_size=32, local_steps=10, compute_s=0.82, overhead_s=0.0, emulated_speed=400.0
+    )
+    model = SiloReport(
+        batch_size=32,
+        local_steps=10,
+        compute_s=3.2,
+        overhead_s=0.0,
+        emulated_speed=400.0,
+        model_clock=True,
+    )
+    members.warn_below_emulation({7: slow, 8: kept_up, 9: model})
+    assert members.take_events() == [
+        "silo-2 ran at 100 samples/s, below its emulated 400: this machine's real compute is "
+        "slower than the emulation (its steps ran unpadded), so its batch size follows the "
+        "speed it ran; emulate fewer silos per machine, or lower speeds"
+    ]
+    members.warn_below_emulation({7: slow})
+    assert members.take_events() == []  # once

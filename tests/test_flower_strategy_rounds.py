@@ -78,7 +78,9 @@ def test_each_silo_gets_its_own_size_and_sizes_follow_the_speeds(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert len(rows) == 12
     assert {r["clock"] for r in rows} == {"model"}
-    late = [r for r in rows if r["round"] >= 2]
+    # round 2 is the stability guard's look (every silo at its own B, the slow silos' steps
+    # cut: whole steps of τ = 3 finish together only roughly); balanced from round 3
+    late = [r for r in rows if r["round"] >= 3]
     assert min(r["efficiency"] for r in late) > 0.85
     assert all(r["accuracy"] is not None for r in rows if r["round"] in (2, 4))
 
@@ -100,7 +102,7 @@ def test_emulated_speeds_pad_each_step_and_are_reported():
         for silo in record.silos:
             speed = BASE / (1, 2, 4)[silo.node - 100]
             assert silo.emulated_speed == pytest.approx(speed)
-            assert silo.compute_s >= 3 * silo.batch_size / speed * 0.999
+            assert silo.compute_s >= silo.local_steps * silo.batch_size / speed * 0.999
             assert silo.fixed_s >= 0
 
 

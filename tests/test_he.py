@@ -226,6 +226,9 @@ class TestEncryptedFedAvg:
                 batch_size=16,
                 local_steps=3,
                 balancer=lambda initial: BatchSizeManager(initial, Static()),
+                # as under HE (no plaintext update to normalize by its steps): no steps
+                # lever, so the plaintext run is the one HE must reproduce
+                edge="uniform",
             ),
             keeping=Keeping(reporter=RoundReporter(tmp_path)),
         )

@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -109,7 +109,9 @@ class Verdict:
     dispersion: float | None = None  # coefficient of variation of the norms per step
     look: str = "steady"  # calm, scattered (a calm probe not confirmed), steady, diverged
     probe: float | None = None  # the dispersion, in a round that judged the regime
-    stage: str = ""  # which judgement: "probe" or "confirm" (the round after a calm probe)
+    # which judgement: "look" (the app's own growth, every silo at its own batch size),
+    # "probe" or "confirm" (the round after a calm probe)
+    stage: str = ""
     growth: float | None = None  # the probe: the silos' mean step now over at equal sizes
     # read net of batch noise (a quiet probe, and the round confirming it): the exponent w
     # of the B^(-w/2) that, divided out, left the least dispersion; None: read as measured
@@ -208,6 +210,7 @@ class StabilityGuard:
         stable_floor: float = STABLE_FLOOR,
         edge_floor: float = EDGE_FLOOR,
         second_look: bool = True,
+        look: bool = True,
     ) -> None:
         if not floors or any(not 0.0 <= f <= 1.0 for f in floors):
             raise ValueError(f"floors must lie within [0, 1], got {list(floors)}")
@@ -241,6 +244,8 @@ class StabilityGuard:
         self.clear = clear
         self.quiet = quiet
         self.second_look = second_look
+        self.look = look
+        self.looked = False  # the look has read the app's own growth (calm: the probe next)
         self.start = start
         self.stable_level = self._step_at(stable_floor)
         self.edge_level = max(self._step_at(edge_floor), start)
@@ -257,17 +262,27 @@ class StabilityGuard:
 
     @property
     def floor(self) -> float:
-        """The share of the mean batch every silo gets at least now."""
-        return self.floors[self.level]
+        """The share of the mean batch every silo gets at least now (all of it while the
+        look is due: that round runs every silo at its own batch size)."""
+        return 1.0 if self.looking else self.floors[self.level]
+
+    @property
+    def looking(self) -> bool:
+        """Whether the look is still due: the run undecided, no probe run yet."""
+        return self.look and self.probe > 0 and not (self.looked or self.probed)
 
     def check(
         self,
         norms: Mapping[str, float],
         losses: Mapping[str, float] | None = None,
         sizes: Mapping[str, int] | None = None,
+        cut: Collection[str] = (),
     ) -> Verdict:
         """One round's update norms per local step, training losses and batch sizes, by
-        silo: the diverged updates, how the round looked, and the floor from now on."""
+        silo: the diverged updates, how the round looked, and the floor from now on.
+        `cut`: the silos whose local steps were cut this round (the steps lever): a
+        momentum step grows over a round's first steps, so their norm per step is no
+        yardstick and says nothing of growth."""
         verdict = Verdict(diverged=self._diverged(norms), floor_before=self.floor)
         for name, loss in (losses or {}).items():
             if not math.isfinite(loss):
@@ -275,9 +290,14 @@ class StabilityGuard:
         kept = {n: v for n, v in norms.items() if n not in verdict.diverged}
         verdict.dispersion = dispersion(list(kept.values()))
         sizes = dict(sizes or {})
-        probing = not self.probed and self.probe > 0
+        looking = self.looking and bool(self.baseline) and len(set(sizes.values())) == 1
+        probing = not self.probed and self.probe > 0 and not looking
         confirming = self.confirming
-        if (probing or confirming) and not verdict.diverged:
+        # a lone blow-up (its own run's fault) does not hold the look up: read the rest
+        lone = self._lone(verdict.diverged, kept, sizes) if looking else None
+        if looking and (not verdict.diverged or lone is not None):
+            self._look(verdict, {n: v for n, v in kept.items() if n not in cut} or kept)
+        elif (probing or confirming) and not verdict.diverged:
             growth = self._growth(kept)  # the edge's mark (judged at the probe only)
             net = growth is not None and growth < self.quiet if probing else self.net_of_noise
             verdict.probe, verdict.noise_exponent = self._probe(
@@ -290,23 +310,25 @@ class StabilityGuard:
                 verdict.growth = growth
             if probing and verdict.probe is not None:
                 self.net_of_noise = verdict.noise_exponent is not None
-        if len(set(sizes.values())) == 1:  # equal sizes: the yardstick for a later probe
-            self.baseline.update({n: v for n, v in kept.items() if v > 0})
-            self.baseline_sizes.update(
-                {n: sizes[n] for n, v in kept.items() if v > 0 and n in sizes}
-            )
+        if len(set(sizes.values())) == 1 and not looking:  # the yardstick for a later probe
+            # (not the look's round: the probe compares every silo with one round)
+            whole = {n: v for n, v in kept.items() if v > 0 and n not in cut}
+            self.baseline.update(whole)
+            self.baseline_sizes.update({n: sizes[n] for n in whole if n in sizes})
         verdict.lone = self._lone(verdict.diverged, kept, sizes)
         if verdict.lone is not None:
             verdict.look = "lone"  # neither a verdict nor a floor: the next round goes on
         elif verdict.diverged:
             verdict.look = "diverged"
             self.level = min(self.level + 1, len(self.floors) - 1)
-            if probing or confirming:  # a blow-up before the verdict: the edge
+            if looking or probing or confirming:  # a blow-up before the verdict: the edge
                 self.probed, self.confirming, self.looking_again = True, False, False
                 self._decide(stable=False)
         elif verdict.probe is not None and probing:
             self.probed = True
-            steady = verdict.growth is None or verdict.growth < self.growth
+            # after a look, growth was judged there: by the probe's round (the third)
+            # steps grow 2-6.8x from equal sizes at a stable η too
+            steady = self.looked or verdict.growth is None or verdict.growth < self.growth
             clear = (
                 verdict.probe < self.probe / 2
                 and verdict.growth is not None
@@ -314,7 +336,9 @@ class StabilityGuard:
             )
             if verdict.probe < self.probe and steady:
                 verdict.look = "calm"
-                if self.confirm > 0 and not clear:  # the next round, at the floor, confirms
+                # the next round, at the floor, confirms; after a calm look the probe is
+                # the second round of evidence already, as its confirmation was
+                if self.confirm > 0 and not clear and not self.looked:
                     self.confirming = True
                 else:
                     self._decide(stable=True)
@@ -337,6 +361,21 @@ class StabilityGuard:
         verdict.regime = self.regime
         verdict.floor = self.floor
         return verdict
+
+    def _look(self, verdict: Verdict, whole: Mapping[str, float]) -> None:
+        """The look: every silo at its own batch size, only the app's own growth read
+        (the silos' steps against their own in the round before). Grown `growth` times
+        or more, the run is at the edge with no smaller batch ever tried; else the probe
+        follows in the next round."""
+        verdict.stage = "look"
+        verdict.growth = self._growth(whole)
+        self.looked = True
+        if verdict.growth is not None and verdict.growth >= self.growth:
+            verdict.look = "grown"
+            self.probed = True
+            self._decide(stable=False)
+        else:
+            verdict.look = "calm"
 
     def _lone(
         self, diverged: Mapping[str, str], kept: Mapping[str, float], sizes: Mapping[str, int]
@@ -435,11 +474,14 @@ class StabilityGuard:
         if self.probe <= 0:  # a fixed floor judges nothing, remembered or not
             return
         self.probed, self.confirming, self.looking_again = True, False, False
+        self.looked = True
         self._decide(stable=regime == "stable")
 
     def resume_at(self, share: float) -> None:
-        """Go on from a restored run's floor: the lowest step at or above `share`."""
+        """Go on from a restored run's floor: the lowest step at or above `share` (past
+        the look: it ran before any floor)."""
         self.level = self._step_at(share)
+        self.looked = True
 
     def _step_at(self, share: float) -> int:
         """The lowest step of `floors` at or above `share` (the top if none is)."""
@@ -458,6 +500,7 @@ class StabilityGuard:
             "level": self.level,
             "norms": {n: list(h) for n, h in self.norms.items()},
             "probed": self.probed,
+            "looked": self.looked,
             "confirming": self.confirming,
             "looking_again": self.looking_again,
             "net_of_noise": self.net_of_noise,
@@ -470,6 +513,7 @@ class StabilityGuard:
         self.level = min(int(state["level"]), len(self.floors) - 1)
         self.norms = {n: [float(v) for v in h] for n, h in state["norms"].items()}
         self.probed = bool(state.get("probed", False))
+        self.looked = bool(state.get("looked", self.probed))
         self.confirming = bool(state.get("confirming", False))
         self.looking_again = bool(state.get("looking_again", False))
         self.net_of_noise = bool(state.get("net_of_noise", False))

@@ -131,8 +131,12 @@ class BatchSizeManager:
             )
         return None
 
-    def step(self, reports: Iterable[WorkerReport]) -> dict[str, int]:
-        """Take one boundary's reports; return every worker's next batch size."""
+    def step(
+        self, reports: Iterable[WorkerReport], steps: Mapping[str, int] | None = None
+    ) -> dict[str, int]:
+        """Take one boundary's reports; return every worker's next batch size. `steps`:
+        a worker's τ for the split where its next round runs other steps than it reported
+        (a round whose steps were cut measures the speed; the next runs its own τ)."""
         accepted: dict[str, WorkerReport] = {}
         self.last_rejected = []
         for report in reports:
@@ -158,7 +162,7 @@ class BatchSizeManager:
                 self._overheads[name] = report.overhead_s
             else:
                 self._overheads[name] = a * report.overhead_s + (1 - a) * previous
-            self._iterations[name] = report.iterations
+            self._iterations[name] = (steps or {}).get(name, report.iterations)
 
         tuned: dict[str, float] = {}
         for name in self._sizes:

@@ -91,7 +91,13 @@ def describe_balancing(
         "\t\t└── Stability guard: %s",
         "off (full balance)"
         if guard is None
-        else f"no silo below {guard.floor:.0%} of the mean batch; blow-ups left out",
+        else (
+            "round 2 at every silo's own batch size, the slow silos' steps cut (a look at "
+            "the app's own growth), then "
+            if guard.looking
+            else ""
+        )
+        + f"no silo below {guard.floors[guard.level]:.0%} of the mean batch; blow-ups left out",
     )
 
 

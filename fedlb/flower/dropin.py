@@ -320,6 +320,7 @@ class BalanceMod:
                     local_steps=timing.steps,
                     measured_at=time.time(),
                 ),
+                capped=orders.round_steps is not None and timing.steps >= orders.round_steps,
             )
         return reply
 

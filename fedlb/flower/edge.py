@@ -71,12 +71,20 @@ def normalize_by_steps(
         content[name] = ArrayRecord(out)
 
 
-def edge_text(sizes: Mapping[str, int], steps: Mapping[str, int]) -> str:
-    """What a run at the edge runs, in words, silos by label: 'B kept at 32, τ 12/10/5'."""
+def edge_text(sizes: Mapping[str, int], steps: Mapping[str, int], look: bool = False) -> str:
+    """What a run at the edge runs, in words, silos by label: 'B kept at 32, τ 12/10/5';
+    `look`: the stability guard's look, the round that runs it before any verdict."""
     order = sorted(steps)
     kept = sorted({sizes[s] for s in order if s in sizes})
     batch = "/".join(str(b) for b in kept) if kept else "each silo's own"
-    return (
-        f"at the edge: B kept at {batch}, τ {'/'.join(str(steps[s]) for s in order)} by "
+    lever = (
+        f"B kept at {batch}, τ {'/'.join(str(steps[s]) for s in order)} by "
         f"speed ({', '.join(order)}), each update normalized by its steps (FedNova)"
     )
+    if look:
+        return (
+            f"the stability guard looks at the app's own growth first: {lever}; grown "
+            "steps mean the edge (the app's batch sizes kept from then on), calm ones a "
+            "probe of unequal batch sizes next round"
+        )
+    return f"at the edge: {lever}"

@@ -28,6 +28,11 @@ def say(level: int, text: str, *args: object) -> None:
     flwr_log(level, "fedlb: " + text, *shown)
 
 
+# a silo whose measured speed is below this share of its emulated one says so (padding
+# overshoots by a few percent: sleep() wakes late)
+BELOW_EMULATION = 0.8
+
+
 class Membership:
     """The federation's silos as the strategy sees them.
 
@@ -53,6 +58,7 @@ class Membership:
         self.labels: dict[int, str] = {}
         self.benched: dict[int, float] = {}  # node -> when it missed a round
         self.too_slow: set[str] = set()  # silos already told to leave
+        self.below_emulation: set[int] = set()  # silos already said to run below their speed
         self.brought: dict[int, int] = {}  # node -> the B0 it brought to X
         self.events: list[str] = []  # for the next round record
         # One partition, one vote: the node whose updates count for each partition id,
@@ -302,14 +308,17 @@ class Membership:
         reports: dict[int, WorkerReport],
         rejected: list[str],
         initial_load: Callable[[SiloReport], int],
+        own_steps: Mapping[int, int] | None = None,
     ) -> dict[int, int]:
         """Feed a round's reports to the balancer, silos reporting for the first time
         joining with their own B0 first; the next sizes by node. Reports the balancer
-        rejects leave `reports` (and go to `rejected`, with the reason)."""
+        rejects leave `reports` (and go to `rejected`, with the reason). `own_steps`: the
+        τ a silo runs when not cut, where this round cut it (the steps lever)."""
         for node, report in sorted(said.items()):
             if worker_name(node) not in manager.sizes:  # its first round: its own B0
                 self.join(manager, node, initial_load(report))
-        sizes = manager.step(list(reports.values()))
+        steps = {worker_name(n): t for n, t in (own_steps or {}).items()}
+        sizes = manager.step(list(reports.values()), steps)
         for worker, why in manager.last_rejected:
             reports.pop(node_of(worker), None)  # not a time the round's figures can use either
             rejected.append(f"{self.label(node_of(worker))}: {why}")
@@ -324,6 +333,29 @@ class Membership:
                 "it holds every round back and should leave the federation"
             )
         self.too_slow = manager.removal_candidates
+
+    def warn_below_emulation(self, said: Mapping[int, SiloReport]) -> None:
+        """Say once per silo that it ran slower than the speed it emulates: one machine
+        standing in for many can pad a step only up to its real time, so a busy machine
+        (Flower's simulation beside other silos) runs such a silo unpadded, and its sizes
+        follow what it ran, not the speed it was given."""
+        for node, report in sorted(said.items()):
+            ran = report.samples_per_s()
+            if (
+                node in self.below_emulation
+                or report.model_clock
+                or report.emulated_speed <= 0
+                or ran is None
+                or ran >= BELOW_EMULATION * report.emulated_speed
+            ):
+                continue
+            self.below_emulation.add(node)
+            self.event(
+                f"{self.label(node)} ran at {ran:.0f} samples/s, below its emulated "
+                f"{report.emulated_speed:.0f}: this machine's real compute is slower than the "
+                "emulation (its steps ran unpadded), so its batch size follows the speed it ran; "
+                "emulate fewer silos per machine, or lower speeds"
+            )
 
     def state_dict(self) -> dict[str, object]:
         return {

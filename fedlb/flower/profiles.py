@@ -221,11 +221,22 @@ def save_profile(label: str, model: str, machine: Mapping[str, Any], profile: Si
 
 
 def record_round(
-    label: str, model: str, machine: Mapping[str, Any], run_id: int, measured: SiloProfile
+    label: str,
+    model: str,
+    machine: Mapping[str, Any],
+    run_id: int,
+    measured: SiloProfile,
+    capped: bool = False,
 ) -> None:
     """Add a train round's measurement to the silo's profile: the mean over the rounds of
-    the run it comes from (a new run starts the profile afresh)."""
+    the run it comes from (a new run starts the profile afresh). A `capped` round (the
+    steps lever cut its steps) measured the speed, not the silo's own steps: the
+    profile keeps those of the last round run in full (none yet: nothing is stored)."""
     before = load_profile(label, model, machine)
+    if capped:
+        if before is None:
+            return
+        measured = replace(measured, local_steps=before.local_steps)
     if before is None or before.run_id != run_id:
         save_profile(label, model, machine, replace(measured, rounds=1, run_id=run_id))
         return

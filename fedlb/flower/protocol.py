@@ -227,6 +227,13 @@ class SiloReport:
             out[EMULATED_CURVE] = list(self.emulated_curve.encode()[:CURVE_NAME_BYTES])
         return out
 
+    def samples_per_s(self) -> float | None:
+        """The speed the silo ran at, samples per second of compute (None: no compute
+        time to divide by)."""
+        if not (self.compute_s > 0 and math.isfinite(self.compute_s)):
+            return None
+        return self.batch_size * self.local_steps / self.compute_s
+
     def worker_report(self, node: int) -> WorkerReport:
         """The report of the silo on `node` as the balancer's WorkerReport."""
         from fedlb.balance import WorkerReport

@@ -257,16 +257,18 @@ def uniform_efficiency(record: RoundRecord) -> float | None:
 
 def stability_of(records: list[RoundRecord]) -> dict[str, Any] | None:
     """The stability guard's verdict on the run (None: no guard): its regime at the end,
-    the round that decided it (the probe's, or the one confirming it) with its
-    dispersion, and the final floor."""
+    the round that decided it (the look's, the probe's, or the one confirming it), the
+    dispersion the probe read (None where the look decided), the growth first read
+    (the look's, or the probe's), and the final floor."""
     guarded = [r for r in records if r.guard is not None]
     if not guarded:
         return None
-    # the last round that judged the regime: the probe, or the round confirming it
+    # the last round that read a dispersion: the probe, or the round confirming it
     probe = next((r for r in reversed(guarded) if r.guard_probe is not None), None)
+    decided = next((r for r in guarded if r.guard in ("stable", "edge")), None)
     return {
         "regime": guarded[-1].guard,
-        "decided_in_round": None if probe is None else probe.round,
+        "decided_in_round": None if decided is None else decided.round,
         "probe_dispersion": None if probe is None else probe.guard_probe,
         "probe_growth": next((r.guard_growth for r in guarded if r.guard_growth is not None), None),
         "probe_noise_exponent": None if probe is None else probe.guard_noise_exponent,

@@ -106,14 +106,21 @@ class RoundBalance:
         """Round 1 balanced: the silos' stored speed profiles as their first reports,
         when this server has balanced this model before and every sampled silo has one.
         The guard first takes up the last verdict on this app; a guard that probes starts
-        from profiles only where the app was found stable (at the edge, or not judged
-        yet, round 1 runs at every silo's B0 as in a first run: on the quickstart at
-        η = 0.1 over 1:2:4, the floor from round 1 ended 7 networks of 60 dead, stock 3)."""
+        from profiles where the app was found stable (batch sizes balanced from round 1)
+        or at the edge with the steps lever (every silo at its B0, the slow silos' steps
+        cut from round 1: each step as noisy as stock's). Not judged yet, or at the edge
+        without the lever, round 1 runs at every silo's B0 as in a first run (on the
+        quickstart at η = 0.1 over 1:2:4, the floor from round 1 ended 7 networks of 60
+        dead, stock 3)."""
         stored = self.stored_profiles
         self.verdicts.know(stored.layout(arrays, self.he is not None), config, grid)
+        lever = self.edge == "steps" and self.he is None
         if self.guard is not None:
-            taken = self.verdicts.adopt(self.guard, self.members.events.append, len(nodes))
-            if self.guard.probe > 0 and (taken is None or taken.regime != "stable"):
+            taken = self.verdicts.adopt(
+                self.guard, self.members.events.append, len(nodes), steps_lever=lever
+            )
+            regime = None if taken is None else taken.regime
+            if self.guard.probe > 0 and not (regime == "stable" or (regime == "edge" and lever)):
                 return
         found = stored.ask(grid, arrays, nodes, self.he is not None, self.members)
         if found is None:
@@ -122,6 +129,8 @@ class RoundBalance:
         if self.guard is not None:
             manager.set_min_share(least_share(self.guard, self._user_floor))
         stored.replay(manager, found, self._load_report)
+        # each silo's own τ, for the steps lever before any round ran uncapped
+        self._own_steps.update({n: p.local_steps for n, (p, _) in found.items()})
         stored.say_used(self.members.label, self.sizes_by_silo())
 
     def _start_balancing(self, said: Mapping[int, SiloReport]) -> BatchSizeManager:
@@ -142,6 +151,7 @@ class RoundBalance:
             return
         said = ask_partitions(grid, newcomers, self.stored_profiles.model or "")
         successors = self.members.carry_over(self.manager, present, said)
+        self._own_steps = {successors.get(n, n): t for n, t in self._own_steps.items()}
         if self.guard is not None:
             self.guard.rename_workers(
                 {worker_name(o): worker_name(n) for o, n in successors.items()}
@@ -183,6 +193,7 @@ class RoundBalance:
             if node not in self._round_steps:
                 self._own_steps[node] = report.local_steps
         self._say_unbalanced(server_round, kept, read.said)
+        self.members.warn_below_emulation(read.said)
         if self.profiles and server_round == self.progress.offset + 1:
             self.stored_profiles.check(
                 read.said, self.members.label, self.profiles, self.members.events.append
@@ -209,7 +220,13 @@ class RoundBalance:
             {}
             if self.manager is None
             else self.members.step(
-                self.manager, read.said, read.reports, read.rejected, self._initial_load
+                self.manager,
+                read.said,
+                read.reports,
+                read.rejected,
+                self._initial_load,
+                # a silo whose steps the lever cut runs its own again where sizes balance
+                {n: self._own_steps[n] for n in self._round_steps if n in self._own_steps},
             )
         )
         balancer_s = time.perf_counter() - stepped
@@ -242,13 +259,13 @@ class RoundBalance:
 
     def _edge_plan(self, server_round: int, nodes: list[int]) -> dict[int, int]:
         """The edge lever's steps for this round's silos (node -> its cap), where the
-        guard found the app at the edge and `edge` is "steps": every silo at its own
-        batch size, the slow ones' steps cut so that all finish together. Said once, in
-        the log and the round's events (the live page)."""
+        guard found the app at the edge, or looks at its own growth first, and `edge` is
+        "steps": every silo at its own batch size, the slow ones' steps cut so that all
+        finish together. Said once, in the log and the round's events (the live page)."""
         if (
             self.edge != "steps"
             or self.guard is None
-            or self.guard.regime != "edge"
+            or not (self.guard.regime == "edge" or self.guard.looking)
             or self.manager is None
         ):
             return {}
@@ -264,7 +281,15 @@ class RoundBalance:
             return {}
         own = {n: self._own_steps[n] for n in nodes if n in self._own_steps}
         plan = edge_steps(self.manager, own, nodes)
-        if plan and self.driving.once("edge lever"):
+        if plan and self.guard.looking:
+            if self.driving.once("look"):
+                sizes = self.sizes_by_silo()
+                text = edge_text(
+                    sizes, {self.members.label(n): t for n, t in plan.items()}, look=True
+                )
+                say(INFO, "round %d: %s", server_round, text)
+                self.members.events.append(text)
+        elif plan and self.driving.once("edge lever"):
             sizes = self.sizes_by_silo()
             text = edge_text(sizes, {self.members.label(n): t for n, t in plan.items()})
             say(INFO, "round %d: %s", server_round, text)
@@ -312,6 +337,7 @@ class RoundBalance:
             self.members.label,
             self.members.events.append,
             self._sent,
+            cut=[n for n, t in self._round_steps.items() if t < self._own_steps.get(n, t)],
         )
         trained = len(set(said) | set(blown_up))
         self.verdicts.after(verdict, server_round, trained)  # for the next run of this app

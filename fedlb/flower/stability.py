@@ -5,7 +5,7 @@ its hooks only ask for the verdict."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
@@ -33,12 +33,14 @@ def guard_round(
     label: Callable[[int], str],
     note: Callable[[str], None] | None = None,
     sent: Mapping[int, tuple[int | None, int | None]] | None = None,
+    cut: Collection[int] = (),
 ) -> tuple[dict[int, str], Verdict]:
     """The guard's verdict on the round, and the diverged updates (node -> why) to leave
     out; the manager's floor moved (and the sizes with it) when the verdict says so.
     `note` also gets each verdict said, for the round record's events (the live page
     shows them). `sent`: the (B, τ) each silo was sent, for the sizes of updates that
-    came back NaN (no report read from them)."""
+    came back NaN (no report read from them). `cut`: the silos whose steps the steps
+    lever cut this round."""
     tell = note or (lambda text: None)
     # Per local step: a silo with more steps (a bigger dataset, τ = len(its loader))
     # moves the model further without diverging.
@@ -62,7 +64,7 @@ def guard_round(
         ordered = (sent or {}).get(node, (None, None))[0]
         if (size := ordered or mean) is not None:
             sizes[worker_name(node)] = size
-    verdict = guard.check(norms, losses, sizes)
+    verdict = guard.check(norms, losses, sizes, cut={worker_name(n) for n in cut})
     found = {n: why for n, why in by_node(verdict.diverged).items() if n not in blown_up}
     for node, why in found.items():
         text = f"{label(node)}'s update diverged and is left out of the average: {why}"
@@ -77,15 +79,16 @@ def guard_round(
         )
         say(WARNING, "round %d: %s", server_round, text)
         tell(text)
-    if verdict.probe is not None:  # the run's regime is judged: say why
-        text = regime_text(verdict, guard)
+    if verdict.probe is not None or verdict.stage == "look":  # the regime judged: say why
+        text = look_text(verdict, guard) if verdict.stage == "look" else regime_text(verdict, guard)
         say(INFO, "round %d: %s", server_round, text)
         tell(text)
     if manager is not None:
         floor = least_share(guard, user_floor)
         if getattr(manager.tuner, "min_share", floor) != floor:
             manager.set_min_share(floor)
-            if verdict.probe is not None:  # said above, with the evidence
+            # said above, with why; or the look's uniform round, said when it is planned
+            if verdict.probe is not None or verdict.stage == "look" or guard.looking:
                 return found, verdict
             dispersion = "–" if verdict.dispersion is None else f"{verdict.dispersion:.2f}"
             text = (
@@ -101,6 +104,31 @@ def guard_round(
             )
             tell(text)
     return found, verdict
+
+
+def look_text(verdict: Verdict, guard: StabilityGuard) -> str:
+    """The look's verdict in words: the app's own growth, `guard`'s threshold, what follows."""
+    grown = (
+        "could not be measured (no silo ran all its steps in both rounds)"
+        if verdict.growth is None
+        else f"grew {verdict.growth:.1f}x since the round before "
+        f"(the edge from {guard.growth:.1f}x)"
+    )
+    evidence = (
+        "with every silo at its own batch size, the update per step of the silos that ran "
+        f"all their steps {grown}"
+    )
+    if verdict.regime == "edge":
+        return (
+            f"the stability guard's look: at the edge of stability: {evidence}, the app's "
+            "own learning rate and momentum amplifying each other as the model leaves its "
+            "start; no smaller batch is tried: every silo keeps its own batch size from now "
+            "on (the steps lever: the slow silos run fewer steps)"
+        )
+    return (
+        f"the stability guard's look: calm: {evidence}; the next round probes unequal batch "
+        f"sizes (every silo at least {100 * verdict.floor:.0f}% of the mean batch)"
+    )
 
 
 def regime_text(verdict: Verdict, guard: StabilityGuard) -> str:

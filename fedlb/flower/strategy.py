@@ -151,6 +151,8 @@ class LoadBalanced(RoundBalance, Strategy):
         self.profiles = balancing.profiles
         self.edge = balancing.edge
         self.guard: StabilityGuard | None = balancing.make_guard()
+        if self.guard is not None and (self.edge != "steps" or he is not None):
+            self.guard.look = False  # its look runs the steps lever: none here, probe at once
         self.evaluate_every = evaluate_every
         self.evaluate_with_train = evaluate_with_train
         self.poll_interval = poll_interval
@@ -511,6 +513,8 @@ class LoadBalanced(RoundBalance, Strategy):
         if self.guard is not None:
             state["guard"] = self.guard.state_dict()
         state["examples"] = self.claims.state_dict()
+        # each silo's own τ (the steps lever cuts from it): read from uncapped rounds only
+        state["own_steps"] = {str(n): t for n, t in self._own_steps.items()}
         return state
 
     def restore(self, checkpoint: Checkpoint) -> ArrayRecord:
@@ -527,5 +531,7 @@ class LoadBalanced(RoundBalance, Strategy):
                 # run had reached is in the tuner's state, and the guard goes on there
                 self.guard.resume_at(float(getattr(self.manager.tuner, "min_share", 0.0)))
         self.claims.load_state_dict(checkpoint.strategy.get("examples") or {})
+        own_steps = checkpoint.strategy.get("own_steps") or {}
+        self._own_steps = {int(n): int(t) for n, t in own_steps.items()}
         self.progress.offset = checkpoint.round
         return checkpoint.arrays

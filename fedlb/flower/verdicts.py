@@ -261,11 +261,13 @@ class VerdictMemory:
         guard: StabilityGuard,
         note: Callable[[str], None] | None = None,
         silos: int | None = None,
+        steps_lever: bool = False,
     ) -> Remembered | None:
         """Round 1 from profiles: the guard takes up the last verdict for this app, if
         any, said in the log and to `note` (the round record's events). A verdict found
         with another number of silos a round than this run's `silos` is not taken up:
-        another federation, judged anew."""
+        another federation, judged anew. `steps_lever`: an app at the edge runs the steps
+        lever (`Balancing(edge="steps")`), from round 1 where the silos have profiles."""
         found = None if self.key is None or guard.probe <= 0 else recall(self.key)
         if found is None:
             return None
@@ -281,13 +283,21 @@ class VerdictMemory:
             return None
         guard.adopt(found.regime)
         self.adopted = found
-        then = (
-            " from round 1, balanced from the stored speed profiles (an update that blows up "
-            "still raises it)"
-            if found.regime == "stable"
-            else " once balancing starts, and round 1 at every silo's B0 as in a first run "
-            "(no probe)"
-        )
+        if found.regime == "stable":
+            then = (
+                " from round 1, balanced from the stored speed profiles (an update that blows "
+                "up still raises it)"
+            )
+        elif steps_lever:
+            then = (
+                ", no probe: every silo at its own batch size, the slow silos' steps cut from "
+                "round 1 where every silo has a stored speed profile (else from round 2)"
+            )
+        else:
+            then = (
+                " once balancing starts, and round 1 at every silo's B0 as in a first run "
+                "(no probe)"
+            )
         text = (
             f"the stability guard takes up the last run's verdict on this app: "
             f"{found.said()}; every silo at least {100 * guard.floor:.0f}% of the mean "

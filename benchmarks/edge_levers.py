@@ -118,6 +118,46 @@ def table(rows: list[dict[str, Any]], target: float, at_rounds: int) -> str:
     return "\n".join(out)
 
 
+def paired(rows: list[dict[str, Any]], at: tuple[int, ...] = (4, 8, 14)) -> str:
+    """Each policy's accuracy minus stock's at stock's k-round time, paired by seed: the
+    mean ± sd over seeds and how many seeds were at least as accurate (the question of
+    "no less accurate at equal time")."""
+    out = [
+        "| setting | policy | "
+        + " | ".join(f"Δ at stock's {k}-round time (≥ stock)" for k in at)
+        + " | dead (stock's) |",
+        "|---|---|" + "---|" * len(at) + "---|",
+    ]
+    for where in sorted({setting(r) for r in rows}):
+        group = [r for r in rows if setting(r) == where]
+        stock = {r["seed"]: r for r in group if r["policy"] == "stock"}
+        for policy in sorted({r["policy"] for r in group} - {"stock"}):
+            runs = [r for r in group if r["policy"] == policy and r["seed"] in stock]
+            if not runs:
+                continue
+            cells = []
+            for k in at:
+                deltas = [
+                    accuracy_at(r, sum(stock[r["seed"]]["round_s"][:k]))
+                    - accuracy_at(stock[r["seed"]], sum(stock[r["seed"]]["round_s"][:k]))
+                    for r in runs
+                    if len(stock[r["seed"]]["round_s"]) >= k
+                ]
+                if len(deltas) < 2:
+                    cells.append("–")
+                    continue
+                cells.append(
+                    f"{statistics.fmean(deltas):+.3f} ± {statistics.stdev(deltas):.3f} "
+                    f"({sum(d >= 0 for d in deltas)}/{len(deltas)})"
+                )
+            dead = sum(r["final_accuracy"] <= DEAD for r in runs)
+            dead_stock = sum(stock[r["seed"]]["final_accuracy"] <= DEAD for r in runs)
+            out.append(
+                f"| {where} | {policy} | " + " | ".join(cells) + f" | {dead} ({dead_stock}) |"
+            )
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="0-9")
@@ -137,6 +177,8 @@ def main() -> None:
     if args.from_json:
         rows = [json.loads(line) for f in args.from_json for line in f.read_text().splitlines()]
         print(table(rows, args.target, args.at_rounds))
+        print()
+        print(paired(rows))
         return
     import logging
 
@@ -169,6 +211,8 @@ def main() -> None:
                 with args.json.open("a") as out:
                     out.write(json.dumps(row) + "\n")
     print(table(rows, args.target, args.at_rounds))
+    print()
+    print(paired(rows))
 
 
 if __name__ == "__main__":

@@ -218,7 +218,8 @@ def balanced_grid(mods: tuple[Any, ...]) -> InProcessGrid:
 
 
 def check_balanced(grid: InProcessGrid) -> None:
-    """Round 1 at every silo's B0; from round 2 sizes follow the speeds, X and τ kept."""
+    """Round 1 at every silo's B0, round 2 the guard's look (every silo at its B0, the slow
+    silos' steps cut); then sizes follow the speeds, X and τ kept."""
     sizes = sent_sizes(grid)
     assert len(sizes) == ROUNDS
     assert sizes[0] == {100: B0, 101: B0, 102: B0}
@@ -227,6 +228,7 @@ def check_balanced(grid: InProcessGrid) -> None:
     last = sizes[-1]
     assert last[100] > last[101] > last[102], last
     train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert sizes[1] == {100: B0, 101: B0, 102: B0}  # the look
     assert all(m.content["config"][LOCAL_STEPS] == TAU for m in train)  # τ kept
 
 

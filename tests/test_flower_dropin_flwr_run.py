@@ -73,8 +73,9 @@ def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
 def test_quickstart_deployed_on_unequal_silos(tmp_path, monkeypatch):
     """A warm SuperLink and three warm SuperNodes (fedlb.deploy.warm: Flower's own app,
     forked per run and per message) of emulated speeds 4:2:1 running the quickstart,
-    submitted with the user's own `flwr run`: sizes follow the
-    speeds, its metrics and log are kept. (Speeds low enough that three
+    submitted with the user's own `flwr run`: the balance follows the
+    speeds (round 2, the guard's look, cuts the slow silos' steps), its metrics and log
+    are kept. (Speeds low enough that three
     fresh training processes on two cores still run slower than emulated: the padding,
     not the contention, sets their pace.)"""
     monkeypatch.chdir(tmp_path)  # the ServerApp saves final_model.pt where it runs
@@ -104,4 +105,8 @@ def test_quickstart_deployed_on_unequal_silos(tmp_path, monkeypatch):
     assert sorted(rounds) == [1, 2]
     assert all(m.group(2) == "measured (emulated speeds)" for m in BALANCE.finditer(output))
     assert {b for b, _, _ in rounds[1].values()} == {32}
-    assert rounds[2]["silo-0"][0] > 1.5 * rounds[2]["silo-2"][0], rounds  # ideal 4x; noisy
+    # round 2, the stability guard's look: every silo at its own B, the slowest silo's
+    # steps cut by its speed (ideal 6 / 6 / 3; measured, so noisy)
+    assert {b for b, _, _ in rounds[2].values()} == {32}, rounds
+    assert rounds[2]["silo-0"][2] > rounds[2]["silo-2"][2], rounds
+    assert "the stability guard's look" in output

@@ -138,8 +138,9 @@ def test_a_second_run_of_a_stable_app_balances_fully_from_round_1(tmp_path, monk
     """Flower's quickstart at η = 0.03 (stable there on every seed measured): the first
     run probes and keeps its verdict; the second starts from the stored profiles and takes
     it up, at full balance in round 1. At η = 0.1 (the edge on every seed measured) a
-    first run probes again; the next takes up the edge: uniform sizes, the app's own B0,
-    from round 1, no probe."""
+    first run looks again (found at the edge by its steps' growth, no probe); the next
+    takes up the edge and runs the steps lever from round 1, from the stored profiles:
+    every silo at its own B0, the slow silos' steps cut, no look, no probe."""
     monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path / "profiles"))
     monkeypatch.chdir(tmp_path)
     caplog.set_level("INFO")
@@ -162,14 +163,17 @@ def test_a_second_run_of_a_stable_app_balances_fully_from_round_1(tmp_path, monk
     third, log = run_quickstart(app, 2, caplog, overrides={"learning-rate": 0.1})
     assert "takes up the last run's verdict" not in log  # another app setting: judged anew
     assert {b for b, _, _ in third[1].values()} == {32}  # round 1 at B0, as a first run's
-    assert "the stability guard's probe: at the edge of stability" in log
+    assert "the stability guard's look: at the edge of stability" in log
+    assert "the stability guard's probe" not in log  # no smaller batch tried
 
     fourth, log = run_quickstart(app, 2, caplog, overrides={"learning-rate": 0.1})
     assert "takes up the last run's verdict on this app: edge" in log
     assert "the stability guard's probe" not in log
+    assert "the stability guard's look" not in log
+    assert "round 1 balanced from the silos' stored speed profiles" in log
     assert {b for b, _, _ in fourth[1].values()} == {32}  # at the edge: round 1 at B0 ...
-    assert {b for b, _, _ in fourth[2].values()} == {32}  # ... and uniform sizes after it
-    assert "stored speed profiles" not in log  # not even asked for
+    assert fourth[1]["silo-2"][2] < fourth[1]["silo-0"][2]  # ... the slow silo's steps cut
+    assert {b for b, _, _ in fourth[2].values()} == {32}  # ... and so in every round
 
     # the user's view: both verdicts listed with the app in words; forgetting the edge's
     # makes the next run at η = 0.1 probe again
@@ -189,7 +193,7 @@ def test_a_second_run_of_a_stable_app_balances_fully_from_round_1(tmp_path, monk
     assert forgotten.exit_code == 0, forgotten.output
     _, log = run_quickstart(app, 2, caplog, overrides={"learning-rate": 0.1})
     assert "takes up the last run's verdict" not in log
-    assert "the stability guard's probe" in log
+    assert "the stability guard's look" in log  # judged anew
 
 
 def test_a_verdict_found_with_another_number_of_silos_is_not_taken_up(

@@ -266,15 +266,17 @@ def stability_of(records: list[RoundRecord]) -> dict[str, Any] | None:
     # the last round that read a dispersion: the probe, or the round confirming it
     probe = next((r for r in reversed(guarded) if r.guard_probe is not None), None)
     decided = next((r for r in guarded if r.guard in ("stable", "edge")), None)
+    remembered = next((r.guard_remembered for r in guarded if r.guard_remembered), None)
     return {
         "regime": guarded[-1].guard,
-        "decided_in_round": None if decided is None else decided.round,
+        # none where the verdict was taken up from the last run (no round judged it)
+        "decided_in_round": None if decided is None or remembered else decided.round,
         "probe_dispersion": None if probe is None else probe.guard_probe,
         "probe_growth": next((r.guard_growth for r in guarded if r.guard_growth is not None), None),
         "probe_noise_exponent": None if probe is None else probe.guard_noise_exponent,
         "final_floor": guarded[-1].guard_floor,
         # the verdict taken up from the last run of this app (then no probe ran)
-        "remembered": next((r.guard_remembered for r in guarded if r.guard_remembered), None),
+        "remembered": remembered,
     }
 
 

@@ -148,8 +148,18 @@ def regime_text(verdict: Verdict, guard: StabilityGuard) -> str:
         f"the silos' update per step, {against},{net} varies by {verdict.probe:.2f} "
         f"(coefficient of variation; threshold {threshold:.2f})"
     )
-    if verdict.growth is not None:
+    if verdict.growth is not None and guard.looked:  # growth was the look's to judge
+        evidence += f" and grew {verdict.growth:.1f}x since round 1"
+    elif verdict.growth is not None:
         evidence += f" and grew {verdict.growth:.1f}x (the edge from {guard.growth:.1f}x)"
+    if verdict.stage == "probe" and verdict.regime == "stable" and guard.looked:
+        return (
+            f"the stability guard's probe after a calm look: stable at this learning rate: "
+            f"{evidence}; the look's growth and this probe's dispersion decide it (no "
+            f"confirming round); every silo at least {100 * verdict.floor:.0f}% of the mean "
+            "batch from now on, full balance wherever none needs less (an update that "
+            "blows up still raises the floor)"
+        )
     if verdict.stage == "probe" and verdict.regime == "stable":
         return (
             f"the stability guard's probe: clearly calm: stable at this learning rate: "

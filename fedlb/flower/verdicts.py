@@ -310,8 +310,9 @@ class VerdictMemory:
         return found
 
     def after(self, verdict: Verdict, server_round: int, silos: int | None = None) -> None:
-        """Keep what this round's verdict decided: the probe's regime, or the edge after
-        a blow-up in a stable run; `silos`: how many trained this round."""
+        """Keep what this round's verdict decided: the look's edge, the probe's regime,
+        or the edge after a blow-up in a stable run; `silos`: how many trained this
+        round."""
         if self.key is None:
             return
         if verdict.diverged and verdict.regime in JUDGED:  # before its verdict, or after
@@ -321,6 +322,17 @@ class VerdictMemory:
                     "edge",
                     time.time(),
                     f"an update blew up in round {server_round}",
+                    self.described,
+                    silos,
+                ),
+            )
+        elif verdict.stage == "look" and verdict.regime in JUDGED:  # grown: the edge
+            keep(
+                self.key,
+                Remembered(
+                    verdict.regime,
+                    time.time(),
+                    f"round {server_round}'s look: steps grown {verdict.growth or 0:.1f}x",
                     self.described,
                     silos,
                 ),

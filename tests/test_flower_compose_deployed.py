@@ -26,6 +26,8 @@ from tests.dropin_helpers import BALANCE, DEPLOYED_SPEEDS, _flwr_run, balance_li
 pytestmark = pytest.mark.slow
 
 SPEEDS = "240,120,60"  # samples/s by partition-id: 4 : 2 : 1
+
+
 # The silos report the model clock's seconds (τ·B/v, no sleeping): their sizes are the
 # speeds' alone, whatever else this machine runs (on two cores shared by three ClientApps
 # and a test suite, a measured round 1 can make the fastest silo look the slowest). The

@@ -64,6 +64,27 @@ any round (on a real H200 beside two CPU silos the GPU silo's step in the probe 
 called that run the edge; every run at the edge measured whose steps did not grow scatters
 again in the next round.
 
+The look comes first, where the caller can run it (fedlb's strategies with the steps lever:
+`Balancing(edge="steps")`, plaintext). A probe at unequal sizes is itself a risk at the
+edge: its smallest batch takes the noisiest steps, and at the quickstart's η = 0.1 the
+probe round cost fedlb a round's progress (paired by seed, 0.8 in a median 15.4 s with it,
+11.8 s without; docs/benchmarks/edge-levers.md). So the round after the first at equal
+sizes keeps every silo at its own batch size, the slow silos' steps cut so that all
+finish together (the floor is all of the mean batch while the look is due), and reads
+only growth: the edge's mark that belongs to the app, not to the balance (stock runs at
+equal sizes grow as much). Growth is read over the silos that ran all their steps: a cut
+silo's momentum never built up, its step per step is smaller whatever the app (the
+quickstart's slowest silo at 5 of 12 steps: 2-3.5x where its peers grew 4.9-14x). Grown
+`growth` times or more, the run is at the edge with no smaller batch ever tried (10 of 10
+quickstart runs at η = 0.1, 4.9-11.7x); calm (η = 0.03: 1.1-1.6x in 20 of 20), the
+probe follows in the next round, against each silo's step in round 1 (the look's round,
+with its cut silos, is no yardstick), growth not judged again there (by round 3 steps
+grow 2-6.8x at η = 0.03), and it decides alone: the look and the probe are two rounds of
+evidence, as a probe and its confirmation were (η = 0.03: 20 of 20 stable, the probes'
+dispersion 0.004-0.094; Dirichlet 0.5 at η = 0.1: 5 runs at the edge by the look, 5 by
+the probe, none taken for stable). `look=False` (a caller without the lever): the probe
+in round 2, confirmed as above.
+
 A deployment's next run of the same app takes up the verdict its last run reached
 (`adopt`; fedlb.flower.verdicts) instead of probing again: stable, it starts balanced from
 the silos' stored speed profiles; at the edge, it runs uniform sizes with no probe.
@@ -188,6 +209,11 @@ class StabilityGuard:
             alarm on a real GPU federation"): that false alarm, 1 of 10 quickstart runs
             at η = 0.03 and 1 of 6 of advanced-pytorch's become stable; no quickstart
             run at η = 0.1 changes (their next round scatters too). Default True.
+        look: the round after the first at equal sizes is the look (above): the caller
+            runs every silo at its own batch size, the slow silos' steps cut (`check`'s
+            `cut`), and growth alone is read; the probe follows a calm look and decides
+            alone. Default True; fedlb's strategies turn it off where they cannot cut
+            steps (`Balancing(edge="uniform")`, HE). False: the probe in round 2.
         ratio: an update diverged when its norm per local step exceeds `ratio` times its
             reference (the larger of its peers' median this round and its own recent
             median). Default 5.0: balanced silos' updates run up to ~2x their peers'

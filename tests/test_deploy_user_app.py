@@ -315,7 +315,8 @@ def _sizes(rows: list[dict], k: int) -> dict[str, int]:
 def test_fedlb_server_runs_a_users_app_on_its_silos(tmp_path, quickstart):
     """quickstart-pytorch with LoadBalanced(FedAdam) under `fedlb server --app`, three
     `fedlb silo --app` at 4 : 2 : 1: it completes, its rounds are on the console and in
-    the out-dir's rounds.jsonl, round 2's sizes follow the speeds with X = 96 kept,
+    the out-dir's rounds.jsonl, round 2 is the guard's look (every silo at its B0, the
+    slow silos' steps cut) and the sizes it hands round 3 follow the speeds, X = 96 kept,
     summary.json is written; the silos' warm servers imported the app's ClientApp."""
     code, raw, outputs, out = federation(quickstart, tmp_path, 2)
     output = raw.decode()
@@ -329,9 +330,14 @@ def test_fedlb_server_runs_a_users_app_on_its_silos(tmp_path, quickstart):
     rows = _rows(out)
     assert sorted({r["round"] for r in rows}) == [1, 2]
     assert set(_sizes(rows, 1).values()) == {32}
-    second = _sizes(rows, 2)
-    assert second["silo-0"] > second["silo-1"] > second["silo-2"], second
-    assert sum(second.values()) == 96
+    assert set(_sizes(rows, 2).values()) == {32}  # the look
+    steps = {r["silo"]: r["local_steps"] for r in rows if r["round"] == 2}
+    assert steps["silo-0"] > steps["silo-2"], steps
+    following = {r["silo"]: r["next_batch_size"] for r in rows if r["round"] == 2}
+    events = " ".join(e for r in rows if r["round"] == 2 for e in r["events"])
+    if "the stability guard's look: calm" in events:  # the probe's sizes next
+        assert following["silo-0"] > following["silo-1"] > following["silo-2"], following
+    assert sum(following.values()) == 96
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 2
     assert json.loads((out / "app.json").read_text())["run-config"] == {"num-server-rounds": 2}

@@ -166,6 +166,29 @@ def tuned_guard(policy: str) -> StabilityGuard:
     return StabilityGuard(**settings)
 
 
+def scale_learning_rate(strategy: LoadBalanced, how: str, key: str = "lr", b0: int = 32) -> None:
+    """The learning-rate lever, a prototype (issue 55's (b); not a fedlb feature: a drop-in
+    does not own the app's learning rate, the quickstart sends it as `lr` in its train
+    config): every train message's `lr` times (B/B0) (`linear`) or its square root
+    (`sqrt`) where the silo's batch B is below the app's B0, unchanged above it."""
+    from fedlb.flower.protocol import BATCH_SIZE
+
+    configure = strategy.configure_train
+
+    def scaled(server_round: int, arrays: Any, config: Any, grid: Any) -> Any:
+        messages = list(configure(server_round, arrays, config, grid))
+        for message in messages:
+            sent = message.content.config_records.get("config")
+            batch, rate = (None, None) if sent is None else (sent.get(BATCH_SIZE), sent.get(key))
+            if sent is None or not isinstance(batch, int) or not isinstance(rate, float):
+                continue
+            share = min(1.0, batch / b0)
+            sent[key] = rate * (share if how == "linear" else math.sqrt(share))
+        return messages
+
+    strategy.configure_train = scaled  # type: ignore[method-assign]
+
+
 def run_once(
     app: str,
     policy: str,
@@ -213,10 +236,14 @@ def run_once(
                 )
             if policy.startswith("edge:"):  # edge:uniform: what a run at the edge runs
                 balancing = replace(balancing, edge=policy.removeprefix("edge:"))
+            if policy.startswith("lr:"):  # the learning-rate lever: sizes fully balanced
+                balancing = replace(balancing, guard=False)
             if profiles:
                 balancing = replace(balancing, profiles=True)
             made.append(self)
             init(self, *args, **{**kwargs, "balancing": balancing})
+            if policy.startswith("lr:"):
+                scale_learning_rate(self, policy.removeprefix("lr:"))
 
         LoadBalanced.__init__ = keep  # type: ignore[method-assign]
         here = Path.cwd()

@@ -47,7 +47,10 @@ from fedlb.deploy.processes import free_port  # noqa: E402
 from tests.apps.adopt import adopt  # noqa: E402
 
 SPEEDS = (120.0, 60.0, 30.0)  # samples/s by partition-id: 4 : 2 : 1
-ACCURACY = re.compile(r"MetricRecord: \{'accuracy': ([\d.e-]+)")
+# the app's central evaluation as Flower's strategy logs it: the initial model's, each round's
+ACCURACY = re.compile(
+    r"(?:MetricRecord|Initial global evaluation results): \{'accuracy': ([\d.e-]+)"
+)
 FEDLB = [sys.executable, "-m", "fedlb.cli"]
 ENV = {**os.environ, "COLUMNS": "200"}
 

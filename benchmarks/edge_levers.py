@@ -8,7 +8,12 @@ is its slowest silo's τ·B/v), at the app's own settings unless --set says othe
   every silo at its own batch size with the slow silos' steps cut and each update
   normalized by its steps (FedNova); stable, batch sizes balanced (τ and η kept);
 - `edge:uniform`: the same, but the app's own sizes and steps at the edge (fedlb before
-  the second lever).
+  the second lever);
+- `lr:linear` / `lr:sqrt`: a prototype of the learning-rate lever, not a fedlb feature:
+  batch sizes fully balanced from round 2 (no guard), and the `lr` the quickstart sends
+  in its train config scaled by B/32 (or its square root) for the silos below B 32.
+  Part of what it wins is a lower mean learning rate: run stock at that mean
+  (`--policies stock --set learning-rate=...`) beside it.
 Per policy: the median model-clock time to `--target` central accuracy (a run that never
 reaches it counts as longer than any), stock's over fedlb's paired by seed (the median of
 the per-seed ratios), runs reaching it, the mean final accuracy, the accuracy at stock's

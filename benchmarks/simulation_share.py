@@ -6,9 +6,11 @@ SuperNodes, one CPU each) runs Flower's quickstart-pytorch (tests/apps) with spe
 emulated on the **measured clock** (`fedlb-emulated-speeds`: every step padded with sleep
 to its silo's speed, default 600 : 300 : 150 samples/s). `stock` is the app's server as
 published with the client's two drop-in lines (which then only emulate the speeds);
-`default` is the three-line drop-in. Every line of the stream is stamped as it arrives:
-a round's wall is from its `[ROUND k/N]` line to the next (its training, its federated
-evaluation, the app's central evaluation); the slowest silo's busy seconds (compute and
+`default` is the three-line drop-in. The copy's ServerApp prints the wall-clock time of
+each central evaluation (its `global_evaluate`, wrapped: `flwr run --stream` delivers
+lines in batches, too coarse to time them on arrival): a round's wall is from one central
+evaluation to the next (its training, its federated evaluation, the app's central
+evaluation); the slowest silo's busy seconds (compute and
 fixed costs, as its report says; for stock, τ·B/v of its loader at its emulated speed)
 are what the silos needed; the rest is Flower's own (scheduling ClientApps on Ray
 workers, messages, the evaluation phase). Rounds 2..N-1 (round 1 also starts the
@@ -17,7 +19,7 @@ workers; the last also saves the model).
     .venv/bin/python benchmarks/simulation_share.py --rounds 6 --json share.jsonl
     .venv/bin/python benchmarks/simulation_share.py --from-json share.jsonl
 
-Clock: wall (time.monotonic on each line's arrival). Takes ~6 minutes on 2 cores.
+Clock: wall (time.time in the ServerApp's process). Takes ~6 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -41,7 +43,19 @@ from fedlb.deploy import processes as deploy  # noqa: E402
 from fedlb.deploy.console_scripts import bin_dir  # noqa: E402
 from tests.apps.adopt import adopt  # noqa: E402
 
-ROUND = re.compile(r"\[ROUND (\d+)/(\d+)\]")
+EVALUATED = re.compile(r"fedlb-benchmark: central evaluation of round (\d+) at ([\d.]+)")
+STAMP = """
+
+import time as _time
+
+_global_evaluate = global_evaluate
+
+
+def global_evaluate(server_round, arrays):  # fedlb's benchmark: when each round ended
+    at = _time.time()
+    print(f"fedlb-benchmark: central evaluation of round {server_round} at {at:.3f}", flush=True)
+    return _global_evaluate(server_round, arrays)
+"""
 BALANCE = re.compile(r"fedlb: round (\d+) balance \[[^\]]+\]: (.*?); round")
 BUSY = re.compile(r"(silo-\d+) B=\d+→\d+ τ=\d+ \(([\d.]+)\+([\d.]+) s\)")
 STOCK_STEPS, STOCK_BATCH = 12, 32  # the quickstart's loader on 3 partitions: 12 steps of 32
@@ -54,6 +68,8 @@ def run_once(policy: str, rounds: int, speeds: str) -> dict[str, Any]:
         if policy == "stock":  # the server as published; the client's mod only emulates
             published = ROOT / "tests/apps/quickstart_pytorch/pytorchexample/server_app.py"
             (app / "pytorchexample/server_app.py").write_text(published.read_text())
+        server = app / "pytorchexample/server_app.py"
+        server.write_text(server.read_text() + STAMP)
         project = app / "pyproject.toml"
         project.write_text(
             project.read_text().replace(
@@ -64,7 +80,7 @@ def run_once(policy: str, rounds: int, speeds: str) -> dict[str, Any]:
         os.chdir(where)  # the ServerApp writes final_model.pt where the SuperLink runs
         link = deploy.start_superlink(where, extra_args=["--simulation"])
         home = where / "home-cli"
-        stamped: list[tuple[float, str]] = []
+        lines: list[str] = []
         try:
             deploy.write_connection(home, f"127.0.0.1:{link.control_port}")
             command = [
@@ -79,26 +95,27 @@ def run_once(policy: str, rounds: int, speeds: str) -> dict[str, Any]:
                 f'num-server-rounds={rounds} fedlb-emulated-speeds="{speeds}"',
             ]
             started = time.monotonic()
-            with subprocess.Popen(
+            done = subprocess.run(
                 command,
                 env=deploy.flower_env(home),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                capture_output=True,
                 text=True,
-            ) as stream:
-                assert stream.stdout is not None
-                for line in stream.stdout:
-                    stamped.append((time.monotonic() - started, line.rstrip("\n")))
+                timeout=1800,
+                check=False,
+            )
+            total = time.monotonic() - started
+            lines = (done.stdout + done.stderr).splitlines()
         finally:
             os.chdir(here)
             link.stop()
-    starts = {int(m.group(1)): t for t, line in stamped if (m := ROUND.search(line))}
-    ended = next(
-        (t for t, line in stamped if "Strategy execution finished" in line), stamped[-1][0]
-    )
-    walls = {k: starts.get(k + 1, ended) - starts[k] for k in starts}
+    ended = {int(m.group(1)): float(m.group(2)) for line in lines if (m := EVALUATED.search(line))}
+    if sorted(ended) != list(range(rounds + 1)):
+        raise RuntimeError(
+            f"{policy}: central evaluations {sorted(ended)}:\n" + "\n".join(lines[-40:])
+        )
+    walls = {k: ended[k] - ended[k - 1] for k in range(1, rounds + 1)}
     busy: dict[int, float] = {}
-    for _, line in stamped:
+    for line in lines:
         if (m := BALANCE.search(line)) is not None:
             busy[int(m.group(1))] = max(float(c) + float(f) for _, c, f in BUSY.findall(m.group(2)))
     if policy == "stock":  # no fedlb line: its loader's steps at the slowest emulated speed
@@ -110,8 +127,7 @@ def run_once(policy: str, rounds: int, speeds: str) -> dict[str, Any]:
         "speeds": speeds,
         "round_wall_s": walls,
         "slowest_busy_s": busy,
-        "total_s": ended,
-        "lines": len(stamped),
+        "total_s": total,
     }
 
 

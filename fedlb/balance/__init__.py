@@ -11,6 +11,7 @@ for the slow workers at their own batch size, updates normalized by their steps.
 """
 
 from . import defaults
+from .curved import CurvePooled
 from .curves import StepCurve
 from .estimators import EMA, ChangePointMean, Memoryless, SpeedEstimator
 from .guard import StabilityGuard, Verdict
@@ -51,6 +52,7 @@ __all__ = [
     "TUNERS",
     "BatchSizeManager",
     "ChangePointMean",
+    "CurvePooled",
     "Deadband",
     "LeaderStraggler",
     "Memoryless",

@@ -24,9 +24,10 @@ class BatchSizeManager:
     Args:
         initial: the starting size of every worker (usually B0 each); X is their sum.
         tuner: how sizes move. Default `default_tuner()`: the tuner `defaults.TUNER`
-            names (`curve`: `PooledProportional`, LB-BSP Algorithm 1 on estimates pooled
-            across workers the reports cannot tell apart, moved onto measured step-time
-            curves once one speed per worker is shown wrong).
+            names (`curve`: `CurvePooled`, which is `PooledProportional`, LB-BSP
+            Algorithm 1 on estimates pooled across workers the reports cannot tell apart,
+            moved onto measured step-time curves once one speed per worker is shown
+            wrong).
         estimator: a factory making one speed estimator per worker. Default
             `default_estimator`: `ChangePointMean()`, the mean since the worker's last
             significant change. (`Proportional()` with `EMA`, α = 0.2, is the papers'.)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -201,17 +202,39 @@ def time_to(row: dict[str, Any], target: float) -> float | None:
     return None
 
 
-def table(rows: list[dict[str, Any]], target: float) -> str:
+def accuracy_at(row: dict[str, Any], seconds: float) -> float:
+    """The central accuracy of the last round the run had evaluated within `seconds`."""
+    found = row["accuracy_by_round"][0]
+    for accuracy, at in zip(row["accuracy_by_round"], row["seconds_by_round"], strict=True):
+        if at > seconds:
+            break
+        found = accuracy
+    return float(found)
+
+
+def mean_at(runs: list[dict[str, Any]], seconds: float) -> float:
+    return statistics.fmean(accuracy_at(r, seconds) for r in runs)
+
+
+def table(rows: list[dict[str, Any]], target: float, at_rounds: int = 8) -> str:
+    stock = [r for r in rows if r["policy"] == "stock"]
+    at = (
+        statistics.median(r["seconds_by_round"][at_rounds] for r in stock)
+        if stock and all(len(r["seconds_by_round"]) > at_rounds for r in stock)
+        else None
+    )
     out = [
-        f"| policy | runs | wall s to {target} (each run) | median | final accuracy | wall s "
-        "per round after round 1 (median) | rounds with a silo below its speed |",
-        "|---|---|---|---|---|---|---|",
+        f"| policy | runs | wall s to {target} (each run) | median | final accuracy "
+        f"| accuracy at stock's {at_rounds}-round time"
+        + ("" if at is None else f" ({at:.0f} s)")
+        + " | wall s per round after round 1 (median) | runs with a silo below its speed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for policy in sorted({r["policy"] for r in rows}, key=lambda p: p != "stock"):
         runs = [r for r in rows if r["policy"] == policy]
         times = [time_to(r, target) for r in runs]
-        reached = sorted(t for t in times if t is not None)
-        median = statistics.median(reached) if len(reached) == len(runs) else None
+        ordered = sorted(math.inf if t is None else t for t in times)  # never: the longest
+        median = statistics.median(ordered)
         per_round = [
             b - a
             for r in runs
@@ -220,8 +243,9 @@ def table(rows: list[dict[str, Any]], target: float) -> str:
         out.append(
             f"| {policy} | {len(runs)} | "
             + ", ".join("never" if t is None else f"{t:.1f}" for t in times)
-            + f" | {'–' if median is None else f'{median:.1f}'} "
+            + f" | {'never' if math.isinf(median) else f'{median:.1f}'} "
             f"| {statistics.fmean(r['accuracy_by_round'][-1] for r in runs):.3f} "
+            f"| {'–' if at is None else format(mean_at(runs, at), '.3f')} "
             f"| {statistics.median(per_round):.1f} "
             f"| {sum(bool(r['below_emulation_rounds']) for r in runs)} of {len(runs)} runs |"
         )

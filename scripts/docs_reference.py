@@ -109,6 +109,7 @@ GROUP_TITLES = {
         "manager": "The manager",
         "names": "Tuners and estimators by name",
         "pooled": "The pooled tuner",
+        "curved": "The default tuner: pooled, on step-time curves",
         "tuners": "Other tuners",
         "leader": "LB-BSP Algorithm 2",
         "estimators": "Speed estimators",
@@ -188,7 +189,7 @@ GROUP_TITLES = {
 # The groups each face's page starts with: what a user needs first.
 MAIN_FIRST = {
     "fedlb.flower": ["strategy", "fedavg", "options", "dropin", "he", "run_files", "records"],
-    "fedlb.balance": ["manager", "names", "pooled", "tuners", "estimators", "guard"],
+    "fedlb.balance": ["manager", "names", "curved", "pooled", "tuners", "estimators", "guard"],
     "fedlb.deploy": ["operations", "settings", "run_config", "federation"],
     "fedlb.cluster": ["balancer", "policies", "coordinator", "service"],
     "fedlb.he": ["keys", "packing"],

@@ -1,11 +1,11 @@
 """The private details of Flower's app-side API that fedlb relies on outside a run
 (fedlb/_flower_internals/): messages built once the task identity is set,
-aggregate_arrayrecords as FedAvg's weighted average, a ClientApp's call chain and mod
-types. Quick tier; run against the newest flwr-nightly by scripts/check-flower-nightly.sh."""
+aggregate_arrayrecords as FedAvg's weighted average. Quick tier; run against the newest
+flwr-nightly by scripts/check-flower-nightly.sh. (A ClientApp's call chain and mod types
+are no longer here: fedlb spells them from flwr.app's public types, as the public
+`ClientApp(mods=...)` does, and mypy checks fedlb's mods against it.)"""
 
 from __future__ import annotations
-
-import pytest
 
 from fedlb import _flower_internals as flower
 
@@ -37,13 +37,3 @@ def test_aggregate_arrayrecords_is_fedavgs_weighted_average():
     ]
     average = flower.aggregate_arrayrecords(records, "n")
     np.testing.assert_allclose(average["w"].numpy(), np.full(2, 3.25))
-
-
-def test_a_clientapps_call_chain_and_mod_types_are_flowers():
-    """ClientAppCallable and Mod (flwr/clientapp/typing.py), through this module."""
-    from flwr.clientapp import typing as clientapp_typing
-
-    assert flower.ClientAppCallable is clientapp_typing.ClientAppCallable
-    assert flower.Mod is clientapp_typing.Mod
-    with pytest.raises(AttributeError):
-        _ = flower.NoSuchName

@@ -36,8 +36,6 @@ says how and handles both (one place to look when the next release lands).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from .app_runtime import (
     LOG_FLUSH_PAUSE_S,
     end_tasks_with,
@@ -134,10 +132,6 @@ from .supernode import (
     set_supernode_clock,
 )
 
-if TYPE_CHECKING:  # type aliases only; flwr.clientapp does not export them
-    from flwr.clientapp.typing import ClientAppCallable as ClientAppCallable
-    from flwr.clientapp.typing import Mod as Mod
-
 __all__ = [
     "ACQUIRE_TASK",
     "ALREADY_REGISTERED",
@@ -166,8 +160,6 @@ __all__ = [
     "SUPERNODE_WAIT_SLEEP_S",
     "TASK_TYPES",
     "UVICORN_RUN_OPTIONS",
-    "ClientAppCallable",
-    "Mod",
     "OneRunState",
     "acquire_task",
     "aggregate_arrayrecords",
@@ -217,13 +209,3 @@ __all__ = [
     "waiting_replies",
     "watch_parent",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """`ClientAppCallable` and `Mod`, the types of a ClientApp's call chain and of a mod
-    (flwr/clientapp/typing.py; `flwr.clientapp` does not export them), imported on use."""
-    if name in ("ClientAppCallable", "Mod"):
-        from flwr.clientapp import typing as clientapp_typing
-
-        return getattr(clientapp_typing, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,19 +15,24 @@ import functools
 from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedlb._flower_internals import ClientAppCallable
 from fedlb.data import use_profile_dir
 from fedlb.deploy import RunConfig, evaluate_reply, run_app, train_reply
 from fedlb.flower import balance_mod, he_mod
 
 from .profiles import EmulatedClock
 from .scenario import POLICIES, Scenario
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    # A ClientApp's call chain, as the public `ClientApp(mods=...)` spells it
+    ClientAppCallable = Callable[[Message, Context], Message]
 
 # Run config keys of the experiment app besides the scenario's own
 POLICY = "policy"

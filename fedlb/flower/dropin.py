@@ -72,7 +72,10 @@ from .protocol import (
 )
 
 if TYPE_CHECKING:
-    from fedlb._flower_internals import ClientAppCallable, Mod
+    # A ClientApp's call chain and a mod, as the public `ClientApp(mods=...)` spells them
+    # (Flower's own aliases, in flwr/clientapp/typing.py, are not exported)
+    ClientAppCallable = Callable[[Message, Context], Message]
+    Mod = Callable[[Message, Context, ClientAppCallable], Message]
 
 log = logging.getLogger("fedlb.flower")
 

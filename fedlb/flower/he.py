@@ -36,10 +36,15 @@ from .protocol import NODE_HE_CONTEXT, add_he_seconds
 # at hand: Flower starts a fresh ClientApp process per message, and a plaintext
 # federation should not pay for it.
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import tenseal as ts
 
-    from fedlb._flower_internals import ClientAppCallable, Mod
     from fedlb.he import Layout
+
+    # A ClientApp's call chain and a mod, as the public `ClientApp(mods=...)` spells them
+    ClientAppCallable = Callable[[Message, Context], Message]
+    Mod = Callable[[Message, Context, ClientAppCallable], Message]
 
 log = logging.getLogger("fedlb.flower")
 

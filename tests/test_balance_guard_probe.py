@@ -229,7 +229,7 @@ def test_a_silo_without_a_size_gets_a_yardstick_but_no_size():
 
 
 def test_net_dispersion_divides_out_the_noise_exponent_that_leaves_least():
-    from fedlb.balance.guard import dispersion, net_dispersion
+    from fedlb.balance.dispersion import dispersion, net_dispersion
 
     ratios, shrunk = [1.0, 1.2, 0.9], [1.0, 1.0, 1.0]  # sizes unchanged: as measured
     assert net_dispersion(ratios, shrunk) == (dispersion(ratios), 0.0)

@@ -110,13 +110,14 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .dispersion import dispersion, net_dispersion
+
 HISTORY = 5  # a silo's own recent update norms kept for its reference
 PROBE = 0.15  # the default probe threshold (docs/experiments.md, "The adaptive default")
 CONFIRM = 0.15  # the round after a calm probe, still at the floor, must stay below this
 GROWTH = 3.0  # a probe whose steps grew more than this since equal sizes: the edge
 CLEAR = 1.2  # a probe calm by half its threshold, its steps grown less: stable at once
 QUIET = 1.2  # a probe whose steps grew less than this is read net of batch noise
-NOISE_EXPONENTS = tuple(k / 20 for k in range(21))  # w: a step's noise part ∝ B^(-w/2)
 STABLE_FLOOR = 0.25  # a stable run's floor: as far below the probe's 0.5 as its verdict goes
 EDGE_FLOOR = 1.0  # an edge run's floor: uniform sizes (docs/experiments.md, "Uniform at the edge")
 REGIMES = ("undecided", "stable", "edge", "fixed")  # fixed: probe 0, the floor kept
@@ -547,29 +548,3 @@ class StabilityGuard:
         self.regime = regime if regime in REGIMES else self.regime
         self.baseline = {n: float(v) for n, v in state.get("baseline", {}).items()}
         self.baseline_sizes = {n: int(b) for n, b in state.get("baseline_sizes", {}).items()}
-
-
-def dispersion(values: Sequence[float]) -> float | None:
-    """Coefficient of variation (population sd over mean) of two or more values."""
-    if len(values) < 2:
-        return None
-    mean = statistics.fmean(values)
-    return statistics.pstdev(values) / mean if mean > 0 else None
-
-
-def net_dispersion(
-    ratios: Sequence[float], shrunk: Sequence[float]
-) -> tuple[float | None, float | None]:
-    """(the least dispersion of `ratios` net of batch noise, the exponent w that gives it).
-
-    `ratios`: each silo's step now over its step at equal sizes; `shrunk`: its batch now
-    over its batch then. A step whose noise part goes as B^(-1/2) grows by shrunk^(-w/2),
-    w the share of noise in it (0: all gradient, 1: all noise); each ratio is multiplied
-    back by shrunk^(w/2) over a grid of w, and the least dispersion is kept (the first
-    w at a tie, so sizes that did not change read as measured)."""
-    best: tuple[float | None, float | None] = (None, None)  # fewer than two, or all zero
-    for w in NOISE_EXPONENTS:
-        found = dispersion([r * s ** (w / 2) for r, s in zip(ratios, shrunk, strict=True)])
-        if found is not None and (best[0] is None or found < best[0] - 1e-12):
-            best = (found, w)
-    return best

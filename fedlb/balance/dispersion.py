@@ -1,0 +1,36 @@
+"""The spread the stability guard reads: the coefficient of variation of the silos' steps,
+and the same net of batch noise (a step's noise part goes as B^(-w/2); fedlb.balance.guard's
+`quiet` explains when it is read so)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+NOISE_EXPONENTS = tuple(k / 20 for k in range(21))  # w: a step's noise part ∝ B^(-w/2)
+
+
+def dispersion(values: Sequence[float]) -> float | None:
+    """Coefficient of variation (population sd over mean) of two or more values."""
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    return statistics.pstdev(values) / mean if mean > 0 else None
+
+
+def net_dispersion(
+    ratios: Sequence[float], shrunk: Sequence[float]
+) -> tuple[float | None, float | None]:
+    """(the least dispersion of `ratios` net of batch noise, the exponent w that gives it).
+
+    `ratios`: each silo's step now over its step at equal sizes; `shrunk`: its batch now
+    over its batch then. A step whose noise part goes as B^(-1/2) grows by shrunk^(-w/2),
+    w the share of noise in it (0: all gradient, 1: all noise); each ratio is multiplied
+    back by shrunk^(w/2) over a grid of w, and the least dispersion is kept (the first
+    w at a tie, so sizes that did not change read as measured)."""
+    best: tuple[float | None, float | None] = (None, None)  # fewer than two, or all zero
+    for w in NOISE_EXPONENTS:
+        found = dispersion([r * s ** (w / 2) for r, s in zip(ratios, shrunk, strict=True)])
+        if found is not None and (best[0] is None or found < best[0] - 1e-12):
+            best = (found, w)
+    return best

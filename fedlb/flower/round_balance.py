@@ -281,17 +281,10 @@ class RoundBalance:
             return {}
         own = {n: self._own_steps[n] for n in nodes if n in self._own_steps}
         plan = edge_steps(self.manager, own, nodes)
-        if plan and self.guard.looking:
-            if self.driving.once("look"):
-                sizes = self.sizes_by_silo()
-                text = edge_text(
-                    sizes, {self.members.label(n): t for n, t in plan.items()}, look=True
-                )
-                say(INFO, "round %d: %s", server_round, text)
-                self.members.events.append(text)
-        elif plan and self.driving.once("edge lever"):
-            sizes = self.sizes_by_silo()
-            text = edge_text(sizes, {self.members.label(n): t for n, t in plan.items()})
+        looking = self.guard.looking  # the look's round, or a run at the edge
+        if plan and self.driving.once("look" if looking else "edge lever"):
+            steps = {self.members.label(n): t for n, t in plan.items()}
+            text = edge_text(self.sizes_by_silo(), steps, look=looking)
             say(INFO, "round %d: %s", server_round, text)
             self.members.events.append(text)
         return plan

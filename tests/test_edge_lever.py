@@ -6,6 +6,7 @@ after the guard's verdict."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -172,3 +173,30 @@ def test_the_run_setting_picks_the_lever_and_refuses_an_unknown_one():
     assert build_strategy(RunConfig(), RoundReporter()).edge == "steps"
     with pytest.raises(ConfigError, match="guard-edge must be one of steps, uniform"):
         RunConfig.from_mapping({"guard-edge": "lr"}).check()
+
+
+def test_a_capped_round_keeps_the_silos_own_steps_in_its_profile(tmp_path, monkeypatch):
+    """A round the steps lever cut measures the silo's speed, not its own τ: the profile
+    keeps the steps of its last full round (a next run plans its cuts from them), and a
+    silo with no profile yet stores nothing from a capped round."""
+    from fedlb.flower.profiles import SiloProfile, load_profile, record_round
+
+    monkeypatch.setenv("FEDLB_PROFILE_DIR", str(tmp_path))
+    machine = {"cpu": "test"}
+
+    def measured(steps: int) -> SiloProfile:
+        return SiloProfile(
+            speed=100.0, overhead_s=0.1, batch_size=32, local_steps=steps, measured_at=time.time()
+        )
+
+    record_round("silo-2", "m", machine, 1, measured(5), capped=True)
+    assert load_profile("silo-2", "m", machine) is None  # nothing to keep the own τ from
+    record_round("silo-2", "m", machine, 1, measured(12))  # round 1: uncut
+    record_round("silo-2", "m", machine, 1, measured(5), capped=True)
+    kept = load_profile("silo-2", "m", machine)
+    assert kept is not None
+    assert (kept.local_steps, kept.rounds) == (12, 2)
+    record_round("silo-2", "m", machine, 2, measured(5), capped=True)  # a next run, cut
+    again = load_profile("silo-2", "m", machine)
+    assert again is not None
+    assert (again.local_steps, again.rounds, again.run_id) == (12, 1, 2)

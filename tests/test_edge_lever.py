@@ -200,3 +200,18 @@ def test_a_capped_round_keeps_the_silos_own_steps_in_its_profile(tmp_path, monke
     again = load_profile("silo-2", "m", machine)
     assert again is not None
     assert (again.local_steps, again.rounds, again.run_id) == (12, 1, 2)
+
+
+def test_the_look_runs_only_where_the_steps_lever_can():
+    """The look's round runs the steps lever: without it (`edge="uniform"`) the guard
+    probes in round 2 as before; a user's own guard looks too, a fixed floor never."""
+    from fedlb.balance import StabilityGuard
+    from fedlb.flower import LoadBalancedFedAvg
+
+    assert LoadBalancedFedAvg().guard.looking
+    assert not LoadBalancedFedAvg(balancing=Balancing(edge="uniform")).guard.looking
+    own = StabilityGuard(probe=0.2)
+    assert LoadBalancedFedAvg(balancing=Balancing(guard=own)).guard is own
+    assert own.looking
+    assert own.floor == 1.0  # all of the mean batch while the look is due
+    assert not LoadBalancedFedAvg(balancing=Balancing(guard=StabilityGuard(probe=0))).guard.looking

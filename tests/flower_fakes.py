@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterable
 
 from flwr.app import ConfigRecord, Context, Error, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.clientapp.typing import Mod
 from flwr.serverapp import Grid
 
 from fedlb.deploy import evaluate_reply, train_reply
@@ -15,6 +14,7 @@ from fedlb.flower import balance_mod
 from fedlb.flower.protocol import LEARNING_RATE
 
 Handler = Callable[[Message, Context], Message]
+Mod = Callable[[Message, Context, Handler], Message]  # as ClientApp(mods=...) takes them
 
 
 def fedlb_app(*mods: Mod, clock=None, config=None) -> ClientApp:

@@ -163,7 +163,9 @@ def test_a_model_clock_experiment_on_curves_with_a_speed_beside_them(tmp_path):
         assert record.clock == label
         for silo in record.silos:
             expected = (
-                profiles[silo.node - 100].time_model(record.round).compute_s(silo.batch_size, 3)
+                profiles[silo.node - 100]
+                .time_model(record.round)
+                .compute_s(silo.batch_size, silo.local_steps)  # the look cuts a slow silo
             )
             assert silo.compute_s == pytest.approx(expected)
             assert silo.fixed_s == pytest.approx(0.05)

@@ -197,6 +197,6 @@ def test_fedlb_demo_on_measured_step_time_curves(tmp_path):
     for row in rows:
         curve = step_curve(row["emulated_curve"])
         assert row["emulated_curve"] == specs[int(row["silo"].removeprefix("silo-"))]
-        assert row["compute_s"] >= 4 * curve.seconds(row["batch_size"]) * 0.999
+        assert row["compute_s"] >= row["local_steps"] * curve.seconds(row["batch_size"]) * 0.999
         assert row["efficiency"] <= 1.0 + 1e-9  # T* over the curves bounds every round
     assert "cnn" in said

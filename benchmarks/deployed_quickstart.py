@@ -26,13 +26,11 @@ Clock: wall. Takes ~25 minutes on 2 cores at the defaults.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fedlb.deploy.processes import free_port  # noqa: E402
-from tests.apps.adopt import adopt  # noqa: E402
+from tests.apps.adopt import adopt, published_server  # noqa: E402
+from tests.dropin_helpers import wait_listening  # noqa: E402
 
 SPEEDS = (120.0, 60.0, 30.0)  # samples/s by partition-id: 4 : 2 : 1
 # the app's central evaluation as Flower's strategy logs it: the initial model's, each round's
@@ -54,15 +53,6 @@ ACCURACY = re.compile(
 )
 FEDLB = [sys.executable, "-m", "fedlb.cli"]
 ENV = {**os.environ, "COLUMNS": "200"}
-
-
-def _listening(port: int, server: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and server.poll() is None:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"the server did not listen on 127.0.0.1:{port}")
 
 
 def _silo(app: Path, port: int, partition: int, speed: float, where: Path) -> list[str]:
@@ -109,8 +99,7 @@ def run_once(policy: str, rounds: int, overrides: dict[str, str]) -> dict[str, A
         where = Path(tmp)
         app, _ = adopt("quickstart_pytorch", where)
         if policy == "stock":  # the server as published; the client's mod only emulates
-            published = ROOT / "tests/apps/quickstart_pytorch/pytorchexample/server_app.py"
-            (app / "pytorchexample/server_app.py").write_text(published.read_text())
+            published_server(app)
         port, out = free_port(), where / "out"
         settings = " ".join(
             f"{k}={v}" for k, v in {"num-server-rounds": rounds, **overrides}.items()
@@ -141,7 +130,7 @@ def run_once(policy: str, rounds: int, overrides: dict[str, str]) -> dict[str, A
         )
         silos: list[subprocess.Popen[bytes]] = []
         try:
-            _listening(port, server)
+            wait_listening(port, server, timeout=120)
             silos = [
                 subprocess.Popen(
                     _silo(app, port, i, v, where),

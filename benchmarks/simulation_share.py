@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from fedlb.deploy import processes as deploy  # noqa: E402
 from fedlb.deploy.console_scripts import bin_dir  # noqa: E402
-from tests.apps.adopt import adopt  # noqa: E402
+from tests.apps.adopt import adopt, declare_emulation, published_server  # noqa: E402
 
 EVALUATED = re.compile(r"fedlb-benchmark: central evaluation of round (\d+) at ([\d.]+)")
 STAMP = """
@@ -66,16 +66,10 @@ def run_once(policy: str, rounds: int, speeds: str) -> dict[str, Any]:
         where = Path(tmp)
         app, _ = adopt("quickstart_pytorch", where)
         if policy == "stock":  # the server as published; the client's mod only emulates
-            published = ROOT / "tests/apps/quickstart_pytorch/pytorchexample/server_app.py"
-            (app / "pytorchexample/server_app.py").write_text(published.read_text())
+            published_server(app)
         server = app / "pytorchexample/server_app.py"
         server.write_text(server.read_text() + STAMP)
-        project = app / "pyproject.toml"
-        project.write_text(
-            project.read_text().replace(
-                "[tool.flwr.app.config]\n", '[tool.flwr.app.config]\nfedlb-emulated-speeds = ""\n'
-            )
-        )
+        declare_emulation(app)
         here = Path.cwd()
         os.chdir(where)  # the ServerApp writes final_model.pt where the SuperLink runs
         link = deploy.start_superlink(where, extra_args=["--simulation"])

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.app_accuracy import watch_server_evaluation  # noqa: E402
 from fedlb.data import use_profile_dir  # noqa: E402
 from fedlb.flower import LoadBalanced  # noqa: E402
-from tests.apps.adopt import STRATEGIES, adopt, app_config, imported  # noqa: E402
+from tests.apps.adopt import STRATEGIES, adopt, app_config, declare_emulation, imported  # noqa: E402
 from tests.flower_fakes import InProcessGrid  # noqa: E402
 
 SPEEDS = "400,200,100"  # samples/s by partition-id: 4 : 2 : 1
@@ -118,12 +118,7 @@ def simulated(
     from tests.dropin_helpers import _flwr_run
 
     copy, _ = adopt("quickstart_pytorch", where, balanced=balanced, strategy=strategy)
-    project = copy / "pyproject.toml"
-    project.write_text(
-        project.read_text().replace(
-            "[tool.flwr.app.config]\n", '[tool.flwr.app.config]\nfedlb-emulated-speeds = ""\n'
-        )
-    )
+    declare_emulation(copy)
     here = Path.cwd()
     os.chdir(where)  # the ServerApp writes final_model.pt where the SuperLink runs
     link = deploy.start_superlink(where, extra_args=["--simulation"])

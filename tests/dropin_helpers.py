@@ -5,9 +5,12 @@ lines fedlb logs and their parser, the noisy model clock and the equal-silos run
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import socket
 import subprocess
+import time
 import tomllib
 from pathlib import Path
 
@@ -135,3 +138,15 @@ def _flwr_run(home: Path, app: Path, options: list[str], timeout: float) -> tupl
     address = tomllib.loads((home / "config.toml").read_text())["superlink"][deploy.CONNECTION]
     with Control(address["address"]) as control:
         return output, control.run_status(run_id.group(1))
+
+
+def wait_listening(port: int, server: subprocess.Popen[bytes], timeout: float = 90) -> None:
+    """Until `server` (a `fedlb server` process) listens on 127.0.0.1:`port`; an
+    AssertionError with its output if it exits or `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and server.poll() is None:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.2)
+    output = server.stdout.read().decode() if server.poll() is not None and server.stdout else ""
+    raise AssertionError(f"the server did not listen on {port}: {output}")

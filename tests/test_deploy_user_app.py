@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typer.testing import CliRunner
 from fedlb.cli import app as cli
 from fedlb.deploy import ConfigError, server_settings, silo_settings
 from tests.apps.adopt import adopt
+from tests.dropin_helpers import wait_listening
 
 runner = CliRunner()
 FEDLB = [sys.executable, "-m", "fedlb.cli"]
@@ -197,16 +197,6 @@ def test_a_resume_keeps_the_app_it_was_started_with(quickstart, tmp_path, monkey
 # slow: real processes on 127.0.0.1
 
 
-def _listening(port: int, server: subprocess.Popen[bytes], timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and server.poll() is None:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return
-        time.sleep(0.2)
-    output = server.stdout.read().decode() if server.poll() is not None and server.stdout else ""
-    raise AssertionError(f"the server did not listen on {port}: {output}")
-
-
 def _silos(app: Path, port: int, where: Path) -> list[subprocess.Popen[bytes]]:
     """Three `fedlb silo --app` processes at 4 : 2 : 1 on the model clock."""
     return [
@@ -292,7 +282,7 @@ def federation(app: Path, where: Path, rounds: int, timeout: float = 480):
     )
     silos = []
     try:
-        _listening(port, server)
+        wait_listening(port, server)
         silos = _silos(app, port, where)
         output = server.communicate(timeout=timeout)[0]
     finally:
@@ -371,7 +361,7 @@ def test_a_users_app_goes_on_after_its_server_is_killed(tmp_path):
     )
     silos = []
     try:
-        _listening(port, first)
+        wait_listening(port, first)
         silos = _silos(app, port, tmp_path)
         deadline, done = time.monotonic() + 400, 0
         while done < 1 and time.monotonic() < deadline and first.poll() is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fedlb.deploy import processes as deploy
-from tests.apps.adopt import adopt
+from tests.apps.adopt import adopt, declare_emulation
 from tests.dropin_helpers import BALANCE, COMPUTE, DEPLOYED_SPEEDS, _flwr_run, balance_lines
 
 
@@ -20,14 +20,7 @@ def test_flwr_new_app_in_flowers_simulation(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLB_APP_PARTITION_WEIGHTS", "1,2,3")
     monkeypatch.chdir(tmp_path)  # the ServerApp saves final_model.pt where it runs
     app, _ = adopt("flwr_new_pytorch", tmp_path)
-    # Flower takes --run-config only for keys the app declares: the documented line
-    project = app / "pyproject.toml"
-    text = project.read_text()
-    declared = text.replace(
-        "[tool.flwr.app.config]\n", '[tool.flwr.app.config]\nfedlb-emulated-speeds = ""\n'
-    )
-    assert declared != text
-    project.write_text(declared)
+    declare_emulation(app)  # Flower takes --run-config only for keys the app declares
     link = deploy.start_superlink(tmp_path, extra_args=["--simulation"])
     home = tmp_path / "home-cli"
     try:

@@ -500,7 +500,8 @@ def profile_report(profile: SiloProfile, partition: int | None) -> SiloReport:
 
 def stale(profile: SiloProfile, report: SiloReport) -> float | None:
     """The measured speed's ratio to the profile's where it is off by more than STALE."""
-    if report.compute_s <= 0:
+    speed = report.samples_per_s()
+    if speed is None:
         return None
-    ratio = report.batch_size * report.local_steps / report.compute_s / profile.speed
+    ratio = speed / profile.speed
     return ratio if abs(ratio - 1.0) > STALE else None

@@ -218,3 +218,25 @@ def app_config(app: Path, **overrides: Any) -> dict[str, Any]:
     """The app's run config (its pyproject's [tool.flwr.app.config]) with `overrides`."""
     config = read_toml(app / "pyproject.toml")["tool"]["flwr"]["app"]["config"]
     return {**config, **overrides}
+
+
+def published_server(app: Path, name: str = "quickstart_pytorch") -> None:
+    """The adopted copy `app` of tests/apps/NAME with its server_app.py as published: its
+    stock strategy beside the drop-in's client lines, which then only emulate speeds (a
+    stock strategy sends no orders)."""
+    package = next(p.parent for p in app.glob("*/server_app.py"))
+    source = next((APPS / name).glob("*/server_app.py"))
+    (package / "server_app.py").write_text(source.read_text())
+
+
+def declare_emulation(app: Path) -> None:
+    """The app's pyproject declares `fedlb-emulated-speeds` (Flower takes --run-config
+    only for keys an app declares): the documented line."""
+    project = app / "pyproject.toml"
+    text = project.read_text()
+    declared = text.replace(
+        "[tool.flwr.app.config]\n", '[tool.flwr.app.config]\nfedlb-emulated-speeds = ""\n'
+    )
+    if declared == text:
+        raise ValueError(f"{project} has no [tool.flwr.app.config] table to declare it in")
+    project.write_text(declared)

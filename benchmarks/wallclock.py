@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from fedlb.deploy import Federation, RunConfig  # noqa: E402
 from fedlb.flower import records_from_json_lines  # noqa: E402
-from fedlb.flower.records import middle_rounds  # noqa: E402
+from fedlb.flower.records.record import middle_rounds  # noqa: E402
 
 BASE_SPEED = 200.0
 SLOWDOWNS = {3: (1.0, 2.0, 4.0), 5: (1.0, 1.5, 2.0, 3.0, 4.0)}

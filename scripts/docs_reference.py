@@ -59,8 +59,15 @@ def inner_modules(face: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 1:
+            module = node.module or ""
+            # a part inside the face with a face of its own (fedlb.flower.records): its
+            # names grouped by the inner module that defines them there
+            nested = bool(module) and (path.parent / module).is_dir()
+            inner = inner_modules(f"{face}.{module}") if nested else {}
             for alias in node.names:
-                found.setdefault(alias.asname or alias.name, node.module or "")
+                name = alias.asname or alias.name
+                below = inner.get(alias.name)
+                found.setdefault(name, f"{module}.{below}" if below else module)
     return found
 
 
@@ -99,11 +106,11 @@ GROUP_TITLES = {
         "options": "LoadBalancedFedAvg's options",
         "dropin": "The ClientApp side",
         "he": "Encrypted updates",
-        "run_files": "A run's files",
-        "records": "Round records",
-        "checkpoint": "Checkpoints and resuming",
+        "records.files": "A run's files",
+        "records.record": "Round records",
+        "records.checkpoint": "Checkpoints and resuming",
         "grid": "Waiting for replies",
-        "rounds_file": "Reading rounds.jsonl",
+        "records.rounds_file": "Reading rounds.jsonl",
     },
     "fedlb.balance": {
         "manager": "The manager",
@@ -188,7 +195,15 @@ GROUP_TITLES = {
 
 # The groups each face's page starts with: what a user needs first.
 MAIN_FIRST = {
-    "fedlb.flower": ["strategy", "fedavg", "options", "dropin", "he", "run_files", "records"],
+    "fedlb.flower": [
+        "strategy",
+        "fedavg",
+        "options",
+        "dropin",
+        "he",
+        "records.files",
+        "records.record",
+    ],
     "fedlb.balance": ["manager", "names", "curved", "pooled", "tuners", "estimators", "guard"],
     "fedlb.deploy": ["operations", "settings", "run_config", "federation"],
     "fedlb.cluster": ["balancer", "policies", "coordinator", "service"],
@@ -845,9 +860,8 @@ def returned_keys(function: Callable[..., Any]) -> list[str]:
 
 def run_files_page() -> str:
     from fedlb.flower import RUN_FILES, RoundRecord, summarise_rounds
-    from fedlb.flower.checkpoint import Checkpoint
-    from fedlb.flower.records import SiloRound
-    from fedlb.flower.run_files import RunFiles
+    from fedlb.flower.records import Checkpoint, SiloRound
+    from fedlb.flower.records.files import RunFiles
 
     round_fields = {f.name for f in dataclasses.fields(RoundRecord)} | {"round_silos"}
     comments = field_comments(RunFiles)
@@ -903,7 +917,7 @@ def run_files_page() -> str:
 
 
 def _summary_meaning(key: str) -> str:
-    from fedlb.flower.records import STEADY_FROM_ROUND
+    from fedlb.flower.records.record import STEADY_FROM_ROUND
 
     meanings = {
         "clock": "what the seconds are: `measured` (the wall; `(emulated speeds)` where "

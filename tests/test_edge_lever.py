@@ -169,8 +169,8 @@ def test_the_run_setting_picks_the_lever_and_refuses_an_unknown_one():
 
     config = RunConfig.from_mapping({"guard-edge": "uniform"})
     config.check()
-    assert build_strategy(config, RoundReporter()).edge == "uniform"
-    assert build_strategy(RunConfig(), RoundReporter()).edge == "steps"
+    assert build_strategy(config, RoundReporter()).balance.edge == "uniform"
+    assert build_strategy(RunConfig(), RoundReporter()).balance.edge == "steps"
     with pytest.raises(ConfigError, match="guard-edge must be one of steps, uniform"):
         RunConfig.from_mapping({"guard-edge": "lr"}).check()
 

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from fedlb.cli import app
 from fedlb.flower import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
-from fedlb.flower.checkpoint import start_run_identity
 from fedlb.flower.he import INNER_DIGEST, encrypt_record, load_encrypted, save_encrypted
+from fedlb.flower.records import start_run_identity
 from fedlb.he import CiphertextError, load_context, write_keys
 from fedlb.security import DigestError, check_seal, seal_zip
 from fedlb.security.digests import SEAL_PREFIX, SEAL_SIZE

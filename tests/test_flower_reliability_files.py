@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord
 
 from fedlb.cli import app
 from fedlb.flower import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
-from fedlb.flower.checkpoint import start_run_identity
+from fedlb.flower.records import start_run_identity
 from tests.reliability_helpers import runner, said
 
 

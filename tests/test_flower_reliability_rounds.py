@@ -48,7 +48,7 @@ def test_runs_side_by_side_on_the_wall_clock():
     from rich.console import Console
 
     from fedlb.flower import compare_runs
-    from fedlb.flower.records import wall_to
+    from fedlb.flower.records.record import wall_to
 
     def run(walls, accuracies):
         records = []

@@ -27,7 +27,7 @@ from fedlb.flower import (
     save_checkpoint,
     start_run_identity,
 )
-from fedlb.flower.rounds_file import RecordsError, resume_round_lines
+from fedlb.flower.records.rounds_file import RecordsError, resume_round_lines
 from tests.flower_fakes import record_lines
 
 DEEP = b"[" * 200_000  # RecursionError inside json, before fedlb.security.stored

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from fedlb.cluster.service import ManagerService, _decode
 from fedlb.deploy import ConfigError, RunConfig
 from fedlb.deploy.silo_app import SiloConfigError, node_settings
 from fedlb.experiments import Scenario, ScenarioError
-from fedlb.flower import Balancing, Checkpoint, CheckpointError, LoadBalancedFedAvg
+from fedlb.flower import Balancing, Checkpoint, CheckpointError, LoadBalancedFedAvg, RoundRecord
 from fedlb.flower.protocol import (
     BATCH_SIZE,
     CPU,
@@ -133,15 +132,21 @@ def test_random_reports_are_used_or_dropped_with_a_reason(metrics):
         assert worker.speed > 0
 
 
+def collect(
+    strategy: LoadBalancedFedAvg, server_round: int, replies: list[Message]
+) -> tuple[list[Message], RoundRecord]:
+    """The strategy's reading of a round's replies, as its aggregate_train starts it."""
+    return strategy.balance.collect(server_round, replies, {}, 0.0, {})
+
+
 def strategy_in_round_two() -> LoadBalancedFedAvg:
     """A strategy whose balancer is running and that has sent round 2 to nodes 7 and 8."""
     strategy = LoadBalancedFedAvg(
         min_available_nodes=1, balancing=Balancing(batch_size=16, local_steps=5)
     )
     strategy.manager = BatchSizeManager({"7": 16, "8": 16})
-    strategy._sent = {7: (16, 5), 8: (16, 5)}
+    strategy.balance.sent = {7: (16, 5), 8: (16, 5)}
     strategy.updates.new_round(GLOBAL)
-    strategy._started = time.monotonic()
     return strategy
 
 
@@ -164,7 +169,7 @@ def test_a_random_report_never_stops_the_round(changes):
     strategy = strategy_in_round_two()
     good = reply(GLOBAL, MetricRecord(GOOD_REPORT), node=8)
     fuzzed = reply(GLOBAL, MetricRecord({**GOOD_REPORT, **changes}), node=7)
-    valid, record = strategy._collect(2, [good, fuzzed])
+    valid, record = collect(strategy, 2, [good, fuzzed])
     assert len(valid) == 2  # both updates are used either way
     by_node = {s.node: s for s in record.silos}
     assert math.isfinite(by_node[8].compute_s)
@@ -181,9 +186,8 @@ def strategy_in_round_one() -> LoadBalancedFedAvg:
     its own loader's B0 for its own steps, and the balancer is made from their reports."""
     # the stability guard's floor would re-divide the sizes: the B0s are under test here
     strategy = LoadBalancedFedAvg(min_available_nodes=1, balancing=Balancing(guard=False))
-    strategy._sent = {7: (None, None), 8: (None, None)}
+    strategy.balance.sent = {7: (None, None), 8: (None, None)}
     strategy.updates.new_round(GLOBAL)
-    strategy._started = time.monotonic()
     return strategy
 
 
@@ -200,7 +204,7 @@ def test_a_random_first_b0_is_taken_or_dropped_never_fatal(b0, steps):
     good = reply(GLOBAL, MetricRecord(GOOD_REPORT), node=8)
     said = {**GOOD_REPORT, BATCH_SIZE: b0, LOCAL_STEPS: steps}
     fuzzed = reply(GLOBAL, MetricRecord(said), node=7)
-    valid, record = strategy._collect(1, [good, fuzzed])
+    valid, record = collect(strategy, 1, [good, fuzzed])
     assert len(valid) == 2  # both updates are used either way
     assert strategy.manager is not None
     sizes = strategy.manager.sizes
@@ -218,7 +222,7 @@ def test_an_absurd_first_b0_does_not_hang_the_server():
     strategy = strategy_in_round_one()
     good = reply(GLOBAL, MetricRecord(GOOD_REPORT), node=8)
     fuzzed = reply(GLOBAL, MetricRecord({**GOOD_REPORT, BATCH_SIZE: 1e40}), node=7)
-    valid, record = strategy._collect(1, [good, fuzzed])
+    valid, record = collect(strategy, 1, [good, fuzzed])
     assert len(valid) == 2  # its update is used, its report is not
     assert strategy.manager is not None
     assert strategy.manager.sizes == {"8": 16}

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord
 from fedlb.deploy import RunConfig
 from fedlb.deploy.task import federation_data, model_for
 from fedlb.flower import RoundReporter, load_checkpoint
-from fedlb.flower.tensorboard import ROUND_SCALARS, SILO_SCALARS
+from fedlb.flower.records.tensorboard import ROUND_SCALARS, SILO_SCALARS
 from tests.test_flower_resume import SETTINGS, CrashError, CrashingGrid, run, strategy_for
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -78,7 +78,7 @@ def test_every_round_is_in_the_event_files_and_a_resume_writes_no_round_twice(tm
 
 def test_a_resumed_run_drops_the_rounds_the_stopped_one_wrote_after_its_checkpoint(tmp_path):
     from fedlb.flower.records import RoundRecord
-    from fedlb.flower.tensorboard import RoundScalars
+    from fedlb.flower.records.tensorboard import RoundScalars
 
     def record(number, efficiency):
         return RoundRecord(number, "model", [], 1.0, 1.0, efficiency, 0.0, 1.0)
@@ -95,7 +95,7 @@ def test_a_resumed_run_drops_the_rounds_the_stopped_one_wrote_after_its_checkpoi
 
 
 def test_without_tensorboard_installed_the_run_goes_on_and_says_so(tmp_path, monkeypatch, caplog):
-    import fedlb.flower.rounds_file as rounds_file
+    import fedlb.flower.records.rounds_file as rounds_file
 
     monkeypatch.setattr(rounds_file, "tensorboard_installed", lambda: False)
     caplog.set_level("INFO")

@@ -76,7 +76,7 @@ SERVER_FILE = "server.json"  # where the server listened and the processes it st
 # Where earlier fedlb kept its SuperLink's state (SQLite); a folder holding one holds a run.
 # The SuperLink now keeps its state in memory: Flower 1.42's SQL state cost 0.8-2.5 s a
 # round (docs/benchmarks.md), and a resumed run finds its silos by partition instead
-# (LoadBalancedFedAvg._carry_over).
+# (fedlb.flower.round_balance: RoundBalance._carry_over).
 DATABASE_FILE = "superlink.db"
 
 

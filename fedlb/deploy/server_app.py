@@ -154,7 +154,7 @@ def run_app(
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 
     strategy = build_strategy(config, reporter, strategy_class, **(strategy_args or {}))
-    strategy.verdicts.app = config.training_settings()  # the guard's verdict is kept under
+    strategy.balance.verdicts.app = config.training_settings()  # the guard's verdict is kept under
     if strategy.he is not None:
         log.info(
             "HE on: updates are averaged as CKKS ciphertexts (key %s); the server holds no "

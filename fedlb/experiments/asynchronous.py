@@ -182,7 +182,7 @@ class AsynchronousFedAvg(LoadBalancedFedAvg):
                 flwr_log(WARNING, "fedlb: node %d failed, it leaves: %s", node, reply.error.reason)
                 continue
             metrics = reply.content.metric_records.get("metrics", MetricRecord())
-            report, why = self.report_check.read(node, metrics, told.get(node, (0, 0)))
+            report, why = self.balance.report_check.read(node, metrics, told.get(node, (0, 0)))
             if report is None:
                 flwr_log(WARNING, "fedlb: node %d's reply is unusable, it leaves: %s", node, why)
                 continue

@@ -26,7 +26,7 @@ class StepsTunedFedAvg(LoadBalancedFedAvg):
             raise ValueError("tuning τ needs batch_size and local_steps")
 
     def _orders(self, server_round: int, node: int) -> Orders:
-        size = self.size_of(node)
+        size = self.balance.size_of(node)
         steps = self.local_steps if size is None else size
         return Orders(server_round, batch_size=self.batch_size, local_steps=steps)
 
@@ -67,5 +67,5 @@ class QuorumFedAvg(LoadBalancedFedAvg):
             values = numbers(next(iter(msg.content.metric_records.values())))
             return values.get(COMPUTE_S, math.inf) + values.get(OVERHEAD_S, 0.0)
 
-        keep = max(1, math.ceil(self.quorum * len(self._sent)))
+        keep = max(1, math.ceil(self.quorum * len(self.balance.sent)))
         return sorted(sorted(valid, key=busy)[:keep], key=lambda m: m.metadata.src_node_id)

@@ -13,7 +13,8 @@
   (`CheckpointError`): a run's state, resumable.
 - `RoundRecord`, `RoundReporter`, `records_from_json_lines`, `summarise_rounds`,
   `accuracy_of`, `compare_runs`, `round_record`: per-round results and what they add up
-  to; `RUN_FILES`: the files of a run's out-dir.
+  to; `RUN_FILES`: the files of a run's out-dir. These are the run's records, a part of
+  their own (`fedlb.flower.records`), named here too for the adapter's users.
 
 The wire protocol (every key fedlb adds to Flower's messages) is the public module
 `fedlb.flower.protocol`. Running fedlb's own server and silos is `fedlb.deploy`.
@@ -28,14 +29,6 @@ from typing import TYPE_CHECKING
 from fedlb._faces import lazy_face
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
-    from .checkpoint import (
-        Checkpoint,
-        CheckpointError,
-        check_resume,
-        load_checkpoint,
-        save_checkpoint,
-        start_run_identity,
-    )
     from .dropin import BalancedLoader, balance_mod, balanced_loader, warm_up_torch
     from .fedavg import LoadBalancedFedAvg
     from .grid import PollingGrid
@@ -49,14 +42,21 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     )
     from .options import Balancing, Joining, Keeping
     from .records import (
+        RUN_FILES,
+        Checkpoint,
+        CheckpointError,
         RoundRecord,
+        RoundReporter,
         accuracy_of,
+        check_resume,
         compare_runs,
+        load_checkpoint,
+        records_from_json_lines,
         round_record,
+        save_checkpoint,
+        start_run_identity,
         summarise_rounds,
     )
-    from .rounds_file import RoundReporter, records_from_json_lines
-    from .run_files import RUN_FILES
     from .strategy import LoadBalanced
 
 __all__ = [
@@ -112,23 +112,22 @@ __getattr__ = lazy_face(
             "load_encrypted",
             "save_encrypted",
         ],
-        ".checkpoint": [
+        ".records": [
+            "RUN_FILES",
             "Checkpoint",
             "CheckpointError",
+            "RoundRecord",
+            "RoundReporter",
+            "accuracy_of",
             "check_resume",
+            "compare_runs",
             "load_checkpoint",
+            "records_from_json_lines",
+            "round_record",
             "save_checkpoint",
             "start_run_identity",
-        ],
-        ".records": [
-            "RoundRecord",
-            "accuracy_of",
-            "compare_runs",
-            "round_record",
             "summarise_rounds",
         ],
-        ".rounds_file": ["RoundReporter", "records_from_json_lines"],
         ".options": ["Balancing", "Joining", "Keeping"],
-        ".run_files": ["RUN_FILES"],
     },
 )

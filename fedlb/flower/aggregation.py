@@ -11,10 +11,9 @@ from pathlib import Path
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from .he import EncryptedAggregation
-from .protocol import ROUND_FIGURES, user_metrics
-from .records import RoundRecord
-from .replies import UpdateCheck, only_metrics
-from .round_log import audit_round
+from .protocol import ROUND_FIGURES, only_metrics, user_metrics
+from .records import RoundRecord, audit_round
+from .replies import UpdateCheck
 
 MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
 

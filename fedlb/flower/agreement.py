@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from flwr.app import Message, MetricRecord
+from flwr.app import Message
 
 from fedlb._markup import visible
 
-from .protocol import PREFIX
+from .protocol import PREFIX, only_metrics
 
 MOST_NAMED = 4  # metric names one line lists; the others are counted
 NAME_CHARS = 60  # of one name: a silo's key may be as long as it likes
@@ -42,11 +42,6 @@ def shown(keys: list[str]) -> str:
     named = ", ".join(f"'{visible(k[:NAME_CHARS])}'" for k in keys[:MOST_NAMED])
     more = len(keys) - MOST_NAMED
     return named + (f" and {more} more" if more > 0 else "")
-
-
-def only_metrics(msg: Message) -> MetricRecord:
-    """A reply's one MetricRecord (UpdateCheck has checked it has one)."""
-    return next(iter(msg.content.metric_records.values()))
 
 
 class Peers:

@@ -25,8 +25,8 @@ from .profiles import (
     seen_before,
     stale,
 )
-from .protocol import SiloReport, numbers
-from .replies import ReportCheck, only_metrics
+from .protocol import SiloReport, numbers, only_metrics
+from .replies import ReportCheck
 
 # each sampled silo's stored profile and the report it stands for
 Found = dict[int, tuple[SiloProfile, SiloReport]]

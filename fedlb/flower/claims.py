@@ -33,7 +33,8 @@ from typing import Any
 
 from flwr.app import Message
 
-from .agreement import Peers, only_metrics
+from .agreement import Peers
+from .protocol import only_metrics
 
 MOST_EXAMPLES = 2**40  # ~10^12 examples: more than any silo holds; 10^18 is a forgery
 

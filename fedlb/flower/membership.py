@@ -15,8 +15,7 @@ from fedlb._markup import visible
 from fedlb.balance import BatchSizeManager, WorkerReport
 
 from .identity import by_node, node_label, node_of, silo_label, worker_name
-from .protocol import SiloReport, partition_of
-from .replies import only_metrics
+from .protocol import SiloReport, only_metrics, partition_of
 
 
 def say(level: int, text: str, *args: object) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from fedlb.balance import BatchSizeManager, StabilityGuard
 
-from .rounds_file import RoundReporter
+from .records import RoundReporter
 
 # (initial sizes) -> the balancer; BatchSizeManager itself gives fedlb's default.
 Balancer = Callable[[Mapping[str, int]], BatchSizeManager]

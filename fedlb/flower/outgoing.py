@@ -13,6 +13,7 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
+from .composition import in_dtypes
 from .grid import SiloView
 from .membership import say
 from .packing import LAYOUT, Layout, layout_text, pack, packable
@@ -99,3 +100,27 @@ def own_content(
     made = config(msg.content.config_records.get(name, ConfigRecord()))
     content = with_config(msg.content, name, made)
     msg.content = packing.into(content, name) if packing is not None else content
+
+
+def in_sent_dtypes(
+    arrays: ArrayRecord,
+    sent: dict[str, tuple[tuple[int, ...], str]],
+    strategy_name: str,
+    once: Callable[[str], bool],
+) -> ArrayRecord:
+    """The aggregate in the dtypes the model was `sent` in (`composition.dtypes_of`; said
+    once, where `once` lets it, when the wrapped strategy returned others)."""
+    if not sent:
+        return arrays
+    arrays, cast = in_dtypes(arrays, sent)
+    if cast and once("dtypes"):
+        say(
+            INFO,
+            "%s returned the model in other dtypes than the app's (%s%s): the silos get "
+            "it in the app's, as its load_state_dict would make it; the strategy's own "
+            "state keeps its precision",
+            strategy_name,
+            ", ".join(cast[:3]),
+            ", ..." if len(cast) > 3 else "",
+        )
+    return arrays

@@ -434,6 +434,11 @@ def partition_of(metrics: MetricRecord) -> int | None:
     return None if value is None or not value.is_integer() else int(value)
 
 
+def only_metrics(msg: Message) -> MetricRecord:
+    """A reply's one MetricRecord (UpdateCheck has checked it has one)."""
+    return next(iter(msg.content.metric_records.values()))
+
+
 def user_metrics(metrics: MetricRecord) -> MetricRecord:
     """The record without fedlb's keys: what the app itself reported."""
     return MetricRecord({k: v for k, v in metrics.items() if not k.startswith(PREFIX)})

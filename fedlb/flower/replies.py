@@ -5,7 +5,7 @@ out (fedlb._markup.visible): Flower's strategies log them, and so does fedlb."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,10 +16,9 @@ from fedlb._markup import visible
 from fedlb.he import CiphertextError
 
 from .agreement import Peers
-from .agreement import only_metrics as only_metrics  # where the others read replies
 from .he import EncryptedAggregation
 from .identity import node_label
-from .protocol import ProtocolError, SiloReport, numbers, read_report
+from .protocol import ProtocolError, SiloReport, numbers, only_metrics, read_report
 
 NON_FINITE = "holds NaN or infinite values"  # an update that blew up
 
@@ -153,7 +152,9 @@ class Triage:
     unreachable: list[int] = field(default_factory=list)  # the SuperLink answered for them
 
 
-def triage_replies(replies: list[Message], sent_to: dict[str, int], updates: UpdateCheck) -> Triage:
+def triage_replies(
+    replies: list[Message], sent_to: Mapping[str, int], updates: UpdateCheck
+) -> Triage:
     """Sort train replies by what can be used. `sent_to` maps the round's message ids to
     their nodes: an error reply the SuperLink makes for a vanished node comes from the
     SuperLink itself, so the node is named by the message it answers. An error's reason

@@ -1,91 +1,92 @@
-"""fedlb's side of each round of a LoadBalanced strategy: the balancer (started from the
-silos' first reports or their stored speed profiles, carried over to silos that rejoined a
-restarted server), each round's replies read into reports for it (checked, one vote per
-partition, the quorum variant's pick), the stability guard's verdict, and the round's
-record. LoadBalanced holds the state (its __init__) and Flower's hooks; the variants in
-fedlb.experiments override the hooks these methods call (`_load_report`, `_initial_load`,
-`_keep`)."""
+"""fedlb's side of each round of a LoadBalanced strategy, one object that owns it: the
+balancer (started from the silos' first reports or their stored speed profiles, carried over
+to silos that rejoined a restarted server), what each silo was told (its batch size, its
+steps, why its last update was left out), each round's replies read into reports for it
+(checked, one vote per partition, the variant's pick, the claimed example counts), the
+stability guard's verdict and the edge lever's steps, and the round's record.
+LoadBalanced holds Flower's hooks and the wire; the variants in fedlb.experiments override
+the three hooks of `Variant`, which this object calls on the strategy."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from logging import INFO, WARNING
+from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from fedlb.balance import BatchSizeManager, StabilityGuard, Verdict, WorkerReport
+from fedlb.balance import BatchSizeManager, Verdict, WorkerReport
 
 from .balancing import StoredProfiles, read_reports, start_manager
 from .claims import Claims
-from .composition import in_dtypes
 from .driving import Driving
 from .edge import edge_steps, edge_text
-from .grid import PollingGrid
-from .he import EncryptedAggregation
 from .identity import by_node, worker_name
 from .membership import Membership, say
-from .options import Balancer
+from .options import Balancing
 from .profiles import ask_partitions
 from .protocol import SiloReport
 from .records import RoundRecord, round_record
 from .replies import ReportCheck, UpdateCheck, triage_replies
 from .round_close import RunProgress
-from .rounds_file import RoundReporter
 from .stability import guard_round, least_share
 from .verdicts import VerdictMemory
 
 
+class Variant(Protocol):
+    """The hooks a variant of LoadBalanced overrides (fedlb.experiments): the balancer's
+    load unit and which updates count."""
+
+    def _load_report(self, node: int, report: SiloReport) -> WorkerReport: ...
+
+    def _initial_load(self, report: SiloReport) -> int: ...
+
+    def _keep(self, server_round: int, valid: list[Message]) -> list[Message]: ...
+
+
 class RoundBalance:
-    """The balancing half of LoadBalanced (its state is set in LoadBalanced.__init__)."""
+    """The balancing half of a LoadBalanced strategy (`LoadBalanced.balance`)."""
 
-    balancer: Balancer
-    profiles: bool
-    guard: StabilityGuard | None
-    he: EncryptedAggregation | None
-    weighted_by_key: str
-    claims: Claims
-    members: Membership
-    updates: UpdateCheck
-    report_check: ReportCheck
-    manager: BatchSizeManager | None
-    progress: RunProgress
-    stored_profiles: StoredProfiles
-    verdicts: VerdictMemory
-    driving: Driving
-    edge: str
-    _sent: dict[int, tuple[int | None, int | None]]
-    _own_steps: dict[int, int]
-    _ran_steps: dict[int, int]
-    _round_steps: dict[int, int]
-    _messages: list[Message]
-    _notices: dict[int, str]
-    _reporting: set[int]
-    _started: float
-    _user_floor: float
-    _polling: PollingGrid | None
-    _sent_model: dict[str, tuple[tuple[int, ...], str]]
-
-    @property
-    def reporter(self) -> RoundReporter:  # LoadBalanced's
-        raise NotImplementedError
-
-    @property
-    def _inner_name(self) -> str:  # LoadBalanced's
-        raise NotImplementedError
-
-    def _load_report(self, node: int, report: SiloReport) -> WorkerReport:
-        """The balancer's view of a silo's report (its load unit: samples per step)."""
-        return report.worker_report(node)
-
-    def _initial_load(self, report: SiloReport) -> int:
-        """A silo's starting size in the balancer's unit, from its first report."""
-        return report.batch_size
-
-    def _keep(self, server_round: int, valid: list[Message]) -> list[Message]:
-        """The updates to aggregate (all of them; the quorum variant keeps the fastest)."""
-        return valid
+    def __init__(
+        self,
+        balancing: Balancing,
+        variant: Variant,
+        *,
+        encrypted: bool,
+        weighted_by_key: str,
+        claims: Claims,
+        members: Membership,
+        updates: UpdateCheck,
+        progress: RunProgress,
+        driving: Driving,
+    ) -> None:
+        self.balancer = balancing.balancer
+        self.profiles = balancing.profiles
+        self.edge = balancing.edge
+        self.guard = balancing.make_guard()
+        self.encrypted = encrypted
+        if self.guard is not None and (self.edge != "steps" or encrypted):
+            self.guard.look = False  # its look runs the steps lever: none here, probe at once
+        self.variant = variant
+        self.claims = claims
+        self.members = members
+        self.updates = updates
+        self.progress = progress
+        self.driving = driving
+        self.report_check = ReportCheck(weighted_by_key)
+        self.weighted_by_key = weighted_by_key
+        self.manager: BatchSizeManager | None = None
+        self.stored_profiles = StoredProfiles()
+        self.verdicts = VerdictMemory()  # the guard's verdicts, kept for the next run
+        self.sent: dict[int, tuple[int | None, int | None]] = {}  # node -> (B, τ) ordered
+        self.own_steps: dict[int, int] = {}  # node -> the steps its own loop runs a round
+        self.ran_steps: dict[int, int] = {}  # node -> the steps it ran this round
+        self.round_steps: dict[int, int] = {}  # node -> this round's cap (the edge lever)
+        self.notices: dict[int, str] = {}  # node -> why its last update was left out
+        self.reporting: set[int] = set()  # nodes whose last reply carried fedlb's report
+        self.user_floor = 0.0  # the floor the user set on the tuner: the guard's least
 
     def current_sizes(self) -> dict[int, int]:
         """Every known silo's batch size for the next round, by node id."""
@@ -100,6 +101,33 @@ class RoundBalance:
         """The same, by silo label (silo-<partition-id> where known)."""
         return {self.members.label(n): b for n, b in self.current_sizes().items()}
 
+    def begin_round(
+        self,
+        server_round: int,
+        grid: Grid,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        nodes: list[int],
+        present: list[int],
+        first: bool,
+    ) -> None:
+        """A round's train messages go to `nodes` (of the silos `present`): the balancer
+        started from stored profiles or carried over to rejoined silos where this is the
+        run's first round, told who takes part, and the edge lever's steps planned. What
+        each silo is then told goes into `sent` (`told`)."""
+        if self.manager is None and first and self.profiles and nodes:
+            self._start_from_profiles(grid, arrays, nodes, config)
+        if self.manager is not None and first and self.progress.offset:
+            self._carry_over(grid, present)
+        if self.manager is not None:
+            self.members.sync(self.manager, present, nodes)
+        self.sent = {}
+        self.round_steps = self._edge_plan(server_round, nodes)
+
+    def told(self, node: int, batch_size: int | None, local_steps: int | None) -> None:
+        """What `node` was ordered this round (its report is checked against it)."""
+        self.sent[node] = (batch_size, local_steps)
+
     def _start_from_profiles(
         self, grid: Grid, arrays: ArrayRecord, nodes: list[int], config: ConfigRecord
     ) -> None:
@@ -113,8 +141,8 @@ class RoundBalance:
         quickstart at η = 0.1 over 1:2:4, the floor from round 1 ended 7 networks of 60
         dead, stock 3)."""
         stored = self.stored_profiles
-        self.verdicts.know(stored.layout(arrays, self.he is not None), config, grid)
-        lever = self.edge == "steps" and self.he is None
+        self.verdicts.know(stored.layout(arrays, self.encrypted), config, grid)
+        lever = self.edge == "steps" and not self.encrypted
         if self.guard is not None:
             taken = self.verdicts.adopt(
                 self.guard, self.members.events.append, len(nodes), steps_lever=lever
@@ -122,21 +150,21 @@ class RoundBalance:
             regime = None if taken is None else taken.regime
             if self.guard.probe > 0 and not (regime == "stable" or (regime == "edge" and lever)):
                 return
-        found = stored.ask(grid, arrays, nodes, self.he is not None, self.members)
+        found = stored.ask(grid, arrays, nodes, self.encrypted, self.members)
         if found is None:
             return
         manager = self._start_balancing({n: report for n, (_, report) in found.items()})
         if self.guard is not None:
-            manager.set_min_share(least_share(self.guard, self._user_floor))
-        stored.replay(manager, found, self._load_report)
+            manager.set_min_share(least_share(self.guard, self.user_floor))
+        stored.replay(manager, found, self.variant._load_report)
         # each silo's own τ, for the steps lever before any round ran uncapped
-        self._own_steps.update({n: p.local_steps for n, (p, _) in found.items()})
+        self.own_steps.update({n: p.local_steps for n, (p, _) in found.items()})
         stored.say_used(self.members.label, self.sizes_by_silo())
 
     def _start_balancing(self, said: Mapping[int, SiloReport]) -> BatchSizeManager:
         """The balancer, from the silos' first reports (or their stored profiles)."""
-        self.manager, self._user_floor = start_manager(
-            self.balancer, self.members, said, self._initial_load
+        self.manager, self.user_floor = start_manager(
+            self.balancer, self.members, said, self.variant._initial_load
         )
         return self.manager
 
@@ -151,27 +179,33 @@ class RoundBalance:
             return
         said = ask_partitions(grid, newcomers, self.stored_profiles.model or "")
         successors = self.members.carry_over(self.manager, present, said)
-        self._own_steps = {successors.get(n, n): t for n, t in self._own_steps.items()}
+        self.own_steps = {successors.get(n, n): t for n, t in self.own_steps.items()}
         if self.guard is not None:
             self.guard.rename_workers(
                 {worker_name(o): worker_name(n) for o, n in successors.items()}
             )
 
-    def _collect(
-        self, server_round: int, replies: list[Message]
+    def collect(
+        self,
+        server_round: int,
+        replies: list[Message],
+        sent_to: Mapping[str, int],
+        wall: float,
+        arrived: Mapping[str, float],
     ) -> tuple[list[Message], RoundRecord]:
-        """Check replies, feed the balancer, and describe the round."""
-        wall = time.monotonic() - self._started
-        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._messages}
+        """The round's replies (to the messages `sent_to`: message id -> node) checked,
+        the balancer fed, the guard asked, and the round described: (the updates to
+        aggregate, the round's record). `wall`: the round's seconds so far; `arrived`:
+        when each reply came (message id -> s), where the grid polls."""
         triage = triage_replies(replies, sent_to, self.updates)
         failed = triage.failed
         failed += self.members.bench_missing(
-            server_round, triage.unreachable, self._sent, triage.answered, self.manager
+            server_round, triage.unreachable, self.sent, triage.answered, self.manager
         )
         for line in failed:
             say(WARNING, "round %d: %s", server_round, line)
         valid = self.members.one_vote_each(server_round, triage.valid, failed)
-        kept = self._keep(server_round, valid)
+        kept = self.variant._keep(server_round, valid)
         failed += [
             f"{self.members.label(m.metadata.src_node_id)}: not among the quorum"
             for m in valid
@@ -185,13 +219,18 @@ class RoundBalance:
             failed.append(line)
             say(WARNING, "round %d: %s", server_round, line)
         read = read_reports(
-            server_round, kept, self.report_check, self._sent, self.members, self._load_report
+            server_round,
+            kept,
+            self.report_check,
+            self.sent,
+            self.members,
+            self.variant._load_report,
         )
-        self._reporting = set(read.said)
-        self._ran_steps = {n: r.local_steps for n, r in read.said.items()}
+        self.reporting = set(read.said)
+        self.ran_steps = {n: r.local_steps for n, r in read.said.items()}
         for node, report in read.said.items():  # a silo's own steps: those run uncapped
-            if node not in self._round_steps:
-                self._own_steps[node] = report.local_steps
+            if node not in self.round_steps:
+                self.own_steps[node] = report.local_steps
         self._say_unbalanced(server_round, kept, read.said)
         self.members.warn_below_emulation(read.said)
         if self.profiles and server_round == self.progress.offset + 1:
@@ -206,7 +245,7 @@ class RoundBalance:
         )
         # each told in its next message
         for node, why in {**triage.rejected, **unweighed, **diverged}.items():
-            self._notices[node] = (
+            self.notices[node] = (
                 f"its update of round {server_round} was left out of the average: {why}"
             )
         if diverged:
@@ -224,13 +263,12 @@ class RoundBalance:
                 read.said,
                 read.reports,
                 read.rejected,
-                self._initial_load,
+                self.variant._initial_load,
                 # a silo whose steps the lever cut runs its own again where sizes balance
-                {n: self._own_steps[n] for n in self._round_steps if n in self._own_steps},
+                {n: self.own_steps[n] for n in self.round_steps if n in self.own_steps},
             )
         )
         balancer_s = time.perf_counter() - stepped
-        arrived = self._polling.replied_s if self._polling is not None else {}
         record = round_record(
             server_round,
             read.reports,
@@ -238,7 +276,7 @@ class RoundBalance:
             read.app_numbers,
             dict(self.members.labels),
             next_sizes,
-            self._sent,
+            self.sent,
             wall,
             self.weighted_by_key,
             {n: arrived[i] for i, n in sent_to.items() if i in arrived},
@@ -269,7 +307,7 @@ class RoundBalance:
             or self.manager is None
         ):
             return {}
-        if self.he is not None:  # no plaintext update to normalize: uniform, said once
+        if self.encrypted:  # no plaintext update to normalize: uniform, said once
             if self.driving.once("edge under HE"):
                 say(
                     INFO,
@@ -279,7 +317,7 @@ class RoundBalance:
                     server_round,
                 )
             return {}
-        own = {n: self._own_steps[n] for n in nodes if n in self._own_steps}
+        own = {n: self.own_steps[n] for n in nodes if n in self.own_steps}
         plan = edge_steps(self.manager, own, nodes)
         looking = self.guard.looking  # the look's round, or a run at the edge
         if plan and self.driving.once("look" if looking else "edge lever"):
@@ -322,47 +360,37 @@ class RoundBalance:
         diverged, verdict = guard_round(
             self.guard,
             self.manager,
-            self._user_floor,
+            self.user_floor,
             server_round,
             said,
             app_numbers,
             blown_up,
             self.members.label,
             self.members.events.append,
-            self._sent,
-            cut=[n for n, t in self._round_steps.items() if t < self._own_steps.get(n, t)],
+            self.sent,
+            cut=[n for n, t in self.round_steps.items() if t < self.own_steps.get(n, t)],
         )
         trained = len(set(said) | set(blown_up))
         self.verdicts.after(verdict, server_round, trained)  # for the next run of this app
         return diverged, verdict
 
-    def _progress(
-        self, server_round: int, messages: list[Message]
-    ) -> Callable[[dict[str, float]], None]:
-        """What the polling grid tells as replies arrive: the round's progress file (its
-        silos by label; in round 1, before any silo said its partition, node-<id>)."""
+    def state_dict(self) -> dict[str, Any]:
+        """Its part of a checkpoint beside the balancer's (fedlb.flower.state): the
+        guard's regime, floor and yardsticks, and each silo's own τ (the steps lever cuts
+        from it; read from uncapped rounds only)."""
+        state: dict[str, Any] = {}
+        if self.guard is not None:
+            state["guard"] = self.guard.state_dict()
+        state["own_steps"] = {str(n): t for n, t in self.own_steps.items()}
+        return state
 
-        def write(replied: dict[str, float]) -> None:
-            to = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
-            sent = [self.members.label(node) for node in to.values()]
-            by_silo = {self.members.label(to[i]): s for i, s in replied.items() if i in to}
-            self.reporter.progress(server_round, sent, by_silo)
-
-        return write
-
-    def _in_app_dtypes(self, arrays: ArrayRecord) -> ArrayRecord:
-        """The aggregate in the dtypes the model was sent in (said once where cast)."""
-        if not self._sent_model:
-            return arrays
-        arrays, cast = in_dtypes(arrays, self._sent_model)
-        if cast and self.driving.once("dtypes"):
-            say(
-                INFO,
-                "%s returned the model in other dtypes than the app's (%s%s): the silos get "
-                "it in the app's, as its load_state_dict would make it; the strategy's own "
-                "state keeps its precision",
-                self._inner_name,
-                ", ".join(cast[:3]),
-                ", ..." if len(cast) > 3 else "",
-            )
-        return arrays
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take up `state_dict`'s part of a checkpoint (the balancer restored first)."""
+        if self.guard is not None and self.manager is not None:
+            if "guard" in state:
+                self.guard.load_state_dict(state["guard"])
+            else:  # a checkpoint from before the guard's state was kept: the floor the
+                # run had reached is in the tuner's state, and the guard goes on there
+                self.guard.resume_at(float(getattr(self.manager.tuner, "min_share", 0.0)))
+        own_steps = state.get("own_steps") or {}
+        self.own_steps = {int(n): int(t) for n, t in own_steps.items()}

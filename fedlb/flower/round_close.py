@@ -10,13 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from logging import INFO, WARNING
 
-from flwr.app import ArrayRecord, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from .grid import PollingGrid
 from .membership import say
-from .round_log import RoundLog
+from .records import RoundLog, RoundReporter
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
@@ -126,3 +126,22 @@ def in_run_rounds(result: Result, done: int) -> None:
         shifted = {r + done: m for r, m in history.items()}
         history.clear()
         history.update(shifted)
+
+
+def progress_writer(
+    reporter: RoundReporter,
+    label: Callable[[int], str],
+    server_round: int,
+    messages: list[Message],
+) -> Callable[[dict[str, float]], None]:
+    """What the polling grid tells as replies arrive: the round's progress file (its
+    silos by label; in round 1, before any silo said its partition, node-<id>)."""
+
+    def write(replied: dict[str, float]) -> None:
+        # read at each reply: a message's id is given when the grid pushes it
+        to = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
+        sent = [label(node) for node in to.values()]
+        by_silo = {label(to[i]): s for i, s in replied.items() if i in to}
+        reporter.progress(server_round, sent, by_silo)
+
+    return write

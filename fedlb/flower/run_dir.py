@@ -21,10 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import Checkpoint, load_checkpoint
 from .options import Keeping
-from .rounds_file import RoundReporter
-from .run_files import RUN_FILES
+from .records import RUN_FILES, Checkpoint, RoundReporter, load_checkpoint
 
 RUN_DIR_ENV = "FEDLB_RUN_DIR"
 RESUME_ENV = "FEDLB_RESUME"

@@ -20,7 +20,7 @@ from flwr.common import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedlb.balance import BatchSizeManager, StabilityGuard
+from fedlb.balance import BatchSizeManager, StabilityGuard, WorkerReport
 
 from .aggregation import (
     app_metrics,
@@ -29,8 +29,7 @@ from .aggregation import (
     encrypted_start,
     with_round_figures,
 )
-from .balancing import StoredProfiles, describe_balancing
-from .checkpoint import Checkpoint, restore_strategy_state, save_checkpoint, strategy_state
+from .balancing import describe_balancing
 from .claims import Claims
 from .composition import (
     LEGACY_HOOKS,
@@ -51,24 +50,35 @@ from .grid import PollingGrid, SiloView, sampled
 from .he import EncryptedAggregation, EncryptedModel
 from .membership import Membership, say
 from .options import Balancing, Joining, Keeping
-from .outgoing import Packing, held_back, own_content
+from .outgoing import Packing, held_back, in_sent_dtypes, own_content
 from .packing import unpack_in_place
 from .profiles import model_key
-from .protocol import EVAL_EXAMPLES, Orders
-from .records import balance_line
-from .replies import ReportCheck, UpdateCheck
+from .protocol import EVAL_EXAMPLES, Orders, SiloReport
+from .records import (
+    Checkpoint,
+    RoundLog,
+    RoundReporter,
+    attach_evaluation,
+    balance_line,
+    save_checkpoint,
+)
+from .replies import UpdateCheck
 from .round_balance import RoundBalance
-from .round_close import EvaluateFn, RunProgress, in_run_rounds, recorded_evaluate
-from .round_log import RoundLog, attach_evaluation
-from .rounds_file import RoundReporter
+from .round_close import (
+    EvaluateFn,
+    RunProgress,
+    in_run_rounds,
+    progress_writer,
+    recorded_evaluate,
+)
 from .run_dir import deployed, write_summary
 from .stability import fixed_rounds_advice
-from .verdicts import VerdictMemory
+from .state import restore_strategy_state, strategy_state
 
 __all__ = ["LoadBalanced", "NoUsableUpdateError"]
 
 
-class LoadBalanced(RoundBalance, Strategy):
+class LoadBalanced(Strategy):
     """Any Flower strategy whose silos each get their own batch size, so all finish a
     round together.
 
@@ -147,12 +157,6 @@ class LoadBalanced(RoundBalance, Strategy):
         self.weighted_by_key = weighting_key(strategy)
         self.batch_size = balancing.batch_size
         self.local_steps = balancing.local_steps
-        self.balancer = balancing.balancer
-        self.profiles = balancing.profiles
-        self.edge = balancing.edge
-        self.guard: StabilityGuard | None = balancing.make_guard()
-        if self.guard is not None and (self.edge != "steps" or he is not None):
-            self.guard.look = False  # its look runs the steps lever: none here, probe at once
         self.evaluate_every = evaluate_every
         self.evaluate_with_train = evaluate_with_train
         self.poll_interval = poll_interval
@@ -174,22 +178,22 @@ class LoadBalanced(RoundBalance, Strategy):
         )
         self.claims = Claims(self.weighted_by_key, joining.examples, joining.max_share)
         self.updates = UpdateCheck(self.weighted_by_key, he, label=self.members.label)
-        self.report_check = ReportCheck(self.weighted_by_key)
-        self.manager: BatchSizeManager | None = None
         self.progress = RunProgress()
-        self.stored_profiles = StoredProfiles()
-        self.verdicts = VerdictMemory()  # the guard's verdicts, kept for the next run
-        self._sent: dict[int, tuple[int | None, int | None]] = {}  # node -> (B, τ) ordered
-        self._own_steps: dict[int, int] = {}  # node -> the steps its own loop runs a round
-        self._ran_steps: dict[int, int] = {}  # node -> the steps it ran this round
-        self._round_steps: dict[int, int] = {}  # node -> this round's cap (the edge lever)
+        self.balance = RoundBalance(
+            balancing,
+            self,
+            encrypted=he is not None,
+            weighted_by_key=self.weighted_by_key,
+            claims=self.claims,
+            members=self.members,
+            updates=self.updates,
+            progress=self.progress,
+            driving=self.driving,
+        )
         self._messages: list[Message] = []  # this round's train messages
-        self._notices: dict[int, str] = {}  # node -> why its last update was left out
-        self._reporting: set[int] = set()  # nodes whose last reply carried fedlb's report
         self._packing: Packing | None = None  # this round's model on the wire
         self._sent_model: dict[str, tuple[tuple[int, ...], str]] = {}  # shapes and dtypes
         self._started = 0.0
-        self._user_floor = 0.0  # the floor the user set on the tuner: the guard's least
         self._aggregated: ArrayRecord | None = None  # the model the last round ended with
         self._polling: PollingGrid | None = None  # its replies' arrival times per round
         self._ready = True  # from here, the wrapped strategy's attributes are set on it
@@ -225,13 +229,36 @@ class LoadBalanced(RoundBalance, Strategy):
         """Where finished round records go (their console table, rounds.jsonl)."""
         return self.rounds.reporter
 
+    # fedlb's side of the rounds (`balance`), as its users read it off the strategy
+    @property
+    def manager(self) -> BatchSizeManager | None:
+        """The balancer (None before the silos' first reports)."""
+        return self.balance.manager
+
+    @manager.setter
+    def manager(self, manager: BatchSizeManager | None) -> None:
+        self.balance.manager = manager
+
+    @property
+    def guard(self) -> StabilityGuard | None:
+        """The stability guard (None: `Balancing(guard=False)`)."""
+        return self.balance.guard
+
+    def current_sizes(self) -> dict[int, int]:
+        """Every known silo's batch size for the next round, by node id."""
+        return self.balance.current_sizes()
+
+    def sizes_by_silo(self) -> dict[str, int]:
+        """The same, by silo label (silo-<partition-id> where known)."""
+        return self.balance.sizes_by_silo()
+
     def summary(self) -> None:
         """What Flower logs at the start: the wrapped strategy's, then fedlb's balancing."""
         flwr_log(
             INFO, "\t├──> Balancing (fedlb): %s", " ⊃ ".join(type(s).__name__ for s in chain(self))
         )
         self.strategy.summary()
-        describe_balancing(self.batch_size, self.local_steps, self.balancer, self.guard)
+        describe_balancing(self.batch_size, self.local_steps, self.balance.balancer, self.guard)
 
     def _hook(self, name: str) -> Callable[..., Any]:
         """The wrapped strategy's own hook (not fedlb's, while its own loop runs them)."""
@@ -246,15 +273,27 @@ class LoadBalanced(RoundBalance, Strategy):
         return SiloView(grid, self.members, first, silos_needed(self.strategy))
 
     # Hooks the experiment-only variants (fedlb.experiments) override ------------------
+    def _load_report(self, node: int, report: SiloReport) -> WorkerReport:
+        """The balancer's view of a silo's report (its load unit: samples per step)."""
+        return report.worker_report(node)
+
+    def _initial_load(self, report: SiloReport) -> int:
+        """A silo's starting size in the balancer's unit, from its first report."""
+        return report.batch_size
+
+    def _keep(self, server_round: int, valid: list[Message]) -> list[Message]:
+        """The updates to aggregate (all of them; the quorum variant keeps the fastest)."""
+        return valid
+
     def _orders(self, server_round: int, node: int) -> Orders:
         """What `node` is told to run this round."""
-        size = self.size_of(node)
+        size = self.balance.size_of(node)
         return Orders(
-            notice=self._notices.pop(node, ""),
+            notice=self.balance.notices.pop(node, ""),
             server_round=server_round,
             batch_size=size if size is not None else self.batch_size,
             local_steps=self.local_steps,
-            round_steps=self._round_steps.get(node),
+            round_steps=self.balance.round_steps.get(node),
             evaluate_first=self.evaluate_with_train and self._evaluation_due(server_round - 1),
         )
 
@@ -285,28 +324,23 @@ class LoadBalanced(RoundBalance, Strategy):
             train = [m for m in messages if m.metadata.message_type == MessageType.TRAIN]
             nodes = [m.metadata.dst_node_id for m in train]
             present = view.listed if view.listed is not None else sorted(grid.get_node_ids())
-            if self.manager is None and first and self.profiles and nodes:
-                self._start_from_profiles(grid, arrays, nodes, config)
-            if self.manager is not None and first and self.progress.offset:
-                self._carry_over(grid, present)
-            if self.manager is not None:
-                self.members.sync(self.manager, present, nodes)
+            self.balance.begin_round(server_round, grid, arrays, config, nodes, present, first)
             self.updates.new_round(arrays)
             self._sent_model = dtypes_of(arrays) if self.he is None else {}
             self._packing = Packing.of(arrays, self._may_pack())
             preferred = getattr(innermost(self.strategy), "configrecord_key", None)
-            self._sent = {}
-            self._round_steps = self._edge_plan(server_round, nodes)
             for msg in train:
                 node = msg.metadata.dst_node_id
                 orders = self._orders(server_round, node)
-                self._sent[node] = (orders.batch_size, orders.round_steps or orders.local_steps)
-                packing = self._packing if node in self._reporting else None
+                self.balance.told(node, orders.batch_size, orders.round_steps or orders.local_steps)
+                packing = self._packing if node in self.balance.reporting else None
                 own_content(msg, preferred, partial(self._node_config, node, orders), packing)
             self._messages = train
             self._started = time.monotonic()
             if self._polling is not None:
-                self._polling.on_reply = self._progress(server_round, train)
+                self._polling.on_reply = progress_writer(
+                    self.reporter, self.members.label, server_round, train
+                )
             return messages
 
     def _configure(
@@ -334,7 +368,7 @@ class LoadBalanced(RoundBalance, Strategy):
             self.pack_model
             and self.driving.outer is None
             and type(self).aggregate_train is LoadBalanced.aggregate_train
-            and bool(self._reporting)
+            and bool(self.balance.reporting)
         )
 
     def aggregate_train(
@@ -349,7 +383,13 @@ class LoadBalanced(RoundBalance, Strategy):
             if self._packing is not None:  # before anything reads them
                 for msg in replies:
                     unpack_in_place(msg, self._packing.layout)
-            valid, record = self._collect(server_round, replies)
+            valid, record = self.balance.collect(
+                server_round,
+                replies,
+                {m.metadata.message_id: m.metadata.dst_node_id for m in self._messages},
+                time.monotonic() - self._started,
+                self._polling.replied_s if self._polling is not None else {},
+            )
             if self.evaluate_with_train and self.rounds.pending is not None:
                 # These replies carry the evaluation of the model this round started
                 # from: the previous round's result.
@@ -363,7 +403,7 @@ class LoadBalanced(RoundBalance, Strategy):
                 self.driving.no_model(server_round, why, bool(self._messages))
                 return None, (None if metrics is None else with_round_figures(metrics, record))
             self.driving.barren = 0
-            arrays = self._in_app_dtypes(arrays)
+            arrays = in_sent_dtypes(arrays, self._sent_model, self._inner_name, self.driving.once)
             self._aggregated = arrays
             if self.audit_dir is not None:
                 audit(self.audit_dir, server_round, valid, self.updates, arrays)
@@ -377,8 +417,8 @@ class LoadBalanced(RoundBalance, Strategy):
         the strategy's metric aggregation."""
         if self.he is None:
             sent = self.updates.global_arrays
-            if self._round_steps and sent is not None:  # the edge lever: FedNova first
-                normalize_by_steps(valid, sent, self._ran_steps, self.updates.weight)
+            if self.balance.round_steps and sent is not None:  # the edge lever: FedNova first
+                normalize_by_steps(valid, sent, self.balance.ran_steps, self.updates.weight)
             stock = [as_stock(m) for m in valid] + errors
             return self._hook("aggregate_train")(server_round, stock)  # type: ignore[no-any-return]
         if not valid:
@@ -410,7 +450,7 @@ class LoadBalanced(RoundBalance, Strategy):
             packing = Packing.of(arrays, self._may_pack())
             preferred = getattr(innermost(self.strategy), "configrecord_key", None)
             for msg in messages:
-                own = packing if msg.metadata.dst_node_id in self._reporting else None
+                own = packing if msg.metadata.dst_node_id in self.balance.reporting else None
                 own_content(msg, preferred, lambda c: ConfigRecord(dict(c)), own)
             return messages
 
@@ -454,8 +494,8 @@ class LoadBalanced(RoundBalance, Strategy):
             say(INFO, "going on from %s", self._resume_from.story(num_rounds))
             initial_arrays = self.restore(self._resume_from)
         done = self.progress.begin(num_rounds)
-        if self.profiles:
-            self.stored_profiles.model = model_key(initial_arrays)  # plaintext: under HE too
+        if self.balance.profiles:  # plaintext: under HE too
+            self.balance.stored_profiles.model = model_key(initial_arrays)
         if self.he is not None:
             initial_arrays = encrypted_start(self.he, initial_arrays, evaluate_fn is not None)
         self.progress.say_resumed()
@@ -510,28 +550,17 @@ class LoadBalanced(RoundBalance, Strategy):
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs of fedlb's side of the strategy (JSON-serialisable)."""
         state = strategy_state(self.manager, self.members, self.rounds)
-        if self.guard is not None:
-            state["guard"] = self.guard.state_dict()
         state["examples"] = self.claims.state_dict()
-        # each silo's own τ (the steps lever cuts from it): read from uncapped rounds only
-        state["own_steps"] = {str(n): t for n, t in self._own_steps.items()}
-        return state
+        return {**state, **self.balance.state_dict()}
 
     def restore(self, checkpoint: Checkpoint) -> ArrayRecord:
         """Take up a checkpointed run: the balancer with its estimators and tuner, labels,
         silos left out, and the last round's record. `start` then runs the rounds after
         `checkpoint.round`; pass it the returned model."""
         self.manager = restore_strategy_state(
-            checkpoint.strategy, self.balancer, self.members, self.rounds
+            checkpoint.strategy, self.balance.balancer, self.members, self.rounds
         )
-        if self.guard is not None and self.manager is not None:
-            if "guard" in checkpoint.strategy:  # its regime, floor and yardsticks
-                self.guard.load_state_dict(checkpoint.strategy["guard"])
-            else:  # a checkpoint from before the guard's state was kept: the floor the
-                # run had reached is in the tuner's state, and the guard goes on there
-                self.guard.resume_at(float(getattr(self.manager.tuner, "min_share", 0.0)))
+        self.balance.load_state_dict(checkpoint.strategy)
         self.claims.load_state_dict(checkpoint.strategy.get("examples") or {})
-        own_steps = checkpoint.strategy.get("own_steps") or {}
-        self._own_steps = {int(n): int(t) for n, t in own_steps.items()}
         self.progress.offset = checkpoint.round
         return checkpoint.arrays

@@ -21,8 +21,8 @@ from rich.console import Console
 
 from fedlb.security import StoredFileError, read_lines
 
-from .records import RoundRecord, SiloRound, summarise_rounds
-from .run_files import RUN_FILES, json_kind, parse_json
+from .files import RUN_FILES, json_kind, parse_json
+from .record import RoundRecord, SiloRound, summarise_rounds
 from .tensorboard import EXTRA, RoundScalars, tensorboard_installed
 
 log = logging.getLogger("fedlb.flower")

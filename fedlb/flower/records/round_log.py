@@ -13,9 +13,8 @@ import numpy as np
 import psutil
 from flwr.app import ArrayRecord, Message, MetricRecord
 
-from .protocol import ACCURACY_NAMES, LOSS_NAMES, first_number, numbers
-from .records import RoundRecord
-from .replies import only_metrics
+from ..protocol import ACCURACY_NAMES, LOSS_NAMES, first_number, numbers, only_metrics
+from .record import RoundRecord
 from .rounds_file import RoundReporter
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .records import RoundRecord, SiloRound
+from .record import RoundRecord, SiloRound
 
 # tag -> the figure in a round record (None: not measured that round, nothing written)
 ROUND_SCALARS: dict[str, Callable[[RoundRecord], float | None]] = {

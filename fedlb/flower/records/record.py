@@ -18,8 +18,8 @@ from fedlb._markup import plain
 from fedlb.balance import StepCurve, WorkerReport, ideal_round_time
 from fedlb.training import step_curve
 
-from .identity import node_label
-from .protocol import HE_S, TRAIN_LOSS_NAMES, SiloReport, first_number
+from ..identity import node_label
+from ..protocol import HE_S, TRAIN_LOSS_NAMES, SiloReport, first_number
 
 # What a run writes to its out-dir (the checkpoint: checkpoint.py's RUN_FILES.checkpoint)
 log = logging.getLogger("fedlb.flower")

@@ -22,10 +22,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,14 +33,10 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from fedlb.balance import BatchSizeManager
 from fedlb.security import DigestError, StoredFileError, check_seal, open_stored, seal_zip
 
-from .membership import Membership
-from .records import record_from_dict, record_to_dict
-from .round_log import RoundLog
+from .files import RUN_FILES, parse_json, read_json_object
 from .rounds_file import RecordsError, resume_round_lines
-from .run_files import RUN_FILES, parse_json, read_json_object
 
 CHECKPOINT_VERSION = 2  # 2: run id, settings digest, content digest
 
@@ -309,50 +304,3 @@ def check_resume(
             f"num-rounds {num_rounds} is below the {checkpoint.round} rounds the checkpoint "
             f"in {where} has done"
         )
-
-
-def strategy_state(
-    manager: BatchSizeManager | None, members: Membership, rounds: RoundLog
-) -> dict[str, Any]:
-    """What a resumed run needs of fedlb's side of the strategy (JSON-serialisable): the
-    balancer with its estimators and tuner, the state of Python's `random` (Flower's
-    strategies sample silos with it: a resumed run samples as the uninterrupted one
-    would), the silos' labels, who is left out and what each brought to X, and the last
-    round's record if still unpublished."""
-    version, internal, gauss = random.getstate()
-    pending = rounds.pending
-    return {
-        "manager": None if manager is None else manager.state_dict(),
-        "sampling": [version, list(internal), gauss],
-        **members.state_dict(),
-        "pending": None if pending is None else record_to_dict(pending),
-    }
-
-
-def restore_strategy_state(
-    state: Mapping[str, Any],
-    balancer: Callable[[Mapping[str, int]], BatchSizeManager],
-    members: Membership,
-    rounds: RoundLog,
-) -> BatchSizeManager | None:
-    """Put `strategy_state` back into the parts; the balancer, rebuilt with `balancer`.
-    CheckpointError if the state does not fit (another fedlb, another balancer kind).
-    (An older checkpoint's "rng", fedlb's own sampling before it wrapped a strategy that
-    samples, is not needed.)"""
-    try:
-        manager = None
-        if state["manager"] is not None:
-            manager_state = state["manager"]
-            manager = balancer({w: int(b) for w, b in manager_state["sizes"].items()})
-            manager.load_state_dict(manager_state)
-        if "sampling" in state:
-            version, internal, gauss = state["sampling"]
-            random.setstate((int(version), tuple(int(x) for x in internal), gauss))
-        members.load_state_dict(dict(state))
-        pending = state["pending"]
-        rounds.pending = None if pending is None else record_from_dict(pending)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise CheckpointError(
-            f"the checkpoint's strategy state does not fit this strategy: {error!r}"
-        ) from error
-    return manager

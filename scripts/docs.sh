@@ -23,4 +23,13 @@ if [[ "${1:-}" == "serve" ]]; then
   shift
   exec "$venv/bin/mkdocs" serve --strict "$@"
 fi
-exec "$venv/bin/mkdocs" build --strict --quiet "$@"
+"$venv/bin/mkdocs" build --strict --quiet "$@"
+# The site is pages, not data: results stay in the repository (docs/results, linked).
+# (Checked on the default build; other arguments may build elsewhere.)
+limit=$((10 * 1000 * 1000))
+size=$(du -sb site | cut -f1)
+if (( $# == 0 && size >= limit )); then
+  echo "docs: the built site is $size bytes, over $limit: keep results and large files" \
+    "out of docs/ pages (link them), or split what grew (du -sb site/* says where)" >&2
+  exit 1
+fi

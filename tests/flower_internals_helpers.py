@@ -7,7 +7,7 @@ Those files are the quick tier (no test there is marked slow): Flower is importe
 modules read, its node state and its SuperNode loop's steps driven in this process; one
 test starts a Python that runs the SuperLink's entry point up to its `uvicorn.run`.
 `scripts/check-flower-nightly.sh` runs them against the newest flwr-nightly
-(docs/flower.md, "Flower versions"). Here: reading Flower's source and signatures, and
+(docs/flower/flower-versions.md). Here: reading Flower's source and signatures, and
 `Node`, a SuperNode in this process (also used by tests/test_warm_silo.py)."""
 
 from __future__ import annotations

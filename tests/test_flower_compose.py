@@ -1,6 +1,6 @@
 """LoadBalanced around every strategy of Flower 1.42's `flwr.serverapp.strategy`: each one
 either balanced, keeping its own behaviour, or refused with one sentence saying why and
-what to do (docs/flower.md, "Composing with other strategies").
+what to do (docs/strategies.md).
 
 Each row runs the real Flower class, unchanged, on three silos at speeds 4 : 2 : 1 (the
 model clock: fedlb's silo app, Flower's messages in-process, tests/flower_fakes.py), and

@@ -10,7 +10,7 @@ detail is here, once: a constant or a small function whose docstring says what F
 does that fedlb relies on, and where in flwr it lives. tests/test_flower_internals_*.py check
 each by name, so a new Flower release fails one named test per broken assumption instead of
 a timeout deep in a deployed run; `scripts/check-flower-nightly.sh` runs those tests and the
-deployed ones against the newest `flwr-nightly` (docs/flower.md, "Flower versions").
+deployed ones against the newest `flwr-nightly` (docs/flower/flower-versions.md).
 
 The details, by what of Flower they are about:
 - `modules`: the flwr modules fedlb imports by name, and `module(name)`;

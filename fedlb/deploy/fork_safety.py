@@ -2,7 +2,7 @@
 simulations (fedlb.deploy.warm), and a tripwire that keeps it so.
 
 PyTorch's fork rules, each seen on real hardware (`../shared/notes/gpu-h200-federation.md`,
-and the checks in `docs/flower.md`, "Fork safety"):
+and the checks in `docs/flower/framework-time.md`, "Fork safety"):
 - a child forked from a process that initialised CUDA cannot use CUDA ("CUDA error:
   initialization error", "Cannot re-initialize CUDA in forked subprocess"), and
   `torch.cuda.is_available()` alone already initialises the driver (cuInit) unless
@@ -242,7 +242,7 @@ def warm_up_for_forks() -> None:
     the gradient set by hand, which never reaches autograd's engine. Each forked child
     pays its own first backward: ~3 ms here (CPU-only torch), ~0.2 s on the H200
     machine's CUDA build, where it initialises CUDA's driver and starts autograd's device
-    threads (docs/flower.md, "Fork safety")."""
+    threads (docs/flower/framework-time.md, "Fork safety")."""
     import torch
 
     weight = torch.zeros(1, requires_grad=True)

@@ -33,7 +33,7 @@ used anyway (a --preload module that trains at import) says why in the silo's lo
 runs each task in Flower's own `flwr-clientapp` process (fedlb.deploy.warm_tasks), as
 `--cold` does: slower, never a lost round. The forked child gets torch back as a fresh
 process has it and pays its own first backward (~3 ms on a CPU-only build, ~0.2 s on
-an H200 machine's CUDA build: docs/flower.md, "Fork safety").
+an H200 machine's CUDA build: docs/flower/framework-time.md, "Fork safety").
 
 Security: the runtime API listens on loopback only, and the SuperNode hands out tasks
 (AcquireTask) only to a caller that signs with the silo's SuperExec secret (Flower's

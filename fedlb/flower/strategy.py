@@ -1,9 +1,12 @@
 """LoadBalanced: any Flower strategy, its silos each at their own batch size.
 
-The class holds Flower's round (configure/aggregate train and evaluate, start) and the hooks
-its variants override; each concern its hooks need lives beside it: what can be wrapped and
-how fedlb stays out of the wrapped strategy's sight (composition), the balancer's start and
-reports (balancing), the stability guard (stability), averaging under HE and metrics
+The class holds Flower's round (configure/aggregate train and evaluate, start), the wire
+(what each message carries, packed or not) and the hooks its variants override. fedlb's
+side of each round is one object it holds, `balance` (round_balance.RoundBalance: the
+balancer, the guard, what each silo was told, a round's replies read into its record);
+the run's records are a part of their own (records: round records, rounds.jsonl,
+checkpoints). Each other concern lives beside it: what can be wrapped and how fedlb stays
+out of the wrapped strategy's sight (composition), averaging under HE and metrics
 (aggregation), the silos taking part (membership, grid), rounds closed in the run's
 numbering (round_close)."""
 

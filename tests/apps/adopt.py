@@ -1,5 +1,5 @@
 """The change that makes a stock Flower PyTorch app load-balanced, applied to a copy of it:
-three changed lines plus imports, as docs/flower.md shows them.
+three changed lines plus imports, as docs/how-to/flower-app.md shows them.
 
     server_app.py  strategy = FedAvg(...)           ->  LoadBalancedFedAvg(...)
       (an app whose strategy.py subclasses FedAvg: class X(FedAvg) -> X(LoadBalancedFedAvg))

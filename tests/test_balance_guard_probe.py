@@ -390,3 +390,61 @@ def test_a_blow_up_in_the_look_is_the_edge_and_a_remembered_verdict_needs_no_loo
     remembered = StabilityGuard()
     remembered.adopt("stable")
     assert (remembered.looking, remembered.floor) == (False, 0.25)
+
+
+def stable_after_a_look(**settings):
+    """A guard that looked calm and probed calm: stable, its verdict on trial."""
+    guard = StabilityGuard(**settings)
+    guard.check(OWN, None, EQUAL)
+    guard.check(scaled(OWN, 1.5), None, EQUAL, cut={"c"})
+    assert guard.check(scaled(OWN, 5.0), None, UNEQUAL).regime == "stable"
+    return guard
+
+
+BALANCED = {"a": 8, "b": 27, "c": 61}
+
+
+def test_a_stable_verdict_whose_steps_collapse_on_trial_turns_to_the_edge():
+    """The quickstart at η = 0.1 over 5 silos 1..8: a calm look and probe, then the first
+    balanced round blew every silo's step up ~4x (no one silo's blow-up: all together)
+    and the next fell to ~0.1x, the model thrown back toward its start. A fall to
+    1/growth or less within `trial` rounds of the verdict puts the run at the edge."""
+    guard = stable_after_a_look()
+    grown = guard.check(scaled(OWN, 20.0), None, BALANCED)  # 4x the probe's, all together
+    assert (grown.stage, grown.regime, grown.look) == ("trial", "stable", "steady")
+    assert grown.growth == pytest.approx(4.0)
+    fell = guard.check(scaled(OWN, 2.0), None, BALANCED)  # 0.1x the round before
+    assert (fell.stage, fell.look, fell.regime, fell.floor) == ("trial", "collapsed", "edge", 1.0)
+    assert fell.growth == pytest.approx(0.1)
+    assert guard.check(scaled(OWN, 0.1), None, EQUAL).regime == "edge"  # for good
+
+
+def test_a_stable_run_whose_steps_shrink_as_it_learns_stays_stable():
+    """A stable η's steps shrink round by round as the loss falls (0.64x the round
+    before at the least in every stable run recorded), and after the trial rounds a
+    fall of any size (a learning-rate schedule's step) is the app's, not the edge."""
+    guard = stable_after_a_look()
+    norms = scaled(OWN, 5.0)
+    for _ in range(5):  # the trial's rounds: steps 0.6x the round before each
+        norms = scaled(norms, 0.6)
+        verdict = guard.check(norms, None, BALANCED)
+        assert (verdict.stage, verdict.regime) == ("trial", "stable")
+    after = guard.check(scaled(norms, 0.1), None, BALANCED)  # an lr decay by 10x
+    assert (after.stage, after.regime) == ("", "stable")
+
+
+def test_with_no_trial_a_stable_verdict_holds_and_the_trial_survives_a_resume():
+    held = stable_after_a_look(trial=0)
+    held.check(scaled(OWN, 20.0), None, BALANCED)
+    assert held.check(scaled(OWN, 2.0), None, BALANCED).regime == "stable"
+    guard = stable_after_a_look()
+    guard.check(scaled(OWN, 20.0), None, BALANCED)
+    again = StabilityGuard()
+    again.load_state_dict(guard.state_dict())
+    assert again.on_trial == guard.on_trial == 4
+    assert again.check(scaled(OWN, 2.0), None, BALANCED).regime == "edge"
+    remembered = StabilityGuard()
+    remembered.adopt("stable")  # a verdict taken up from the last run is on trial too
+    assert remembered.on_trial == 5
+    with pytest.raises(ValueError, match="trial"):
+        StabilityGuard(trial=-1)

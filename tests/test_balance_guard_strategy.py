@@ -224,3 +224,35 @@ def test_the_strategy_leaves_a_lone_nan_silo_out_and_keeps_everyones_sizes(tmp_p
     assert strategy.guard is not None
     assert strategy.guard.floor == 0.25  # not raised: stable at the probe after a calm look
     assert len(set(sent_sizes(grid)[2].values())) > 1  # round 3 still balanced
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_stable_verdict_that_collapses_on_trial_runs_the_steps_lever_next(tmp_path):
+    """Stable by round 4 (these fake silos' probe is looked at again), every silo's step
+    falls to 1/20 of the round before's in round 5: the edge after all, said in the log and the round's events, and
+    round 6 runs every silo at its own batch size with the slow silos' steps cut."""
+    from fedlb.flower.protocol import ROUND_STEPS, SERVER_ROUND
+
+    grid = make_grid()
+
+    def collapse(reply):
+        metrics = reply.content.metric_records.get("metrics") if reply.has_content() else None
+        if grid.trained == 5 and metrics is not None and UPDATE_NORM in metrics:
+            metrics[UPDATE_NORM] = float(metrics[UPDATE_NORM]) / 20
+        return reply
+
+    grid.intercept = collapse
+    strategy = run_three_silos(grid, tmp_path, rounds=6)
+    records = strategy.reporter.records
+    assert [r.guard for r in records[3:]] == ["stable", "edge", "edge"]
+    assert records[4].guard_growth is not None and records[4].guard_growth < 1 / 3
+    assert any("at the edge of stability after all" in e for e in records[4].events)
+    sizes = sent_sizes(grid)
+    assert len(set(sizes[4].values())) > 1  # round 5: still balanced
+    assert set(sizes[5].values()) == {16}  # round 6: every silo at its own B0
+    cut = {
+        m.metadata.dst_node_id: m.content["config"].get(ROUND_STEPS)
+        for m in train_messages(grid)
+        if m.content["config"][SERVER_ROUND] == 6
+    }
+    assert cut[100] == 3 and cut[102] is not None and cut[102] < 3  # the slowest cut

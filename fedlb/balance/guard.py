@@ -85,6 +85,15 @@ dispersion 0.004-0.094; Dirichlet 0.5 at η = 0.1: 5 runs at the edge by the loo
 the probe, none taken for stable). `look=False` (a caller without the lever): the probe
 in round 2, confirmed as above.
 
+A stable verdict is on trial for `trial` rounds: a round whose silos' steps fell to
+1/`growth` of their own in the round before or less puts the run at the edge after all.
+Two rounds early in training can look calm where a balanced round then tips the app: on
+the quickstart at η = 0.1 over 5 silos 1..8, 3 of 10 runs looked and probed calm, then
+fell to 0.08-0.19x within two rounds, the model thrown back toward its start, and ended
+below stock; no run found stable in fedlb's recorded runs fell below 0.64x in those
+rounds (docs/benchmarks/edge-levers.md). Growth is no sign there: a stable η's first
+balanced round grows 2-3.4x.
+
 A deployment's next run of the same app takes up the verdict its last run reached
 (`adopt`; fedlb.flower.verdicts) instead of probing again: stable, it starts balanced from
 the silos' stored speed profiles; at the edge, it runs uniform sizes with no probe.
@@ -120,6 +129,7 @@ CLEAR = 1.2  # a probe calm by half its threshold, its steps grown less: stable 
 QUIET = 1.2  # a probe whose steps grew less than this is read net of batch noise
 STABLE_FLOOR = 0.25  # a stable run's floor: as far below the probe's 0.5 as its verdict goes
 EDGE_FLOOR = 1.0  # an edge run's floor: uniform sizes (docs/experiments.md, "Uniform at the edge")
+TRIAL = 5  # rounds after a stable verdict in which the silos' steps collapsing means the edge
 REGIMES = ("undecided", "stable", "edge", "fixed")  # fixed: probe 0, the floor kept
 
 
@@ -129,12 +139,17 @@ class Verdict:
 
     diverged: dict[str, str] = field(default_factory=dict)  # silo -> why
     dispersion: float | None = None  # coefficient of variation of the norms per step
-    look: str = "steady"  # calm, scattered (a calm probe not confirmed), steady, diverged
+    # calm, scattered (a calm probe not confirmed), steady, diverged, grown (the look),
+    # collapsed (a stable verdict overturned on trial)
+    look: str = "steady"
     probe: float | None = None  # the dispersion, in a round that judged the regime
     # which judgement: "look" (the app's own growth, every silo at its own batch size),
-    # "probe" or "confirm" (the round after a calm probe)
+    # "probe" or "confirm" (the round after a calm probe), "trial" (a round after a
+    # stable verdict, still watched)
     stage: str = ""
-    growth: float | None = None  # the probe: the silos' mean step now over at equal sizes
+    # the probe: the silos' mean step now over at equal sizes; a trial round: over their
+    # own in the round before
+    growth: float | None = None
     # read net of batch noise (a quiet probe, and the round confirming it): the exponent w
     # of the B^(-w/2) that, divided out, left the least dispersion; None: read as measured
     noise_exponent: float | None = None
@@ -215,6 +230,18 @@ class StabilityGuard:
             `cut`), and growth alone is read; the probe follows a calm look and decides
             alone. Default True; fedlb's strategies turn it off where they cannot cut
             steps (`Balancing(edge="uniform")`, HE). False: the probe in round 2.
+        trial: the rounds after a stable verdict in which the run can still be found at
+            the edge: a round whose silos' steps fell, on average, to 1/`growth` of their
+            own in the round before or less (the model thrown off and fallen back toward
+            its start, where the gradients are flat) puts the run at the edge from then
+            on. A look and a probe are a few rounds early in training; a balanced round
+            can still tip an app near its edge (the quickstart at η = 0.1 over 5 silos
+            1..8: 3 runs of 10 whose look and probe were calm fell to 0.08-0.19x within
+            two rounds of their verdict, and ended below stock), where no run found
+            stable in fedlb's recorded runs (the quickstart at η = 0.03, the MLP scenarios,
+            the measured curves, a real GPU federation) fell below 0.64x in those rounds.
+            Growth is no sign there: a stable η's first balanced round grows 2-3.4x.
+            Default `TRIAL` (5). 0: a stable verdict holds (bar a blow-up, above).
         ratio: an update diverged when its norm per local step exceeds `ratio` times its
             reference (the larger of its peers' median this round and its own recent
             median). Default 5.0: balanced silos' updates run up to ~2x their peers'
@@ -238,6 +265,7 @@ class StabilityGuard:
         edge_floor: float = EDGE_FLOOR,
         second_look: bool = True,
         look: bool = True,
+        trial: int = TRIAL,
     ) -> None:
         if not floors or any(not 0.0 <= f <= 1.0 for f in floors):
             raise ValueError(f"floors must lie within [0, 1], got {list(floors)}")
@@ -260,6 +288,8 @@ class StabilityGuard:
                 raise ValueError(
                     f"{name} must lie within [0, 1] (a share of the mean batch), got {share}"
                 )
+        if isinstance(trial, bool) or not isinstance(trial, int) or trial < 0:
+            raise ValueError(f"trial must be a whole number of rounds >= 0, got {trial!r}")
         if not (math.isfinite(ratio) and ratio > 1.0):
             raise ValueError(f"ratio must be a finite number > 1, got {ratio}")
         self.floors = list(floors)
@@ -272,6 +302,8 @@ class StabilityGuard:
         self.quiet = quiet
         self.second_look = second_look
         self.look = look
+        self.trial = trial
+        self.on_trial = 0  # rounds left in which a stable verdict can still turn
         self.looked = False  # the look has read the app's own growth (calm: the probe next)
         self.start = start
         self.stable_level = self._step_at(stable_floor)
@@ -310,6 +342,7 @@ class StabilityGuard:
         `cut`: the silos whose local steps were cut this round (the steps lever): a
         momentum step grows over a round's first steps, so their norm per step is no
         yardstick and says nothing of growth."""
+        before = {n: h[-1] for n, h in self.norms.items() if h}  # the last round's steps
         verdict = Verdict(diverged=self._diverged(norms), floor_before=self.floor)
         for name, loss in (losses or {}).items():
             if not math.isfinite(loss):
@@ -343,7 +376,16 @@ class StabilityGuard:
             self.baseline.update(whole)
             self.baseline_sizes.update({n: sizes[n] for n in whole if n in sizes})
         verdict.lone = self._lone(verdict.diverged, kept, sizes)
-        if verdict.lone is not None:
+        trial = self.regime == "stable" and self.on_trial > 0 and not verdict.diverged
+        if trial:
+            self.on_trial -= 1
+        if trial and (fell := self._fell(before, kept)) is not None:
+            verdict.stage, verdict.growth = "trial", fell
+            if fell <= 1 / self.growth:
+                verdict.look = "collapsed"
+                self.on_trial = 0
+                self._decide(stable=False)
+        elif verdict.lone is not None:
             verdict.look = "lone"  # neither a verdict nor a floor: the next round goes on
         elif verdict.diverged:
             verdict.look = "diverged"
@@ -425,10 +467,18 @@ class StabilityGuard:
             return None
         return name
 
+    def _fell(self, before: Mapping[str, float], now: Mapping[str, float]) -> float | None:
+        """The silos' mean step this round over their own in the round before (None:
+        none ran both)."""
+        ratios = [v / before[n] for n, v in now.items() if before.get(n, 0.0) > 0]
+        return statistics.fmean(ratios) if ratios else None
+
     def _decide(self, stable: bool) -> None:
         """The run's regime, and its floor from now on: a stable run's, or at the edge
-        the edge floor (or higher, where a blow-up raised it already)."""
+        the edge floor (or higher, where a blow-up raised it already). A stable verdict
+        is on trial for `trial` rounds."""
         if stable:
+            self.on_trial = self.trial if self.regime != "stable" else self.on_trial
             self.regime, self.level = "stable", self.stable_level
         else:
             self.regime, self.level = "edge", max(self.level, self.edge_level)
@@ -532,6 +582,7 @@ class StabilityGuard:
             "looking_again": self.looking_again,
             "net_of_noise": self.net_of_noise,
             "regime": self.regime,
+            "on_trial": self.on_trial,
             "baseline": dict(self.baseline),
             "baseline_sizes": dict(self.baseline_sizes),
         }
@@ -546,5 +597,6 @@ class StabilityGuard:
         self.net_of_noise = bool(state.get("net_of_noise", False))
         regime = state.get("regime", self.regime)
         self.regime = regime if regime in REGIMES else self.regime
+        self.on_trial = max(0, int(state.get("on_trial", 0)))
         self.baseline = {n: float(v) for n, v in state.get("baseline", {}).items()}
         self.baseline_sizes = {n: int(b) for n, b in state.get("baseline_sizes", {}).items()}

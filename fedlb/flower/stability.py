@@ -83,12 +83,21 @@ def guard_round(
         text = look_text(verdict, guard) if verdict.stage == "look" else regime_text(verdict, guard)
         say(INFO, "round %d: %s", server_round, text)
         tell(text)
+    if verdict.look == "collapsed":  # a stable verdict overturned on trial
+        text = collapse_text(verdict, guard)
+        say(WARNING, "round %d: %s", server_round, text)
+        tell(text)
     if manager is not None:
         floor = least_share(guard, user_floor)
         if getattr(manager.tuner, "min_share", floor) != floor:
             manager.set_min_share(floor)
             # said above, with why; or the look's uniform round, said when it is planned
-            if verdict.probe is not None or verdict.stage == "look" or guard.looking:
+            if (
+                verdict.probe is not None
+                or verdict.stage == "look"
+                or verdict.look == "collapsed"
+                or guard.looking
+            ):
                 return found, verdict
             dispersion = "–" if verdict.dispersion is None else f"{verdict.dispersion:.2f}"
             text = (
@@ -128,6 +137,17 @@ def look_text(verdict: Verdict, guard: StabilityGuard) -> str:
     return (
         f"the stability guard's look: calm: {evidence}; the next round probes unequal batch "
         f"sizes (every silo at least {100 * verdict.floor:.0f}% of the mean batch)"
+    )
+
+
+def collapse_text(verdict: Verdict, guard: StabilityGuard) -> str:
+    """A stable verdict overturned in its trial rounds, in words."""
+    return (
+        "the stability guard: at the edge of stability after all: the silos' update per "
+        f"step fell to {verdict.growth or 0:.2f}x their own in the round before (the edge "
+        f"from 1/{guard.growth:.1f}), the model thrown off and fallen back toward its "
+        "start at these balanced sizes; every silo keeps its own batch size from now on "
+        "(the steps lever: the slow silos run fewer steps)"
     )
 
 

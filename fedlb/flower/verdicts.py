@@ -311,8 +311,8 @@ class VerdictMemory:
 
     def after(self, verdict: Verdict, server_round: int, silos: int | None = None) -> None:
         """Keep what this round's verdict decided: the look's edge, the probe's regime,
-        or the edge after a blow-up in a stable run; `silos`: how many trained this
-        round."""
+        or the edge after a blow-up in a stable run or a collapse on trial; `silos`: how
+        many trained this round."""
         if self.key is None:
             return
         if verdict.diverged and verdict.regime in JUDGED:  # before its verdict, or after
@@ -322,6 +322,18 @@ class VerdictMemory:
                     "edge",
                     time.time(),
                     f"an update blew up in round {server_round}",
+                    self.described,
+                    silos,
+                ),
+            )
+        elif verdict.look == "collapsed":  # a stable verdict overturned on trial
+            keep(
+                self.key,
+                Remembered(
+                    "edge",
+                    time.time(),
+                    f"round {server_round}: steps fell to {verdict.growth or 0:.2f}x "
+                    "after the stable verdict",
                     self.described,
                     silos,
                 ),

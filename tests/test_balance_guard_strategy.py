@@ -229,8 +229,9 @@ def test_the_strategy_leaves_a_lone_nan_silo_out_and_keeps_everyones_sizes(tmp_p
 @pytest.mark.usefixtures("task_identity")
 def test_a_stable_verdict_that_collapses_on_trial_runs_the_steps_lever_next(tmp_path):
     """Stable by round 4 (these fake silos' probe is looked at again), every silo's step
-    falls to 1/20 of the round before's in round 5: the edge after all, said in the log and the round's events, and
-    round 6 runs every silo at its own batch size with the slow silos' steps cut."""
+    falls to 1/20 of the round before's in round 5: the edge after all, said in the log
+    and the round's events, and round 6 runs every silo at its own batch size with the
+    slow silos' steps cut."""
     from fedlb.flower.protocol import ROUND_STEPS, SERVER_ROUND
 
     grid = make_grid()
@@ -245,7 +246,9 @@ def test_a_stable_verdict_that_collapses_on_trial_runs_the_steps_lever_next(tmp_
     strategy = run_three_silos(grid, tmp_path, rounds=6)
     records = strategy.reporter.records
     assert [r.guard for r in records[3:]] == ["stable", "edge", "edge"]
-    assert records[4].guard_growth is not None and records[4].guard_growth < 1 / 3
+    fell = records[4].guard_growth
+    assert fell is not None
+    assert fell < 1 / 3
     assert any("at the edge of stability after all" in e for e in records[4].events)
     sizes = sent_sizes(grid)
     assert len(set(sizes[4].values())) > 1  # round 5: still balanced
@@ -255,4 +258,6 @@ def test_a_stable_verdict_that_collapses_on_trial_runs_the_steps_lever_next(tmp_
         for m in train_messages(grid)
         if m.content["config"][SERVER_ROUND] == 6
     }
-    assert cut[100] == 3 and cut[102] is not None and cut[102] < 3  # the slowest cut
+    assert cut[100] == 3  # the fastest runs all its steps
+    assert cut[102] is not None
+    assert cut[102] < 3  # the slowest cut

@@ -935,7 +935,8 @@ def _summary_meaning(key: str) -> str:
         "final_mean_silo_accuracy": "the last round's silo accuracies, each silo counted "
         "once (FLamby's average over centres)",
         "stability": "the stability guard's verdict: `regime` (stable, edge, fixed), "
-        "`decided_in_round`, the probe's `probe_dispersion`, `probe_growth` and "
+        "`decided_in_round`, `overturned_in_round` (a stable verdict's trial found the "
+        "edge), the probe's `probe_dispersion`, `probe_growth` and "
         "`probe_noise_exponent`, `final_floor`, and `remembered` (a kept verdict it "
         "started from); null without the guard",
         "uniform_balance_efficiency": f"the E uniform sizes (FedAvg's) would have had at "

@@ -173,6 +173,7 @@ def test_the_verdict_is_in_every_round_record_and_the_summary(tmp_path, caplog):
     assert summary["stability"] == {
         "regime": "stable",
         "decided_in_round": 4,
+        "overturned_in_round": None,
         "probe_dispersion": records[3].guard_probe,
         "probe_growth": records[1].guard_growth,  # the look's
         "probe_noise_exponent": records[3].guard_noise_exponent,
@@ -250,6 +251,9 @@ def test_a_stable_verdict_that_collapses_on_trial_runs_the_steps_lever_next(tmp_
     assert fell is not None
     assert fell < 1 / 3
     assert any("at the edge of stability after all" in e for e in records[4].events)
+    stability = strategy.reporter.summary()["stability"]
+    assert (stability["regime"], stability["decided_in_round"]) == ("edge", 4)
+    assert stability["overturned_in_round"] == 5
     sizes = sent_sizes(grid)
     assert len(set(sizes[4].values())) > 1  # round 5: still balanced
     assert set(sizes[5].values()) == {16}  # round 6: every silo at its own B0

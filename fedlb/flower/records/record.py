@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -81,7 +82,9 @@ class RoundRecord:
     guard: str | None = None
     guard_floor: float | None = None
     guard_probe: float | None = None
-    guard_growth: float | None = None  # in the probe's round: the silos' steps' growth
+    # the look's or the probe's round: the silos' steps' growth since equal sizes; a round
+    # of a stable verdict's trial: their steps over the round before's
+    guard_growth: float | None = None
     # the noise exponent w the probe was read at (a quiet probe; None: as measured)
     guard_noise_exponent: float | None = None
     # in a run's round 1: the last run's verdict on this app that the guard took up
@@ -258,8 +261,9 @@ def uniform_efficiency(record: RoundRecord) -> float | None:
 def stability_of(records: list[RoundRecord]) -> dict[str, Any] | None:
     """The stability guard's verdict on the run (None: no guard): its regime at the end,
     the round that decided it (the look's, the probe's, or the one confirming it), the
-    dispersion the probe read (None where the look decided), the growth first read
-    (the look's, or the probe's), and the final floor."""
+    round a stable verdict was overturned in on trial (None: it held, or was never
+    stable), the dispersion the probe read (None where the look decided), the growth
+    first read (the look's, or the probe's), and the final floor."""
     guarded = [r for r in records if r.guard is not None]
     if not guarded:
         return None
@@ -267,10 +271,19 @@ def stability_of(records: list[RoundRecord]) -> dict[str, Any] | None:
     probe = next((r for r in reversed(guarded) if r.guard_probe is not None), None)
     decided = next((r for r in guarded if r.guard in ("stable", "edge")), None)
     remembered = next((r.guard_remembered for r in guarded if r.guard_remembered), None)
+    overturned = next(
+        (
+            r.round
+            for before, r in itertools.pairwise(guarded)
+            if before.guard == "stable" and r.guard == "edge"
+        ),
+        None,
+    )
     return {
         "regime": guarded[-1].guard,
         # none where the verdict was taken up from the last run (no round judged it)
         "decided_in_round": None if decided is None or remembered else decided.round,
+        "overturned_in_round": overturned,
         "probe_dispersion": None if probe is None else probe.guard_probe,
         "probe_growth": next((r.guard_growth for r in guarded if r.guard_growth is not None), None),
         "probe_noise_exponent": None if probe is None else probe.guard_noise_exponent,

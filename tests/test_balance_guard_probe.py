@@ -448,3 +448,25 @@ def test_with_no_trial_a_stable_verdict_holds_and_the_trial_survives_a_resume():
     assert remembered.on_trial == 5
     with pytest.raises(ValueError, match="trial"):
         StabilityGuard(trial=-1)
+
+
+def test_a_fall_while_the_loss_goes_on_falling_is_a_schedules_not_the_edge():
+    """Flower's advanced-pytorch halves its learning rate in round 5: a stable run's steps
+    then fall (to 0.25x the round before's in one run of ten) while its training loss
+    goes on falling. A fall counts only where the loss is no lower than at the verdict:
+    the model fallen back toward its start."""
+    losses = {"a": 1.0, "b": 1.0, "c": 1.0}
+    guard = StabilityGuard()
+    guard.check(OWN, losses, EQUAL)
+    guard.check(scaled(OWN, 1.5), losses, EQUAL, cut={"c"})
+    assert guard.check(scaled(OWN, 5.0), losses, UNEQUAL).regime == "stable"
+    assert guard.judged_loss == pytest.approx(1.0)  # the loss the verdict was taken at
+    guard.check(scaled(OWN, 5.0), scaled(losses, 0.9), BALANCED)
+    halved = guard.check(scaled(OWN, 1.0), scaled(losses, 0.8), BALANCED)  # 0.2x, learning
+    assert (halved.stage, halved.look, halved.regime) == ("trial", "steady", "stable")
+    thrown_back = guard.check(scaled(OWN, 0.1), scaled(losses, 1.05), BALANCED)
+    assert (thrown_back.look, thrown_back.regime, thrown_back.loss) == (
+        "collapsed",
+        "edge",
+        pytest.approx(1.05),
+    )

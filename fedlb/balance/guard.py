@@ -86,13 +86,15 @@ the probe, none taken for stable). `look=False` (a caller without the lever): th
 in round 2, confirmed as above.
 
 A stable verdict is on trial for `trial` rounds: a round whose silos' steps fell to
-1/`growth` of their own in the round before or less puts the run at the edge after all.
+1/`growth` of their own in the round before or less, its training loss no lower than at
+the verdict, puts the run at the edge after all.
 Two rounds early in training can look calm where a balanced round then tips the app: on
 the quickstart at η = 0.1 over 5 silos 1..8, 3 of 10 runs looked and probed calm, then
 fell to 0.08-0.19x within two rounds, the model thrown back toward its start, and ended
 below stock; no run found stable in fedlb's recorded runs fell below 0.64x in those
 rounds (docs/benchmarks/edge-levers.md). Growth is no sign there: a stable η's first
-balanced round grows 2-3.4x.
+balanced round grows 2-3.4x. The loss tells a collapse from a learning-rate schedule's
+step, which shrinks the steps while the loss goes on falling.
 
 A deployment's next run of the same app takes up the verdict its last run reached
 (`adopt`; fedlb.flower.verdicts) instead of probing again: stable, it starts balanced from
@@ -163,6 +165,7 @@ class Verdict:
     lone: str | None = None
     floor_before: float = 0.0
     floor: float = 0.0  # the floor from now on
+    loss: float | None = None  # the silos' mean training loss this round (None: unknown)
 
 
 class StabilityGuard:
@@ -232,16 +235,20 @@ class StabilityGuard:
             steps (`Balancing(edge="uniform")`, HE). False: the probe in round 2.
         trial: the rounds after a stable verdict in which the run can still be found at
             the edge: a round whose silos' steps fell, on average, to 1/`growth` of their
-            own in the round before or less (the model thrown off and fallen back toward
-            its start, where the gradients are flat) puts the run at the edge from then
-            on. A look and a probe are a few rounds early in training; a balanced round
-            can still tip an app near its edge (the quickstart at η = 0.1 over 5 silos
-            1..8: 3 runs of 10 whose look and probe were calm fell to 0.08-0.19x within
-            two rounds of their verdict, and ended below stock), where no run found
-            stable in fedlb's recorded runs (the quickstart at η = 0.03, the MLP scenarios,
-            the measured curves, a real GPU federation) fell below 0.64x in those rounds.
-            Growth is no sign there: a stable η's first balanced round grows 2-3.4x.
-            Default `TRIAL` (5). 0: a stable verdict holds (bar a blow-up, above).
+            own in the round before or less, its training loss no lower than when the run
+            was found stable (the model thrown off and fallen back toward its start, where
+            the gradients are flat), puts the run at the edge from then on. (A learning-
+            rate schedule's step shrinks the steps too, but the loss goes on falling:
+            Flower's advanced-pytorch halves its rate in round 5, and one run of ten fell
+            to 0.25x there.) Without a loss metric the steps alone are read. A look and
+            a probe are a few rounds early in training; a balanced round can still tip an
+            app near its edge (the quickstart at η = 0.1 over 5 silos 1..8: 3 runs of 10
+            whose look and probe were calm fell to 0.08-0.19x within two rounds of their
+            verdict, their loss back above the verdict's, and ended below stock), where
+            no run found stable in fedlb's recorded runs (the quickstart at η = 0.03, the
+            MLP scenarios, the measured curves, a real GPU federation) fell below 0.64x in
+            those rounds. Growth is no sign there: a stable η's first balanced round grows
+            2-3.4x. Default `TRIAL` (5). 0: a stable verdict holds (bar a blow-up, above).
         ratio: an update diverged when its norm per local step exceeds `ratio` times its
             reference (the larger of its peers' median this round and its own recent
             median). Default 5.0: balanced silos' updates run up to ~2x their peers'
@@ -304,6 +311,7 @@ class StabilityGuard:
         self.look = look
         self.trial = trial
         self.on_trial = 0  # rounds left in which a stable verdict can still turn
+        self.judged_loss: float | None = None  # the mean training loss when found stable
         self.looked = False  # the look has read the app's own growth (calm: the probe next)
         self.start = start
         self.stable_level = self._step_at(stable_floor)
@@ -377,11 +385,18 @@ class StabilityGuard:
             self.baseline_sizes.update({n: sizes[n] for n in whole if n in sizes})
         verdict.lone = self._lone(verdict.diverged, kept, sizes)
         trial = self.regime == "stable" and self.on_trial > 0 and not verdict.diverged
+        finite = [v for v in (losses or {}).values() if math.isfinite(v)]
+        verdict.loss = statistics.fmean(finite) if finite else None
         if trial:
             self.on_trial -= 1
         if trial and (fell := self._fell(before, kept)) is not None:
             verdict.stage, verdict.growth = "trial", fell
-            if fell <= 1 / self.growth:
+            # a model no better than when it was found stable (a learning-rate schedule's
+            # step shrinks the steps too, while the loss goes on falling)
+            no_better = (
+                verdict.loss is None or self.judged_loss is None or verdict.loss >= self.judged_loss
+            )
+            if fell <= 1 / self.growth and no_better:
                 verdict.look = "collapsed"
                 self.on_trial = 0
                 self._decide(stable=False)
@@ -427,6 +442,10 @@ class StabilityGuard:
             calm = verdict.probe < self.confirm
             verdict.look = "calm" if calm else "scattered"
             self._decide(stable=calm)
+        if self.regime == "stable" and self.judged_loss is None:
+            # the loss the verdict was taken at (or, taken up from the last run, the
+            # first one known after it): what a collapse on trial is read against
+            self.judged_loss = verdict.loss
         verdict.regime = self.regime
         verdict.floor = self.floor
         return verdict
@@ -583,6 +602,7 @@ class StabilityGuard:
             "net_of_noise": self.net_of_noise,
             "regime": self.regime,
             "on_trial": self.on_trial,
+            "judged_loss": self.judged_loss,
             "baseline": dict(self.baseline),
             "baseline_sizes": dict(self.baseline_sizes),
         }
@@ -598,5 +618,7 @@ class StabilityGuard:
         regime = state.get("regime", self.regime)
         self.regime = regime if regime in REGIMES else self.regime
         self.on_trial = max(0, int(state.get("on_trial", 0)))
+        judged = state.get("judged_loss")
+        self.judged_loss = None if judged is None else float(judged)
         self.baseline = {n: float(v) for n, v in state.get("baseline", {}).items()}
         self.baseline_sizes = {n: int(b) for n, b in state.get("baseline_sizes", {}).items()}

@@ -142,10 +142,16 @@ def look_text(verdict: Verdict, guard: StabilityGuard) -> str:
 
 def collapse_text(verdict: Verdict, guard: StabilityGuard) -> str:
     """A stable verdict overturned in its trial rounds, in words."""
+    loss = (
+        ""
+        if verdict.loss is None or guard.judged_loss is None
+        else f" and their training loss is {verdict.loss:.3g} ({guard.judged_loss:.3g} when "
+        "found stable)"
+    )
     return (
         "the stability guard: at the edge of stability after all: the silos' update per "
         f"step fell to {verdict.growth or 0:.2f}x their own in the round before (the edge "
-        f"from 1/{guard.growth:.1f}), the model thrown off and fallen back toward its "
+        f"from 1/{guard.growth:.1f}){loss}, the model thrown off and fallen back toward its "
         "start at these balanced sizes; every silo keeps its own batch size from now on "
         "(the steps lever: the slow silos run fewer steps)"
     )

@@ -5,7 +5,7 @@ and the same net of batch noise (a step's noise part goes as B^(-w/2); fedlb.bal
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 NOISE_EXPONENTS = tuple(k / 20 for k in range(21))  # w: a step's noise part ∝ B^(-w/2)
 
@@ -16,6 +16,14 @@ def dispersion(values: Sequence[float]) -> float | None:
         return None
     mean = statistics.fmean(values)
     return statistics.pstdev(values) / mean if mean > 0 else None
+
+
+def mean_ratio(now: Mapping[str, float], against: Mapping[str, float]) -> float | None:
+    """The mean, over the silos in both with a positive yardstick, of each silo's step now
+    over its step in `against` (None: no silo in both): the guard's growth, and a trial
+    round's fall."""
+    ratios = [v / against[n] for n, v in now.items() if against.get(n, 0.0) > 0]
+    return statistics.fmean(ratios) if ratios else None
 
 
 def net_dispersion(

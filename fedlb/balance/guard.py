@@ -121,7 +121,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .dispersion import dispersion, net_dispersion
+from .dispersion import dispersion, mean_ratio, net_dispersion
 
 HISTORY = 5  # a silo's own recent update norms kept for its reference
 PROBE = 0.15  # the default probe threshold (docs/experiments.md, "The adaptive default")
@@ -389,7 +389,7 @@ class StabilityGuard:
         verdict.loss = statistics.fmean(finite) if finite else None
         if trial:
             self.on_trial -= 1
-        if trial and (fell := self._fell(before, kept)) is not None:
+        if trial and (fell := mean_ratio(kept, before)) is not None:
             verdict.stage, verdict.growth = "trial", fell
             # a model no better than when it was found stable (a learning-rate schedule's
             # step shrinks the steps too, while the loss goes on falling)
@@ -486,18 +486,13 @@ class StabilityGuard:
             return None
         return name
 
-    def _fell(self, before: Mapping[str, float], now: Mapping[str, float]) -> float | None:
-        """The silos' mean step this round over their own in the round before (None:
-        none ran both)."""
-        ratios = [v / before[n] for n, v in now.items() if before.get(n, 0.0) > 0]
-        return statistics.fmean(ratios) if ratios else None
-
     def _decide(self, stable: bool) -> None:
         """The run's regime, and its floor from now on: a stable run's, or at the edge
         the edge floor (or higher, where a blow-up raised it already). A stable verdict
         is on trial for `trial` rounds."""
         if stable:
-            self.on_trial = self.trial if self.regime != "stable" else self.on_trial
+            if self.regime != "stable":  # newly stable: on trial (a repeat changes nothing)
+                self.on_trial = self.trial
             self.regime, self.level = "stable", self.stable_level
         else:
             self.regime, self.level = "edge", max(self.level, self.edge_level)
@@ -534,8 +529,7 @@ class StabilityGuard:
     def _growth(self, norms: Mapping[str, float]) -> float | None:
         """The silos' mean update per step over their own at equal sizes (None: no
         yardstick)."""
-        ratios = [v / self.baseline[n] for n, v in norms.items() if n in self.baseline]
-        return statistics.fmean(ratios) if ratios else None
+        return mean_ratio(norms, self.baseline)
 
     def _diverged(self, norms: Mapping[str, float]) -> dict[str, str]:
         diverged: dict[str, str] = {}
